@@ -1,0 +1,1 @@
+"""Shared runtime of the rollway services: server bootstrap, interceptors, logging, tracing, config, clients."""

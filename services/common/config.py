@@ -1,0 +1,255 @@
+"""Typed configuration: dataclasses loaded from YAML and overridden by command-line flags.
+
+A component declares one dataclass whose fields use `setting(default, "one-line doc")`. The
+command-line flags are generated from the fields (`lr_warmup_iters` -> `--lr-warmup-iters`), so
+they are never written twice. Values are checked once, here, at the edge: a wrong type, an
+unknown key or a failed `validate()` raises ConfigError naming the setting.
+
+This module must not import torch: entry points parse their configuration first, so `--help`
+and configuration errors are instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong. `setting` names it (as its flag name, without dashes)."""
+
+    def __init__(self, setting: str, problem: str):
+        super().__init__(f"{setting}: {problem}")
+        self.setting = setting
+        self.problem = problem
+
+
+def setting(default: Any = dataclasses.MISSING, doc: str = "", *, choices: Sequence[Any] | None = None):
+    """A dataclass field with a one-line doc (the flag's help) and optional allowed values."""
+    metadata = {"doc": doc, "choices": tuple(choices) if choices else None}
+    if isinstance(default, list | dict | set):
+        value = default
+        return dataclasses.field(default_factory=lambda: type(value)(value), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def flag_name(field_name: str) -> str:
+    """The command-line flag of a field: `max_tokens_per_gpu` -> `--max-tokens-per-gpu`."""
+    return "--" + field_name.replace("_", "-")
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return args[0], True
+    return tp, False
+
+
+def _coerce(name: str, tp: Any, value: Any) -> Any:
+    """Convert a YAML or flag value to the field's type, or raise ConfigError naming the field."""
+    inner, optional = _unwrap_optional(tp)
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(name, "must be set (got null)")
+    origin = typing.get_origin(inner)
+    if origin is Literal:
+        allowed = typing.get_args(inner)
+        if value not in allowed:
+            raise ConfigError(name, f"must be one of {', '.join(map(str, allowed))} (got {value!r})")
+        return value
+    if origin in (list, tuple):
+        (item_tp, *_) = typing.get_args(inner) or (Any,)
+        if isinstance(value, str):
+            value = [v for v in value.replace(",", " ").split() if v]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(name, f"must be a list (got {type(value).__name__})")
+        return [_coerce(f"{name}[{i}]", item_tp, v) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(name, f"must be a mapping (got {type(value).__name__})")
+        return dict(value)
+    if inner is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+        raise ConfigError(name, f"must be true or false (got {value!r})")
+    if inner is int:
+        if isinstance(value, bool):
+            raise ConfigError(name, f"must be an integer (got {value!r})")
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(name, f"must be an integer (got {value!r})") from None
+    if inner is float:
+        if isinstance(value, bool):
+            raise ConfigError(name, f"must be a number (got {value!r})")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(name, f"must be a number (got {value!r})") from None
+    if inner is str:
+        if isinstance(value, Mapping | list):
+            raise ConfigError(name, f"must be a string (got {type(value).__name__})")
+        return str(value)
+    return value
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], *, base: T | None = None) -> T:
+    """Build `cls` from a mapping (keys may use - or _), on top of `base` or the defaults."""
+    types_ = _field_types(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = dataclasses.asdict(base) if base is not None else {}
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ConfigError(key, f"unknown setting for {cls.__name__}{hint}")
+        values[key] = _coerce(key, types_[key], value)
+    missing = [
+        name
+        for name, f in fields.items()
+        if name not in values
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ConfigError(missing[0], "is required")
+    config = cls(**values)
+    for name, f in fields.items():
+        choices = f.metadata.get("choices")
+        if choices and getattr(config, name) not in choices:
+            raise ConfigError(
+                name, f"must be one of {', '.join(map(str, choices))} (got {getattr(config, name)!r})"
+            )
+    validate = getattr(config, "validate", None)
+    if validate is not None:
+        validate()
+    return config
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping; a missing or malformed file is a ConfigError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("config", f"file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError("config", f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("config", f"{path} must hold a mapping of settings")
+    return data
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add one flag per field of `cls`. Flags default to SUPPRESS so only given ones override."""
+    types_ = _field_types(cls)
+    group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").strip().splitlines()[0] or None)
+    for f in dataclasses.fields(cls):
+        tp, _ = _unwrap_optional(types_[f.name])
+        doc = f.metadata.get("doc", "")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS}
+        kwargs["help"] = f"{doc} (default: {default!r})" if doc else f"(default: {default!r})"
+        if tp is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(tp) in (list, tuple):
+            kwargs["nargs"] = "*"
+        elif typing.get_origin(tp) is Literal:
+            kwargs["choices"] = typing.get_args(tp)
+        if f.metadata.get("choices"):
+            kwargs["choices"] = f.metadata["choices"]
+        group.add_argument(flag_name(f.name), **kwargs)
+
+
+def parse(
+    cls: type[T],
+    argv: Sequence[str] | None = None,
+    *,
+    prog: str | None = None,
+    description: str | None = None,
+) -> T:
+    """Parse `--config FILE` plus per-field flags into `cls` (flags win over the file).
+
+    Exits with status 2 and a message naming the setting on a configuration error.
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", help="YAML file with settings (flags override it)")
+    add_flags(parser, cls)
+    args = vars(parser.parse_args(argv))
+    try:
+        data = load_yaml(args.pop("config")) if args.get("config") else {}
+        args.pop("config", None)
+        return from_dict(cls, {**data, **args})
+    except ConfigError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits
+
+
+def parse_components(
+    classes: Sequence[type],
+    argv: Sequence[str] | None = None,
+    *,
+    prog: str | None = None,
+    description: str | None = None,
+) -> list[Any]:
+    """Like `parse` for several component dataclasses sharing one flat namespace of flags and keys.
+
+    Each YAML key or flag goes to the component that declares it; a name declared by two
+    components is a programming error. Returns one instance per class, in order.
+    """
+    owners: dict[str, type] = {}
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            if f.name in owners:
+                raise TypeError(
+                    f"setting {f.name} declared by both {owners[f.name].__name__} and {cls.__name__}"
+                )
+            owners[f.name] = cls
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", help="YAML file with settings (flags override it)")
+    for cls in classes:
+        add_flags(parser, cls)
+    args = vars(parser.parse_args(argv))
+    config_path = args.pop("config", None)
+    try:
+        data = {
+            str(k).replace("-", "_"): v for k, v in (load_yaml(config_path) if config_path else {}).items()
+        }
+        data.update(args)
+        for key in data:
+            if key not in owners:
+                close = difflib.get_close_matches(key, owners, n=1)
+                raise ConfigError(key, "unknown setting" + (f"; did you mean {close[0]}?" if close else ""))
+        return [from_dict(cls, {k: v for k, v in data.items() if owners[k] is cls}) for cls in classes]
+    except ConfigError as exc:
+        parser.error(str(exc))
+        raise
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """Plain-data view of a config dataclass (for logs, Describe and checkpoints)."""
+    return dataclasses.asdict(config)

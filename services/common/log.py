@@ -1,0 +1,55 @@
+"""Structured logging: JSON lines by default, pretty on a TTY.
+
+Context fields (service, rpc, run_id, step, weight_version) are bound with structlog's
+contextvars, so every line logged while a request is handled carries them. The server
+interceptor binds them from request metadata; `bind_run_context` binds them in a loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Literal
+
+import structlog
+from structlog.contextvars import bind_contextvars, bound_contextvars, clear_contextvars
+
+__all__ = ["configure_logging", "get_logger", "bind_run_context", "bound_contextvars", "clear_contextvars"]
+
+LogFormat = Literal["auto", "json", "pretty"]
+# Context fields propagated between services as gRPC metadata (x-rollway-<field>).
+PROPAGATED_FIELDS = ("run_id", "step", "weight_version")
+
+
+def configure_logging(service: str, log_format: LogFormat = "auto", level: str = "INFO") -> None:
+    """Configure structlog and stdlib logging for a service process (call once, at start)."""
+    pretty = log_format == "pretty" or (log_format == "auto" and sys.stderr.isatty())
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+    ]
+    if pretty:
+        processors.append(structlog.dev.ConsoleRenderer())
+    else:
+        processors += [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    bind_contextvars(service=service)
+
+
+def get_logger(name: str | None = None) -> structlog.typing.FilteringBoundLogger:
+    """A structlog logger; `name` is added as the `logger` field."""
+    logger = structlog.get_logger()
+    return logger.bind(logger=name) if name else logger
+
+
+def bind_run_context(**fields: Any) -> None:
+    """Bind run_id / step / weight_version (or other fields) to every later log line in this context."""
+    bind_contextvars(**{k: v for k, v in fields.items() if v is not None})

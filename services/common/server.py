@@ -1,0 +1,197 @@
+"""One way to serve a rollway service: health, reflection, limits, interceptors, graceful drain.
+
+    server = RollwayServer("dataloader", config)
+    server.add_service(dataloader_pb2_grpc.add_DataloaderServiceServicer_to_server, servicer,
+                       dataloader_pb2.DESCRIPTOR.services_by_name["DataloaderService"])
+    server.start()
+    ...load what the service needs...
+    server.set_serving()              # health: NOT_SERVING -> SERVING
+    server.wait_for_termination()     # SIGTERM/SIGINT: NOT_SERVING, stop(grace), on_stop hooks
+
+Health is NOT_SERVING from start until the service says it is ready, and again while draining,
+so load balancers stop sending work before in-flight calls are allowed `grace_seconds` to finish.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from rollway.common.config import ConfigError, setting
+from rollway.common.interceptors import AuthInterceptor, ContextInterceptor
+from rollway.common.log import configure_logging, get_logger
+from rollway.common.tracing import configure_tracing, server_interceptor, shutdown_tracing
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class ServerConfig:
+    """Network, security and observability settings shared by every service."""
+
+    host: str = setting("127.0.0.1", "address to bind; 127.0.0.1 unless told otherwise")
+    port: int = setting(0, "port to bind; 0 picks a free port (see --port-file)")
+    port_file: str = setting("", "write the bound port to this file once serving starts")
+    max_message_mb: int = setting(64, "largest gRPC message accepted or sent, in MiB")
+    max_workers: int = setting(16, "threads handling calls")
+    grace_seconds: float = setting(30.0, "on SIGTERM, how long in-flight calls may take to finish")
+    keepalive_seconds: float = setting(30.0, "HTTP/2 keepalive ping interval")
+    auth_token: str = setting("", "require `authorization: Bearer TOKEN` (also ROLLWAY_AUTH_TOKEN)")
+    tls_cert: str = setting("", "PEM server certificate: serve TLS")
+    tls_key: str = setting("", "PEM private key of --tls-cert")
+    tls_client_ca: str = setting("", "PEM CA: require client certificates signed by it (mTLS)")
+    log_format: Literal["auto", "json", "pretty"] = setting("auto", "log format; auto is pretty on a TTY")
+    log_level: str = setting("INFO", "log level")
+    trace_file: str = setting("", "append finished spans as JSON lines here (also ROLLWAY_TRACE_FILE)")
+
+    def validate(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ConfigError("port", f"must be in [0, 65535] (got {self.port})")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_key" if self.tls_cert else "tls_cert", "tls_cert and tls_key go together")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ConfigError("tls_client_ca", "mTLS needs tls_cert and tls_key too")
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ConfigError(name, f"file not found: {path}")
+        if self.max_message_mb <= 0:
+            raise ConfigError("max_message_mb", "must be positive")
+
+
+def channel_options(max_message_mb: int, keepalive_seconds: float) -> list[tuple[str, Any]]:
+    """gRPC options used by both servers and clients: explicit size limits and keepalive."""
+    return [
+        ("grpc.max_send_message_length", max_message_mb * MiB),
+        ("grpc.max_receive_message_length", max_message_mb * MiB),
+        ("grpc.keepalive_time_ms", int(keepalive_seconds * 1000)),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ]
+
+
+class RollwayServer:
+    """A gRPC server with rollway's health, reflection, interceptors and drain behaviour."""
+
+    def __init__(self, service: str, config: ServerConfig):
+        self.service = service
+        self.config = config
+        configure_logging(service, config.log_format, config.log_level)
+        configure_tracing(service, config.trace_file or None)
+        self.log = get_logger(f"rollway.{service}")
+        interceptors: list[grpc.ServerInterceptor] = [server_interceptor()]
+        token = config.auth_token or os.environ.get("ROLLWAY_AUTH_TOKEN", "")
+        if token:
+            interceptors.append(AuthInterceptor(token))
+        interceptors.append(ContextInterceptor())
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix=f"{service}-rpc"),
+            interceptors=interceptors,
+            options=channel_options(config.max_message_mb, config.keepalive_seconds),
+        )
+        self._health = health.HealthServicer(experimental_non_blocking=True)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        self._service_names: list[str] = []
+        self._on_stop: list[Callable[[], None]] = []
+        self._stopped = threading.Event()
+        self._finished = threading.Event()
+        self.port: int | None = None
+
+    def add_service(
+        self, add_to_server: Callable[[Any, grpc.Server], None], servicer: Any, descriptor: Any
+    ) -> None:
+        """Register a servicer; `descriptor` is the pb2 ServiceDescriptor (for health and reflection)."""
+        add_to_server(servicer, self._server)
+        self._service_names.append(descriptor.full_name)
+
+    def on_stop(self, hook: Callable[[], None]) -> None:
+        """Run `hook` after the server has drained (release engines, process groups, files)."""
+        self._on_stop.append(hook)
+
+    def start(self) -> int:
+        """Bind and start serving (health NOT_SERVING). Returns the bound port."""
+        names = [*self._service_names, reflection.SERVICE_NAME, health.SERVICE_NAME]
+        reflection.enable_server_reflection(names, self._server)
+        self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
+        address = f"{self.config.host}:{self.config.port}"
+        if self.config.tls_cert:
+            credentials = grpc.ssl_server_credentials(
+                [(Path(self.config.tls_key).read_bytes(), Path(self.config.tls_cert).read_bytes())],
+                root_certificates=Path(self.config.tls_client_ca).read_bytes()
+                if self.config.tls_client_ca
+                else None,
+                require_client_auth=bool(self.config.tls_client_ca),
+            )
+            self.port = self._server.add_secure_port(address, credentials)
+        else:
+            self.port = self._server.add_insecure_port(address)
+        if not self.port:
+            raise RuntimeError(f"could not bind {address}")
+        self._server.start()
+        if self.config.port_file:
+            tmp = Path(self.config.port_file + ".tmp")
+            tmp.write_text(str(self.port))
+            tmp.replace(self.config.port_file)  # atomic: readers never see a partial number
+        self.log.info(
+            "listening",
+            host=self.config.host,
+            port=self.port,
+            tls=bool(self.config.tls_cert),
+            services=self._service_names,
+        )
+        return self.port
+
+    def set_serving(self, serving: bool = True) -> None:
+        """Flip health between SERVING and NOT_SERVING for the server and each service."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        self._set_status(status)
+        self.log.info("health", serving=serving)
+
+    def _set_status(self, status: int) -> None:
+        for name in ["", *self._service_names]:
+            self._health.set(name, status)
+
+    def stop(self, grace: float | None = None) -> None:
+        """Drain: NOT_SERVING, refuse new calls, let in-flight ones finish within `grace`, run hooks."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        grace = self.config.grace_seconds if grace is None else grace
+        self.log.info("draining", grace_seconds=grace)
+        self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._server.stop(grace).wait()
+        for hook in self._on_stop:
+            try:
+                hook()
+            except Exception:
+                self.log.exception("on_stop hook failed")
+        self.log.info("stopped")
+        shutdown_tracing()
+        self._finished.set()
+
+    def wait_for_termination(self) -> None:
+        """Block until SIGTERM/SIGINT (then drain) or until stop() is called from elsewhere."""
+
+        def handle(signum, _frame):
+            self.log.info("signal", signal=signal.Signals(signum).name)
+            # Drain off the signal handler: stop() blocks for up to grace_seconds.
+            threading.Thread(target=self.stop, daemon=True).start()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+        while not self._finished.wait(0.5):
+            pass

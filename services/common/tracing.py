@@ -1,0 +1,111 @@
+"""OpenTelemetry tracing: a tracer provider per process, gRPC interceptors, exporters.
+
+Spans go to an OTLP collector when OTEL_EXPORTER_OTLP_ENDPOINT is set, and to a JSON-lines
+file when a trace file is given (ROLLWAY_TRACE_FILE or --trace-file); the file exporter is
+what tests and `rollway` debugging read. Trace context crosses services in gRPC metadata
+(W3C traceparent), so a call from one service to another yields a child span.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Sequence
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+
+_provider: TracerProvider | None = None
+_lock = threading.Lock()
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Appends one JSON object per finished span to a file (ids in hex, times in ns)."""
+
+    def __init__(self, path: str):
+        self._path = path
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        lines = []
+        for span in spans:
+            ctx = span.get_span_context()
+            lines.append(
+                json.dumps(
+                    {
+                        "name": span.name,
+                        "service": span.resource.attributes.get("service.name"),
+                        "trace_id": f"{ctx.trace_id:032x}",
+                        "span_id": f"{ctx.span_id:016x}",
+                        "parent_span_id": f"{span.parent.span_id:016x}" if span.parent else None,
+                        "kind": span.kind.name,
+                        "start_ns": span.start_time,
+                        "end_ns": span.end_time,
+                        "status": span.status.status_code.name,
+                        "attributes": {k: _jsonable(v) for k, v in (span.attributes or {}).items()},
+                    }
+                )
+            )
+        with self._lock, open(self._path, "a") as f:
+            f.write("\n".join(lines) + "\n")
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _jsonable(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def configure_tracing(service: str, trace_file: str | None = None) -> TracerProvider:
+    """Install the process-wide tracer provider for `service` (idempotent)."""
+    global _provider
+    with _lock:
+        if _provider is not None:
+            return _provider
+        provider = TracerProvider(resource=Resource.create({"service.name": f"rollway-{service}"}))
+        trace_file = trace_file or os.environ.get("ROLLWAY_TRACE_FILE")
+        if trace_file:
+            # Simple (synchronous) so spans are on disk when the call returns: tests read them.
+            provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(trace_file)))
+        if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        trace.set_tracer_provider(provider)
+        _provider = provider
+        return provider
+
+
+def shutdown_tracing() -> None:
+    """Flush and stop exporters (call on process exit)."""
+    if _provider is not None:
+        _provider.shutdown()
+
+
+def tracer(name: str = "rollway") -> trace.Tracer:
+    """A tracer from the process provider."""
+    return trace.get_tracer(name)
+
+
+def server_interceptor():
+    """gRPC server interceptor that opens a SERVER span per call, parented by the caller's context."""
+    from opentelemetry.instrumentation.grpc import server_interceptor as otel_server_interceptor
+
+    return otel_server_interceptor(tracer_provider=_provider or trace.get_tracer_provider())
+
+
+def client_interceptor():
+    """gRPC client interceptor that opens a CLIENT span per call and injects traceparent metadata."""
+    from opentelemetry.instrumentation.grpc import client_interceptor as otel_client_interceptor
+
+    return otel_client_interceptor(tracer_provider=_provider or trace.get_tracer_provider())

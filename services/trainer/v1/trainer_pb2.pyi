@@ -1,0 +1,190 @@
+from google.protobuf import struct_pb2 as _struct_pb2
+from rollway.common.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class InitRequest(_message.Message):
+    __slots__ = ("config", "run_id")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    config: _struct_pb2.Struct
+    run_id: str
+    def __init__(self, config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class InitResponse(_message.Message):
+    __slots__ = ("num_parameters", "world_size", "global_step", "model", "already_initialized")
+    NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_INITIALIZED_FIELD_NUMBER: _ClassVar[int]
+    num_parameters: int
+    world_size: int
+    global_step: int
+    model: str
+    already_initialized: bool
+    def __init__(self, num_parameters: _Optional[int] = ..., world_size: _Optional[int] = ..., global_step: _Optional[int] = ..., model: _Optional[str] = ..., already_initialized: _Optional[bool] = ...) -> None: ...
+
+class ComputeLogProbsHeader(_message.Message):
+    __slots__ = ("temperature", "with_entropy", "use_reference")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    WITH_ENTROPY_FIELD_NUMBER: _ClassVar[int]
+    USE_REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    with_entropy: bool
+    use_reference: bool
+    def __init__(self, temperature: _Optional[float] = ..., with_entropy: _Optional[bool] = ..., use_reference: _Optional[bool] = ...) -> None: ...
+
+class ComputeLogProbsRequest(_message.Message):
+    __slots__ = ("header", "samples")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    header: ComputeLogProbsHeader
+    samples: SampleChunk
+    def __init__(self, header: _Optional[_Union[ComputeLogProbsHeader, _Mapping]] = ..., samples: _Optional[_Union[SampleChunk, _Mapping]] = ...) -> None: ...
+
+class SampleLogProbs(_message.Message):
+    __slots__ = ("index", "log_probs", "entropy")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    ENTROPY_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    log_probs: _containers.RepeatedScalarFieldContainer[float]
+    entropy: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, index: _Optional[int] = ..., log_probs: _Optional[_Iterable[float]] = ..., entropy: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ComputeLogProbsResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[SampleLogProbs]
+    def __init__(self, results: _Optional[_Iterable[_Union[SampleLogProbs, _Mapping]]] = ...) -> None: ...
+
+class SampleChunk(_message.Message):
+    __slots__ = ("samples",)
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[_common_pb2.Sample]
+    def __init__(self, samples: _Optional[_Iterable[_Union[_common_pb2.Sample, _Mapping]]] = ...) -> None: ...
+
+class TrainStepHeader(_message.Message):
+    __slots__ = ("step_id", "num_samples", "overrides")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    OVERRIDES_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    num_samples: int
+    overrides: _struct_pb2.Struct
+    def __init__(self, step_id: _Optional[int] = ..., num_samples: _Optional[int] = ..., overrides: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class TrainStepRequest(_message.Message):
+    __slots__ = ("header", "samples")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    header: TrainStepHeader
+    samples: SampleChunk
+    def __init__(self, header: _Optional[_Union[TrainStepHeader, _Mapping]] = ..., samples: _Optional[_Union[SampleChunk, _Mapping]] = ...) -> None: ...
+
+class TrainStepResponse(_message.Message):
+    __slots__ = ("step_id", "global_step", "metrics", "already_applied")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    global_step: int
+    metrics: _containers.ScalarMap[str, float]
+    already_applied: bool
+    def __init__(self, step_id: _Optional[int] = ..., global_step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., already_applied: _Optional[bool] = ...) -> None: ...
+
+class SaveCheckpointRequest(_message.Message):
+    __slots__ = ("path", "hf_export", "extra_state")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    HF_EXPORT_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_STATE_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    hf_export: bool
+    extra_state: _struct_pb2.Struct
+    def __init__(self, path: _Optional[str] = ..., hf_export: _Optional[bool] = ..., extra_state: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class SaveCheckpointResponse(_message.Message):
+    __slots__ = ("checkpoint_dir", "hf_dir", "global_step")
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    HF_DIR_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_dir: str
+    hf_dir: str
+    global_step: int
+    def __init__(self, checkpoint_dir: _Optional[str] = ..., hf_dir: _Optional[str] = ..., global_step: _Optional[int] = ...) -> None: ...
+
+class LoadCheckpointRequest(_message.Message):
+    __slots__ = ("path",)
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class LoadCheckpointResponse(_message.Message):
+    __slots__ = ("checkpoint_dir", "global_step", "extra_state")
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_STATE_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_dir: str
+    global_step: int
+    extra_state: _struct_pb2.Struct
+    def __init__(self, checkpoint_dir: _Optional[str] = ..., global_step: _Optional[int] = ..., extra_state: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class InitWeightGroupRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: _common_pb2.WeightGroupSpec
+    def __init__(self, group: _Optional[_Union[_common_pb2.WeightGroupSpec, _Mapping]] = ...) -> None: ...
+
+class InitWeightGroupResponse(_message.Message):
+    __slots__ = ("already_initialized",)
+    ALREADY_INITIALIZED_FIELD_NUMBER: _ClassVar[int]
+    already_initialized: bool
+    def __init__(self, already_initialized: _Optional[bool] = ...) -> None: ...
+
+class PushWeightsRequest(_message.Message):
+    __slots__ = ("weight_version", "bucket_size_bytes", "transport", "disk_path", "dtype")
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    DISK_PATH_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    weight_version: int
+    bucket_size_bytes: int
+    transport: str
+    disk_path: str
+    dtype: str
+    def __init__(self, weight_version: _Optional[int] = ..., bucket_size_bytes: _Optional[int] = ..., transport: _Optional[str] = ..., disk_path: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
+
+class PushWeightsResponse(_message.Message):
+    __slots__ = ("manifest", "timings")
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    manifest: _common_pb2.WeightManifest
+    timings: _common_pb2.WeightSyncTimings
+    def __init__(self, manifest: _Optional[_Union[_common_pb2.WeightManifest, _Mapping]] = ..., timings: _Optional[_Union[_common_pb2.WeightSyncTimings, _Mapping]] = ...) -> None: ...
+
+class WeightChecksumRequest(_message.Message):
+    __slots__ = ("dtype",)
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    def __init__(self, dtype: _Optional[str] = ...) -> None: ...
+
+class WeightChecksumResponse(_message.Message):
+    __slots__ = ("checksum",)
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    checksum: _common_pb2.WeightsChecksum
+    def __init__(self, checksum: _Optional[_Union[_common_pb2.WeightsChecksum, _Mapping]] = ...) -> None: ...
