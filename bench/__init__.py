@@ -1,0 +1,1 @@
+"""rollway benchmarks (not tests): `make bench`."""
