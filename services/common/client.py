@@ -149,7 +149,7 @@ def open_channel(address: str, config: ClientConfig | None = None) -> grpc.Chann
         channel = grpc.secure_channel(address, credentials, options=options)
     else:
         channel = grpc.insecure_channel(address, options=options)
-    # The tracing interceptor is outermost so its span covers retries and carries traceparent.
+    # Tracing is outermost: one CLIENT span covers all retries of a call.
     return grpc.intercept_channel(channel, client_interceptor(), _PolicyInterceptor(config))
 
 

@@ -92,9 +92,9 @@ def _coerce(name: str, tp: Any, value: Any) -> Any:
             return value.lower() in ("true", "1", "yes", "on")
         raise ConfigError(name, f"must be true or false (got {value!r})")
     if inner is int:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             raise ConfigError(name, f"must be an integer (got {value!r})")
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, float):
             return int(value)
         try:
             return int(value)

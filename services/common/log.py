@@ -24,8 +24,14 @@ PROPAGATED_FIELDS = ("run_id", "step", "weight_version")
 def configure_logging(service: str, log_format: LogFormat = "auto", level: str = "INFO") -> None:
     """Configure structlog and stdlib logging for a service process (call once, at start)."""
     pretty = log_format == "pretty" or (log_format == "auto" and sys.stderr.isatty())
+    def add_service(_logger, _method, event: dict) -> dict:
+        # Static, not a contextvar: threads (RPC handlers, loops) do not inherit contextvars.
+        event.setdefault("service", service)
+        return event
+
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
+        add_service,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.StackInfoRenderer(),
@@ -41,7 +47,6 @@ def configure_logging(service: str, log_format: LogFormat = "auto", level: str =
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
-    bind_contextvars(service=service)
 
 
 def get_logger(name: str | None = None) -> structlog.typing.FilteringBoundLogger:

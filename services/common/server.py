@@ -172,7 +172,8 @@ class RollwayServer:
         self._stopped.set()
         grace = self.config.grace_seconds if grace is None else grace
         self.log.info("draining", grace_seconds=grace)
-        self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
+        # NOT_SERVING for every service, and later set() calls are ignored while draining.
+        self._health.enter_graceful_shutdown()
         self._server.stop(grace).wait()
         for hook in self._on_stop:
             try:

@@ -8,12 +8,14 @@ what tests and `rollway` debugging read. Trace context crosses services in gRPC 
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import threading
 from collections.abc import Sequence
 
-from opentelemetry import trace
+import grpc
+from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -22,6 +24,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
+from opentelemetry.trace import Status, StatusCode
 
 _provider: TracerProvider | None = None
 _lock = threading.Lock()
@@ -104,8 +107,71 @@ def server_interceptor():
     return otel_server_interceptor(tracer_provider=_provider or trace.get_tracer_provider())
 
 
-def client_interceptor():
-    """gRPC client interceptor that opens a CLIENT span per call and injects traceparent metadata."""
-    from opentelemetry.instrumentation.grpc import client_interceptor as otel_client_interceptor
+class TracingClientInterceptor(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Opens a CLIENT span per call and injects W3C traceparent into the call's metadata.
 
-    return otel_client_interceptor(tracer_provider=_provider or trace.get_tracer_provider())
+    Unlike OpenTelemetry's own client interceptor, it returns grpc's call objects unchanged, so
+    callers keep `cancel()`, `code()` and friends on streaming calls; the span ends when the call
+    completes (done callback).
+    """
+
+    def _intercept(self, continuation, details, request):
+        span = tracer("rollway.grpc").start_span(
+            details.method.lstrip("/"),
+            kind=trace.SpanKind.CLIENT,
+            attributes={"rpc.system": "grpc", "rpc.method": details.method},
+        )
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier, context=trace.set_span_in_context(span))
+        metadata = [*(details.metadata or ()), *carrier.items()]
+        call = continuation(
+            details._replace(metadata=metadata)
+            if hasattr(details, "_replace")
+            else _with_metadata(details, metadata),
+            request,
+        )
+
+        def finish(done_call) -> None:
+            code = done_call.code()
+            span.set_attribute("rpc.grpc.status_code", code.value[0])
+            if code != grpc.StatusCode.OK:
+                span.set_status(Status(StatusCode.ERROR, f"{code.name}: {done_call.details()}"))
+            span.end()
+
+        call.add_done_callback(finish)
+        return call
+
+    intercept_unary_unary = _intercept
+    intercept_unary_stream = _intercept
+    intercept_stream_unary = _intercept
+    intercept_stream_stream = _intercept
+
+
+class _Details(
+    collections.namedtuple(
+        "_Details", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+    ),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+def _with_metadata(details, metadata) -> _Details:
+    return _Details(
+        details.method,
+        details.timeout,
+        metadata,
+        details.credentials,
+        getattr(details, "wait_for_ready", None),
+        getattr(details, "compression", None),
+    )
+
+
+def client_interceptor() -> TracingClientInterceptor:
+    """gRPC client interceptor that opens a CLIENT span per call and propagates the trace context."""
+    return TracingClientInterceptor()

@@ -1,0 +1,74 @@
+"""The `rollway` command line.
+
+    rollway serve SERVICE [flags]      run one service (same as python -m rollway.SERVICE)
+    rollway make-tiny-model DIR        write the tiny Qwen3 model, tokenizer and demo datasets
+    rollway up [--workdir DIR]         start the four services locally and check they are healthy
+
+Subcommands import their heavy dependencies only when they run, so `rollway --help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SERVICES = ("dataloader", "rollout", "trainer", "coordinator")
+
+
+def _serve(argv: list[str]) -> int:
+    if not argv or argv[0] not in SERVICES:
+        print(f"usage: rollway serve {{{','.join(SERVICES)}}} [flags]", file=sys.stderr)
+        return 2
+    importlib.import_module(f"rollway.{argv[0]}.__main__").main(argv[1:])
+    return 0
+
+
+def _make_tiny_model(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rollway make-tiny-model",
+                                     description="Write the tiny model, its tokenizer and the demo datasets.")
+    parser.add_argument("dir", help="output directory (model files; datasets go to DIR/data)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for weights and data")
+    parser.add_argument("--preset", default="tiny", help="model size preset (tiny ~1M params, small ~50M)")
+    parser.add_argument("--no-data", action="store_true", help="write only the model and tokenizer")
+    args = parser.parse_args(argv)
+    from pathlib import Path
+
+    from rollway.common.demo_data import make_demo_data
+    from rollway.common.tiny_model import make_tiny_model
+
+    model_dir = make_tiny_model(Path(args.dir), seed=args.seed, preset=args.preset)
+    print(f"model: {model_dir}")
+    if not args.no_data:
+        for name, path in make_demo_data(Path(args.dir) / "data", seed=args.seed).items():
+            print(f"{name}: {path}")
+    return 0
+
+
+def _up(argv: list[str]) -> int:
+    from rollway.common.local_launch import main as up_main
+
+    return up_main(argv)
+
+
+COMMANDS = {
+    "serve": (_serve, "run one service"),
+    "make-tiny-model": (_make_tiny_model, "write the tiny model, tokenizer and demo datasets"),
+    "up": (_up, "start the four services locally, check health, stop them"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(__doc__.strip())
+        print("\ncommands:")
+        for name, (_, summary) in COMMANDS.items():
+            print(f"  {name:<18}{summary}")
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    handler, _ = COMMANDS[argv[0]]
+    return handler(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The shared runtime over real servers on loopback: health, drain, auth, TLS, errors, retries, logs, traces."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.probe_service import SERVICE
+from support.processes import ServiceProcess
+
+from rollway.common.client import ClientConfig, open_channel
+
+TESTS_DIR = str(Path(__file__).resolve().parents[1])
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def probe(workdir: Path, *args: str, env: dict[str, str] | None = None, **kwargs) -> ServiceProcess:
+    env = {"PYTHONPATH": TESTS_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
+    return ServiceProcess("probe", list(args), workdir, module="support.probe_service", env=env, **kwargs)
+
+
+def call(channel: grpc.Channel, method: str, payload: bytes = b"", **kwargs) -> bytes:
+    return channel.unary_unary(f"/{SERVICE}/{method}")(payload, **kwargs)
+
+
+def test_health_goes_serving_then_not_serving_on_sigterm_and_in_flight_call_completes(tmp_path):
+    svc = probe(tmp_path, "--ready-after", "1.5", "--grace-seconds", "5", wait_serving=False).start()
+    try:
+        channel = open_channel(svc.address)
+        health = health_pb2_grpc.HealthStub(channel)
+        assert health.Check(health_pb2.HealthCheckRequest()).status == NOT_SERVING
+        statuses: list[int] = []
+        watch = health.Watch(health_pb2.HealthCheckRequest(), timeout=30)
+        watcher = threading.Thread(target=lambda: [statuses.append(r.status) for r in _until_error(watch)])
+        watcher.start()
+        deadline = time.monotonic() + 20
+        while SERVING not in statuses and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert statuses[:2] == [NOT_SERVING, SERVING]
+
+        result: dict[str, bytes] = {}
+        in_flight = threading.Thread(target=lambda: result.update(reply=call(channel, "Sleep", b"2.0", timeout=30)))
+        in_flight.start()
+        time.sleep(0.5)  # the Sleep call is now being handled
+        svc.signal(signal.SIGTERM)
+        in_flight.join(30)
+        watch.cancel()
+        watcher.join(10)
+        assert result == {"reply": b"slept"}, "the in-flight call must finish during the drain"
+        assert statuses[-1] == NOT_SERVING
+        assert svc.proc.wait(30) == 0
+        with pytest.raises(grpc.RpcError) as refused:
+            call(open_channel(svc.address, ClientConfig(max_retries=0)), "Sleep", b"0", timeout=2)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        svc.stop()
+
+
+def _until_error(stream):
+    try:
+        yield from stream
+    except grpc.RpcError:
+        return
+
+
+def test_token_auth_refuses_calls_without_the_token(tmp_path):
+    with probe(tmp_path, "--auth-token", "s3cret") as svc:
+        anonymous = open_channel(svc.address)
+        with pytest.raises(grpc.RpcError) as refused:
+            call(anonymous, "Sleep", b"0")
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        wrong = open_channel(svc.address, ClientConfig(auth_token="s3creT"))
+        with pytest.raises(grpc.RpcError) as refused:
+            call(wrong, "Sleep", b"0")
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert call(open_channel(svc.address, ClientConfig(auth_token="s3cret")), "Sleep", b"0") == b"slept"
+        # Health probes stay open for orchestrators.
+        assert health_pb2_grpc.HealthStub(anonymous).Check(health_pb2.HealthCheckRequest()).status == SERVING
+
+
+def _certificates(tmp_path: Path) -> dict[str, str]:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl not installed")
+    files = {k: str(tmp_path / f"{k}.pem") for k in ("ca", "ca_key", "server", "server_key", "client", "client_key")}
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=rollway-test-ca",
+        "-keyout", files["ca_key"], "-out", files["ca"])
+    ext = tmp_path / "san.cnf"
+    ext.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    for who in ("server", "client"):
+        csr = str(tmp_path / f"{who}.csr")
+        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={who}", "-keyout", files[f"{who}_key"], "-out", csr)
+        run("x509", "-req", "-in", csr, "-CA", files["ca"], "-CAkey", files["ca_key"], "-CAcreateserial",
+            "-days", "2", "-extfile", str(ext), "-out", files[who])
+    return files
+
+
+def test_tls_server_refuses_plaintext_and_mtls_requires_a_client_certificate(tmp_path):
+    certs = _certificates(tmp_path)
+    tls_client = ClientConfig(tls_ca=certs["ca"], max_retries=0)
+    with probe(tmp_path, "--tls-cert", certs["server"], "--tls-key", certs["server_key"], client_config=tls_client) as svc:
+        with pytest.raises(grpc.RpcError) as refused:
+            call(open_channel(svc.address, ClientConfig(max_retries=0)), "Sleep", b"0", timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert call(open_channel(svc.address, tls_client), "Sleep", b"0") == b"slept"
+
+    mtls_client = ClientConfig(tls_ca=certs["ca"], tls_cert=certs["client"], tls_key=certs["client_key"])
+    args = ["--tls-cert", certs["server"], "--tls-key", certs["server_key"], "--tls-client-ca", certs["ca"]]
+    with probe(tmp_path, *args, client_config=mtls_client) as svc:
+        with pytest.raises(grpc.RpcError):
+            call(open_channel(svc.address, tls_client), "Sleep", b"0", timeout=5)
+        assert call(open_channel(svc.address, mtls_client), "Sleep", b"0") == b"slept"
+
+
+def test_errors_map_to_statuses_without_tracebacks_and_the_service_keeps_serving(tmp_path):
+    with probe(tmp_path) as svc:
+        channel = open_channel(svc.address)
+        with pytest.raises(grpc.RpcError) as invalid:
+            call(channel, "Fail", b"invalid")
+        assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert invalid.value.details() == "payload: must not be 'invalid'"
+        with pytest.raises(grpc.RpcError) as internal:
+            call(channel, "Fail", b"other")
+        assert internal.value.code() == grpc.StatusCode.INTERNAL
+        assert "Traceback" not in internal.value.details()
+        assert "RuntimeError" in internal.value.details()
+        assert call(channel, "Sleep", b"0") == b"slept"
+        assert "Traceback" in svc.log_text(), "the traceback belongs in the service log"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_client_retries_only_idempotent_calls_on_unavailable(tmp_path):
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    config = ClientConfig(max_retries=6, retry_backoff_seconds=0.2, timeout_seconds=30)
+    channel = open_channel(address, config)
+    with pytest.raises(grpc.RpcError) as not_retried:
+        call(channel, "Sleep", b"0", timeout=2)
+    assert not_retried.value.code() == grpc.StatusCode.UNAVAILABLE
+
+    result: dict = {}
+
+    def check_health():
+        try:
+            result["status"] = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest()).status
+        except grpc.RpcError as exc:
+            result["error"] = exc.code()
+
+    checker = threading.Thread(target=check_health)
+    checker.start()
+    time.sleep(0.5)  # the first attempts fail: nothing listens yet
+    svc = probe(tmp_path, "--ready-after", "0", wait_serving=False)
+    svc.args += ["--port", str(port)]  # the later --port wins over the launcher's --port 0
+    with svc.start():
+        checker.join(30)
+        assert result.get("error") is None, result
+        assert result["status"] in (SERVING, NOT_SERVING)
+
+
+def test_log_lines_carry_service_rpc_and_run_context(tmp_path):
+    with probe(tmp_path) as svc:
+        metadata = [("x-rollway-run-id", "run-42"), ("x-rollway-step", "7"), ("x-rollway-weight-version", "3")]
+        assert call(open_channel(svc.address), "Log", b"hello", metadata=metadata) == b"logged"
+        time.sleep(0.2)
+        lines = [json.loads(line) for line in svc.log_text().splitlines() if line.startswith("{")]
+    event = next(line for line in lines if line.get("event") == "probe log")
+    assert event["service"] == "probe"
+    assert event["rpc"] == "Log"
+    assert (event["run_id"], event["step"], event["weight_version"]) == ("run-42", "7", "3")
+    assert event["payload"] == "hello"
+    assert event["level"] == "info" and "timestamp" in event
+
+
+def test_trace_context_propagates_from_one_service_to_another(tmp_path):
+    with probe(tmp_path / "b", env={"ROLLWAY_TRACE_FILE": str(tmp_path / "b.jsonl")}) as callee, probe(
+        tmp_path / "a", "--relay-to", callee.address, env={"ROLLWAY_TRACE_FILE": str(tmp_path / "a.jsonl")}
+    ) as caller:
+        assert call(open_channel(caller.address), "Relay") == b"SERVING"
+        time.sleep(0.3)
+    spans_a = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()]
+    spans_b = [json.loads(x) for x in (tmp_path / "b.jsonl").read_text().splitlines()]
+    relay_server = next(s for s in spans_a if s["kind"] == "SERVER" and s["name"].endswith("/Relay"))
+    check_client = next(s for s in spans_a if s["kind"] == "CLIENT" and s["name"].endswith("/Check"))
+    assert check_client["parent_span_id"] == relay_server["span_id"]
+    # The callee also answered the launcher's health probes: those are roots of other traces.
+    check_server = [s for s in spans_b if s["kind"] == "SERVER" and s["trace_id"] == relay_server["trace_id"]]
+    assert len(check_server) == 1 and check_server[0]["name"].endswith("/Check")
+    check_server = check_server[0]
+    assert check_server["parent_span_id"] == check_client["span_id"]
+    assert (relay_server["service"], check_server["service"]) == ("rollway-probe", "rollway-probe")

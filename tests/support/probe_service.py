@@ -1,0 +1,79 @@
+"""A minimal service built on rollway's shared runtime, for testing the runtime itself.
+
+    python -m support.probe_service --port 0 --port-file F [--ready-after S] [--relay-to ADDR]
+
+Methods (raw bytes in and out, registered as rollway.test.v1.ProbeService):
+  Sleep   sleeps float(request) seconds, answers b"slept"      (drain tests)
+  Relay   calls grpc.health.v1 Check on --relay-to             (trace propagation)
+  Log     logs an event "probe log" and answers b"logged"      (log context)
+  Fail    request b"invalid": InvalidArgument; otherwise RuntimeError  (error mapping)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rollway.common.client import open_channel
+from rollway.common.config import parse_components, setting
+from rollway.common.errors import InvalidArgument
+from rollway.common.log import get_logger
+from rollway.common.server import RollwayServer, ServerConfig
+
+SERVICE = "rollway.test.v1.ProbeService"
+
+
+@dataclass
+class ProbeConfig:
+    """Probe settings."""
+
+    ready_after: float = setting(0.0, "seconds before health turns SERVING")
+    relay_to: str = setting("", "address whose health Check Relay calls")
+
+
+def _handlers(config: ProbeConfig):
+    log = get_logger("probe")
+
+    def sleep(request: bytes, context) -> bytes:
+        time.sleep(float(request or b"0"))
+        return b"slept"
+
+    def relay(request: bytes, context) -> bytes:
+        with open_channel(config.relay_to) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status).encode()
+
+    def log_event(request: bytes, context) -> bytes:
+        log.info("probe log", payload=request.decode())
+        return b"logged"
+
+    def fail(request: bytes, context) -> bytes:
+        if request == b"invalid":
+            raise InvalidArgument("payload", "must not be 'invalid'")
+        raise RuntimeError("boom: secret internal detail")
+
+    def unary(fn):
+        return grpc.unary_unary_rpc_method_handler(fn)
+
+    return grpc.method_handlers_generic_handler(
+        SERVICE, {"Sleep": unary(sleep), "Relay": unary(relay), "Log": unary(log_event), "Fail": unary(fail)}
+    )
+
+
+def main(argv=None) -> None:
+    server_config, config = parse_components([ServerConfig, ProbeConfig], argv, prog="probe")
+    server = RollwayServer("probe", server_config)
+    server.add_service(lambda handler, srv: srv.add_generic_rpc_handlers((handler,)), _handlers(config),
+                       SimpleNamespace(full_name=SERVICE))
+    server.start()
+    threading.Timer(config.ready_after, server.set_serving).start()
+    server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    main()
