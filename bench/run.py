@@ -1,6 +1,6 @@
 """Run every benchmark under bench/ (or the ones named), print tables, write bench/results/*.json.
 
-    python -m bench.run [--quick] [NAME ...]
+python -m bench.run [--quick] [NAME ...]
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ def discover() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {', '.join(discover())})")
+    parser.add_argument(
+        "names", nargs="*", help=f"benchmarks to run (default: all of {', '.join(discover())})"
+    )
     parser.add_argument("--quick", action="store_true", help="small configurations (smoke run)")
     args = parser.parse_args(argv)
     names = args.names or discover()

@@ -25,8 +25,10 @@ def _serve(argv: list[str]) -> int:
 
 
 def _make_tiny_model(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rollway make-tiny-model",
-                                     description="Write the tiny model, its tokenizer and the demo datasets.")
+    parser = argparse.ArgumentParser(
+        prog="rollway make-tiny-model",
+        description="Write the tiny model, its tokenizer and the demo datasets.",
+    )
     parser.add_argument("dir", help="output directory (model files; datasets go to DIR/data)")
     parser.add_argument("--seed", type=int, default=0, help="seed for weights and data")
     parser.add_argument("--preset", default="tiny", help="model size preset (tiny ~1M params, small ~50M)")

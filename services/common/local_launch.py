@@ -23,9 +23,18 @@ from rollway.common.client import ClientConfig, wait_until_serving
 class ServiceProcess:
     """A `python -m rollway.<service>` child process with its log captured to a file."""
 
-    def __init__(self, service: str, args: list[str], workdir: Path, *, env: dict[str, str] | None = None,
-                 wait_serving: bool = True, startup_timeout: float = 120.0, client_config: ClientConfig | None = None,
-                 module: str | None = None):
+    def __init__(
+        self,
+        service: str,
+        args: list[str],
+        workdir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        wait_serving: bool = True,
+        startup_timeout: float = 120.0,
+        client_config: ClientConfig | None = None,
+        module: str | None = None,
+    ):
         self.service = service
         self.module = module or f"rollway.{service}"
         self.workdir = Path(workdir)
@@ -50,17 +59,31 @@ class ServiceProcess:
         return self.proc.pid
 
     def start(self) -> ServiceProcess:
-        cmd = [sys.executable, "-m", self.module, "--port", "0", "--port-file", str(self.port_file),
-               "--log-format", "json", *self.args]
+        cmd = [
+            sys.executable,
+            "-m",
+            self.module,
+            "--port",
+            "0",
+            "--port-file",
+            str(self.port_file),
+            "--log-format",
+            "json",
+            *self.args,
+        ]
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + self.startup_timeout
         while not self.port_file.exists():
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.service} exited with {self.proc.returncode}:\n{self.log_text()[-4000:]}")
+                raise RuntimeError(
+                    f"{self.service} exited with {self.proc.returncode}:\n{self.log_text()[-4000:]}"
+                )
             if time.monotonic() > deadline:
                 self.stop()
-                raise TimeoutError(f"{self.service} did not bind within {self.startup_timeout}s:\n{self.log_text()[-4000:]}")
+                raise TimeoutError(
+                    f"{self.service} did not bind within {self.startup_timeout}s:\n{self.log_text()[-4000:]}"
+                )
             time.sleep(0.05)
         self.port = int(self.port_file.read_text())
         if self.wait_serving:
@@ -112,8 +135,17 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rollway-up-"))
     model_dir, data = _ensure_demo_assets(workdir)
     specs = {
-        "dataloader": ["--hf-checkpoint", str(model_dir), "--prompt-data", str(data["rl"]), "--input-key", "prompt",
-                       "--label-key", "label", "--apply-chat-template"],
+        "dataloader": [
+            "--hf-checkpoint",
+            str(model_dir),
+            "--prompt-data",
+            str(data["rl"]),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--apply-chat-template",
+        ],
         "rollout": ["--hf-checkpoint", str(model_dir)],
         "trainer": ["--hf-checkpoint", str(model_dir)],
         "coordinator": [],
@@ -122,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, service_args in specs.items():
             services.append(ServiceProcess(name, service_args, workdir / "logs").start())
-            print(f"{name:<12} SERVING  {services[-1].address}  pid {services[-1].pid}  log {services[-1].log_path}")
+            print(
+                f"{name:<12} SERVING  {services[-1].address}  pid {services[-1].pid}  log {services[-1].log_path}"
+            )
         if args.hold:
             print("all four services are up; Ctrl-C stops them")
             signal.sigwait({signal.SIGINT, signal.SIGTERM})

@@ -24,6 +24,7 @@ PROPAGATED_FIELDS = ("run_id", "step", "weight_version")
 def configure_logging(service: str, log_format: LogFormat = "auto", level: str = "INFO") -> None:
     """Configure structlog and stdlib logging for a service process (call once, at start)."""
     pretty = log_format == "pretty" or (log_format == "auto" and sys.stderr.isatty())
+
     def add_service(_logger, _method, event: dict) -> dict:
         # Static, not a contextvar: threads (RPC handlers, loops) do not inherit contextvars.
         event.setdefault("service", service)

@@ -50,7 +50,9 @@ def test_health_goes_serving_then_not_serving_on_sigterm_and_in_flight_call_comp
         assert statuses[:2] == [NOT_SERVING, SERVING]
 
         result: dict[str, bytes] = {}
-        in_flight = threading.Thread(target=lambda: result.update(reply=call(channel, "Sleep", b"2.0", timeout=30)))
+        in_flight = threading.Thread(
+            target=lambda: result.update(reply=call(channel, "Sleep", b"2.0", timeout=30))
+        )
         in_flight.start()
         time.sleep(0.5)  # the Sleep call is now being handled
         svc.signal(signal.SIGTERM)
@@ -93,27 +95,71 @@ def _certificates(tmp_path: Path) -> dict[str, str]:
     openssl = shutil.which("openssl")
     if openssl is None:
         pytest.skip("openssl not installed")
-    files = {k: str(tmp_path / f"{k}.pem") for k in ("ca", "ca_key", "server", "server_key", "client", "client_key")}
+    files = {
+        k: str(tmp_path / f"{k}.pem")
+        for k in ("ca", "ca_key", "server", "server_key", "client", "client_key")
+    }
 
     def run(*args: str) -> None:
         subprocess.run([openssl, *args], check=True, capture_output=True)
 
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=rollway-test-ca",
-        "-keyout", files["ca_key"], "-out", files["ca"])
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=rollway-test-ca",
+        "-keyout",
+        files["ca_key"],
+        "-out",
+        files["ca"],
+    )
     ext = tmp_path / "san.cnf"
     ext.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
     for who in ("server", "client"):
         csr = str(tmp_path / f"{who}.csr")
-        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={who}", "-keyout", files[f"{who}_key"], "-out", csr)
-        run("x509", "-req", "-in", csr, "-CA", files["ca"], "-CAkey", files["ca_key"], "-CAcreateserial",
-            "-days", "2", "-extfile", str(ext), "-out", files[who])
+        run(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            f"/CN={who}",
+            "-keyout",
+            files[f"{who}_key"],
+            "-out",
+            csr,
+        )
+        run(
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            files["ca"],
+            "-CAkey",
+            files["ca_key"],
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            str(ext),
+            "-out",
+            files[who],
+        )
     return files
 
 
 def test_tls_server_refuses_plaintext_and_mtls_requires_a_client_certificate(tmp_path):
     certs = _certificates(tmp_path)
     tls_client = ClientConfig(tls_ca=certs["ca"], max_retries=0)
-    with probe(tmp_path, "--tls-cert", certs["server"], "--tls-key", certs["server_key"], client_config=tls_client) as svc:
+    with probe(
+        tmp_path, "--tls-cert", certs["server"], "--tls-key", certs["server_key"], client_config=tls_client
+    ) as svc:
         with pytest.raises(grpc.RpcError) as refused:
             call(open_channel(svc.address, ClientConfig(max_retries=0)), "Sleep", b"0", timeout=5)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -162,7 +208,9 @@ def test_client_retries_only_idempotent_calls_on_unavailable(tmp_path):
 
     def check_health():
         try:
-            result["status"] = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest()).status
+            result["status"] = (
+                health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest()).status
+            )
         except grpc.RpcError as exc:
             result["error"] = exc.code()
 
@@ -179,7 +227,11 @@ def test_client_retries_only_idempotent_calls_on_unavailable(tmp_path):
 
 def test_log_lines_carry_service_rpc_and_run_context(tmp_path):
     with probe(tmp_path) as svc:
-        metadata = [("x-rollway-run-id", "run-42"), ("x-rollway-step", "7"), ("x-rollway-weight-version", "3")]
+        metadata = [
+            ("x-rollway-run-id", "run-42"),
+            ("x-rollway-step", "7"),
+            ("x-rollway-weight-version", "3"),
+        ]
         assert call(open_channel(svc.address), "Log", b"hello", metadata=metadata) == b"logged"
         time.sleep(0.2)
         lines = [json.loads(line) for line in svc.log_text().splitlines() if line.startswith("{")]
@@ -192,9 +244,15 @@ def test_log_lines_carry_service_rpc_and_run_context(tmp_path):
 
 
 def test_trace_context_propagates_from_one_service_to_another(tmp_path):
-    with probe(tmp_path / "b", env={"ROLLWAY_TRACE_FILE": str(tmp_path / "b.jsonl")}) as callee, probe(
-        tmp_path / "a", "--relay-to", callee.address, env={"ROLLWAY_TRACE_FILE": str(tmp_path / "a.jsonl")}
-    ) as caller:
+    with (
+        probe(tmp_path / "b", env={"ROLLWAY_TRACE_FILE": str(tmp_path / "b.jsonl")}) as callee,
+        probe(
+            tmp_path / "a",
+            "--relay-to",
+            callee.address,
+            env={"ROLLWAY_TRACE_FILE": str(tmp_path / "a.jsonl")},
+        ) as caller,
+    ):
         assert call(open_channel(caller.address), "Relay") == b"SERVING"
         time.sleep(0.3)
     spans_a = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()]

@@ -68,8 +68,11 @@ def _handlers(config: ProbeConfig):
 def main(argv=None) -> None:
     server_config, config = parse_components([ServerConfig, ProbeConfig], argv, prog="probe")
     server = RollwayServer("probe", server_config)
-    server.add_service(lambda handler, srv: srv.add_generic_rpc_handlers((handler,)), _handlers(config),
-                       SimpleNamespace(full_name=SERVICE))
+    server.add_service(
+        lambda handler, srv: srv.add_generic_rpc_handlers((handler,)),
+        _handlers(config),
+        SimpleNamespace(full_name=SERVICE),
+    )
     server.start()
     threading.Timer(config.ready_after, server.set_serving).start()
     server.wait_for_termination()

@@ -18,8 +18,9 @@ def test_every_package_under_services_is_listed_in_pyproject():
 
 
 def test_generated_proto_code_is_fresh():
-    result = subprocess.run([sys.executable, str(ROOT / "protos" / "generate.py"), "--check"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "protos" / "generate.py"), "--check"], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 

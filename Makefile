@@ -1,0 +1,46 @@
+# rollway developer commands. `make run` and `make test` set up .venv first if needed.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.setup-done
+# torch first and pinned: an unpinned torch (or a package asking for a newer one) pulls CUDA builds.
+TORCH_PIN := torch==2.13.0
+
+.PHONY: setup run up test test-fast lint format proto proto-check bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_PIN)"
+	$(PY) -m pip install --quiet -e ".[ml,ray,dev]"
+	touch $(STAMP)
+
+# The demo: build the tiny model and data, start the services, run it (see README).
+run: setup
+	$(VENV)/bin/rollway up --workdir runs/demo
+
+test: setup proto-check
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	cd protos && ../$(VENV)/bin/buf lint
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+proto: setup
+	$(PY) protos/generate.py
+
+proto-check: setup
+	$(PY) protos/generate.py --check
+
+bench: setup
+	$(PY) -m bench.run
+
+clean:
+	rm -rf $(VENV) runs bench/results .pytest_cache .ruff_cache
