@@ -169,12 +169,32 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{service.service:<12} stopped (exit {code})")
 
 
-def _ensure_demo_assets(workdir: Path) -> tuple[Path, dict[str, Path]]:
+def demo_service_args(model_dir: Path, data_dir: Path, workdir: Path) -> dict[str, list[str]]:
+    """Flags that start each service on the tiny model and the demo's RL prompts."""
+    return {
+        "dataloader": [
+            "--hf-checkpoint",
+            str(model_dir),
+            "--prompt-data",
+            str(Path(data_dir) / "rl.parquet"),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--apply-chat-template",
+        ],
+        "rollout": ["--hf-checkpoint", str(model_dir)],
+        "trainer": ["--hf-checkpoint", str(model_dir)],
+        "coordinator": [],
+    }
+
+
+def _ensure_demo_assets(workdir: Path) -> tuple[Path, Path]:
     from rollway.common.demo_data import make_demo_data
     from rollway.common.tiny_model import make_tiny_model
 
     model_dir = workdir / "tiny-model"
     if not (model_dir / "config.json").exists():
         make_tiny_model(model_dir, seed=0)
-    data = make_demo_data(workdir / "data", seed=0)
-    return model_dir, data
+    make_demo_data(workdir / "data", seed=0)
+    return model_dir, workdir / "data"
