@@ -34,9 +34,19 @@ class ConfigError(ValueError):
         self.problem = problem
 
 
-def setting(default: Any = dataclasses.MISSING, doc: str = "", *, choices: Sequence[Any] | None = None):
-    """A dataclass field with a one-line doc (the flag's help) and optional allowed values."""
-    metadata = {"doc": doc, "choices": tuple(choices) if choices else None}
+def setting(
+    default: Any = dataclasses.MISSING,
+    doc: str = "",
+    *,
+    choices: Sequence[Any] | None = None,
+    aliases: Sequence[str] = (),
+):
+    """A dataclass field with a one-line doc (the flag's help), optional allowed values and aliases.
+
+    Aliases are other names accepted as keys and flags, for names Python cannot use as a field
+    (Miles' `--async` is the field `async_mode` with alias "async").
+    """
+    metadata = {"doc": doc, "choices": tuple(choices) if choices else None, "aliases": tuple(aliases)}
     if isinstance(default, list | dict | set):
         value = default
         return dataclasses.field(default_factory=lambda: type(value)(value), metadata=metadata)
@@ -119,8 +129,10 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, base: T | None = None) -
     types_ = _field_types(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     values = dataclasses.asdict(base) if base is not None else {}
+    aliases = {a.replace("-", "_"): f.name for f in fields.values() for a in f.metadata.get("aliases", ())}
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
+        key = aliases.get(key, key)
         if key not in fields:
             close = difflib.get_close_matches(key, fields, n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
@@ -163,10 +175,16 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add one flag per field of `cls`. Flags default to SUPPRESS so only given ones override."""
+    """Add one flag per field of `cls`. Flags default to SUPPRESS so only given ones override.
+
+    A field whose flag another component already added (a shared setting) is skipped.
+    """
     types_ = _field_types(cls)
     group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").strip().splitlines()[0] or None)
+    taken = {opt for action in parser._actions for opt in action.option_strings}
     for f in dataclasses.fields(cls):
+        if flag_name(f.name) in taken:
+            continue
         tp, _ = _unwrap_optional(types_[f.name])
         doc = f.metadata.get("doc", "")
         default = f.default if f.default is not dataclasses.MISSING else None
@@ -182,7 +200,8 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
             kwargs["choices"] = typing.get_args(tp)
         if f.metadata.get("choices"):
             kwargs["choices"] = f.metadata["choices"]
-        group.add_argument(flag_name(f.name), **kwargs)
+        names = [flag_name(f.name), *(flag_name(a) for a in f.metadata.get("aliases", ()))]
+        group.add_argument(*names, **kwargs)
 
 
 def parse(
@@ -209,6 +228,25 @@ def parse(
         raise  # unreachable: parser.error exits
 
 
+def check_shared_settings(classes: Sequence[type]) -> None:
+    """A setting may be declared by several components (Miles' flags are one flat namespace:
+    `hf_checkpoint` matters to the trainer, the rollout engine and the dataloader), but only with
+    one type and one default, so that a value means the same thing to each of them."""
+    seen: dict[str, tuple[type, Any, Any]] = {}
+    for cls in classes:
+        hints = _field_types(cls)
+        for f in dataclasses.fields(cls):
+            default = f.default
+            if f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            if f.name in seen and seen[f.name][1:] != (hints[f.name], default):
+                other = seen[f.name][0]
+                raise TypeError(
+                    f"setting {f.name} is declared differently by {other.__name__} and {cls.__name__}"
+                )
+            seen.setdefault(f.name, (cls, hints[f.name], default))
+
+
 def parse_components(
     classes: Sequence[type],
     argv: Sequence[str] | None = None,
@@ -218,17 +256,16 @@ def parse_components(
 ) -> list[Any]:
     """Like `parse` for several component dataclasses sharing one flat namespace of flags and keys.
 
-    Each YAML key or flag goes to the component that declares it; a name declared by two
-    components is a programming error. Returns one instance per class, in order.
+    Each YAML key or flag goes to every component that declares it (see check_shared_settings).
+    Returns one instance per class, in order.
     """
-    owners: dict[str, type] = {}
+    owners: dict[str, list[type]] = {}
     for cls in classes:
         for f in dataclasses.fields(cls):
-            if f.name in owners:
-                raise TypeError(
-                    f"setting {f.name} declared by both {owners[f.name].__name__} and {cls.__name__}"
-                )
-            owners[f.name] = cls
+            owners.setdefault(f.name, []).append(cls)
+            for alias in f.metadata.get("aliases", ()):
+                owners.setdefault(alias.replace("-", "_"), []).append(cls)
+    check_shared_settings(classes)
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", help="YAML file with settings (flags override it)")
     for cls in classes:
@@ -244,7 +281,7 @@ def parse_components(
             if key not in owners:
                 close = difflib.get_close_matches(key, owners, n=1)
                 raise ConfigError(key, "unknown setting" + (f"; did you mean {close[0]}?" if close else ""))
-        return [from_dict(cls, {k: v for k, v in data.items() if owners[k] is cls}) for cls in classes]
+        return [from_dict(cls, {k: v for k, v in data.items() if cls in owners[k]}) for cls in classes]
     except ConfigError as exc:
         parser.error(str(exc))
         raise

@@ -91,3 +91,30 @@ def test_components_share_one_flat_namespace(tmp_path):
     path.write_text("prot: 7000\n")
     with pytest.raises(SystemExit):
         parse_components([Server, Optim], ["--config", str(path)])
+
+
+@dataclass
+class Rollout:
+    """Rollout settings sharing a name with Optim."""
+
+    lr: float = setting(1e-6, "same setting, same type and default")
+    async_mode: bool = setting(False, "Miles' --async", aliases=("async",))
+
+
+@dataclass
+class Clash:
+    """Declares lr differently."""
+
+    lr: int = setting(3, "clashes")
+
+
+def test_shared_settings_reach_every_component_and_aliases_work(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("async: true\n")
+    optim, rollout = parse_components([Optim, Rollout], ["--config", str(path), "--lr", "0.25"])
+    assert optim.lr == rollout.lr == 0.25
+    assert rollout.async_mode is True
+    (rollout,) = parse_components([Rollout], ["--async"])
+    assert rollout.async_mode is True
+    with pytest.raises(TypeError, match="lr is declared differently"):
+        parse_components([Optim, Clash], [])
