@@ -1,8 +1,160 @@
-"""Settings of the coordinator service (flags are generated from the fields)."""
+"""Settings of a run, as the coordinator sees them (Miles' names).
+
+The coordinator owns the batch arithmetic, the loop, advantages, the weight-sync schedule,
+evaluation, run checkpoints and debug modes. Settings that other services also read (loss_type,
+global_batch_size, num_epoch, hf_checkpoint, ...) are declared here too, with the same type and
+default as in those services' configs, so one flat run config reaches every component.
+"""
+
+from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+from rollway.common.advantages import ESTIMATORS
+from rollway.common.config import ConfigError, setting
+
+LossType = Literal["sft_loss", "policy_loss"]
 
 
 @dataclass
 class CoordinatorConfig:
-    """Coordinator settings."""
+    """Run settings: loop, batches, sampling, advantages, async, eval, checkpoints, debug."""
+
+    # Run
+    run_id: str = setting("", "run id; generated (time-based) when empty")
+    run_dir: str = setting("runs", "directory holding one folder per run (metrics, checkpoints, summary)")
+    num_rollout: int = setting(
+        10, "RL steps (rollouts) to run; for SFT, optimizer steps (0: num_epoch epochs)"
+    )
+    rollout_seed: int = setting(
+        42, "seed of sampling (per-sample seed = rollout_seed + index) and data order"
+    )
+    loss_type: LossType = setting("policy_loss", "sft_loss runs the SFT loop; policy_loss the RL loop")
+    num_epoch: int = setting(1, "epochs over the prompt data")
+    hf_checkpoint: str = setting("", "Hugging Face model directory the run starts from")
+
+    # Batches
+    rollout_batch_size: int = setting(8, "prompts per rollout (RL) or conversations per step (SFT)")
+    n_samples_per_prompt: int = setting(4, "samples generated per prompt (the GRPO group size)")
+    global_batch_size: int = setting(32, "samples per optimizer step")
+    over_sampling_batch_size: int = setting(
+        0, "prompts requested per refill when dynamic sampling drops groups"
+    )
+    dynamic_sampling_filter_path: str = setting(
+        "", "group filter, e.g. check_reward_nonzero_std (drop zero-std groups)"
+    )
+    partial_rollout: bool = setting(False, "keep samples aborted by a weight update and finish them later")
+
+    # Sampling
+    rollout_temperature: float = setting(1.0, "sampling temperature (also divides logits for log-probs)")
+    rollout_top_p: float = setting(1.0, "nucleus sampling threshold")
+    rollout_top_k: int = setting(-1, "top-k cutoff; -1 disables")
+    rollout_max_response_len: int = setting(64, "maximum response tokens")
+    rollout_stop: list[str] = setting([], "stop strings")
+    rm_type: str = setting("", "reward function name (empty: the rollout service's default)")
+
+    # Advantages
+    advantage_estimator: str = setting(
+        "grpo", "grpo, gspo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline"
+    )
+    disable_grpo_std_normalization: bool = setting(False, "Dr.GRPO: centre rewards without dividing by std")
+    disable_compute_advantages_and_returns: bool = setting(False, "SFT recipe: no advantages")
+
+    # Async and weight sync
+    async_mode: bool = setting(
+        False, "overlap generation of step k with training of step k-1", aliases=("async",)
+    )
+    max_weight_staleness: int = setting(1, "async: never start generation with weights older than this")
+    update_weights_interval: int = setting(1, "push weights every N rollouts")
+    update_weight_buffer_size: int = setting(512 * 1024 * 1024, "bytes per weight-sync bucket")
+    update_weight_transport: Literal["distributed", "disk"] = setting("distributed", "weight-sync transport")
+    update_weight_timeout: float = setting(300.0, "seconds a weight update may take")
+    check_weight_update_equal: bool = setting(False, "scramble engine weights, sync, compare checksums")
+
+    # Evaluation
+    eval_interval: int = setting(
+        0, "evaluate every N rollouts (0: never; the first and last step always when set)"
+    )
+    eval_prompt_data: list[str] = setting([], "eval sources as name path pairs (served by the dataloader)")
+    n_samples_per_eval_prompt: int = setting(1, "samples per eval prompt (pass@k uses them)")
+    eval_temperature: float = setting(0.0, "eval sampling temperature (0: greedy)")
+
+    # Checkpoints
+    save: str = setting("", "directory for run checkpoints (trainer, dataloader cursor, coordinator)")
+    save_interval: int = setting(0, "checkpoint every N steps (0: only at the end when save is set)")
+    load: str = setting("", "resume from this run checkpoint directory (default: latest under save)")
+
+    # Debugging (Miles-compatible)
+    debug_rollout_only: bool = setting(False, "generate and score only; no trainer")
+    debug_train_only: bool = setting(False, "train only; no rollout service")
+    save_debug_rollout_data: str = setting("", "write each rollout to this path; {rollout_id} is replaced")
+    load_debug_rollout_data: str = setting(
+        "", "replay rollouts from this path ({rollout_id}); implies train-only"
+    )
+    debug_determinism: bool = setting(False, "log per-step hashes of data, weights and losses")
+
+    # Services (attach mode; empty: `rollway run` starts them)
+    trainer_addr: str = setting("", "address of a running trainer")
+    rollout_addr: list[str] = setting([], "addresses of running rollout services")
+    dataloader_addr: str = setting("", "address of a running dataloader")
+    eval_dataloader_addr: str = setting("", "address of the dataloader serving eval prompts")
+    trainer_settings: dict = setting({}, "trainer settings sent with trainer.Init (lr, loss settings, ...)")
+
+    @property
+    def is_sft(self) -> bool:
+        return self.loss_type == "sft_loss"
+
+    @property
+    def samples_per_rollout(self) -> int:
+        return self.rollout_batch_size * (1 if self.is_sft else self.n_samples_per_prompt)
+
+    def validate(self) -> None:
+        positive = (
+            "rollout_batch_size",
+            "n_samples_per_prompt",
+            "global_batch_size",
+            "update_weights_interval",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(name, f"must be positive (got {getattr(self, name)})")
+        if self.num_rollout < 0:
+            raise ConfigError("num_rollout", "must not be negative")
+        if self.samples_per_rollout % self.global_batch_size:
+            raise ConfigError(
+                "global_batch_size",
+                f"rollout_batch_size * n_samples_per_prompt = {self.samples_per_rollout} is not divisible "
+                f"by global_batch_size = {self.global_batch_size}",
+            )
+        if self.advantage_estimator not in ESTIMATORS:
+            raise ConfigError("advantage_estimator", f"must be one of {', '.join(ESTIMATORS)}")
+        if self.debug_rollout_only and (self.debug_train_only or self.load_debug_rollout_data):
+            raise ConfigError(
+                "debug_rollout_only", "cannot be combined with debug_train_only/load_debug_rollout_data"
+            )
+        if self.debug_rollout_only and self.is_sft:
+            raise ConfigError("debug_rollout_only", "has no meaning with loss_type sft_loss")
+        if len(self.eval_prompt_data) % 2:
+            raise ConfigError("eval_prompt_data", "expects name path pairs")
+        if self.eval_interval < 0 or self.save_interval < 0:
+            raise ConfigError(
+                "eval_interval" if self.eval_interval < 0 else "save_interval", "must not be negative"
+            )
+        if self.max_weight_staleness < 1:
+            raise ConfigError("max_weight_staleness", "must be at least 1 (async overlaps one step)")
+        if self.dynamic_sampling_filter_path not in ("", "check_reward_nonzero_std"):
+            raise ConfigError("dynamic_sampling_filter_path", "supported filters: check_reward_nonzero_std")
+        if self.rollout_temperature < 0:
+            raise ConfigError("rollout_temperature", "must not be negative")
+
+    @property
+    def train_only(self) -> bool:
+        return self.debug_train_only or bool(self.load_debug_rollout_data) or self.is_sft
+
+
+@dataclass
+class CoordinatorServiceConfig:
+    """Settings of the coordinator process itself (runs bring their own CoordinatorConfig)."""
+
+    runs_root: str = setting("runs", "where runs started over gRPC write their directories by default")

@@ -1,38 +1,75 @@
-"""The coordinator gRPC service: servicer and serve()."""
+"""The coordinator gRPC service: StartRun, GetRun, StreamMetrics, StopRun, ListRuns."""
 
-from rollway.common.errors import Unimplemented
+from __future__ import annotations
+
+from google.protobuf import json_format
+
 from rollway.common.server import RollwayServer, ServerConfig
-from rollway.coordinator.config import CoordinatorConfig
+from rollway.coordinator.config import CoordinatorServiceConfig
+from rollway.coordinator.runs import RunManager, RunRecord
 from rollway.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
+
+STATES = {
+    "STARTING": coordinator_pb2.RUN_STATE_STARTING,
+    "RUNNING": coordinator_pb2.RUN_STATE_RUNNING,
+    "SUCCEEDED": coordinator_pb2.RUN_STATE_SUCCEEDED,
+    "FAILED": coordinator_pb2.RUN_STATE_FAILED,
+    "STOPPED": coordinator_pb2.RUN_STATE_STOPPED,
+}
+
+
+def run_info(record: RunRecord) -> coordinator_pb2.RunInfo:
+    last = record.run.sink.last if record.run is not None else {}
+    return coordinator_pb2.RunInfo(
+        run_id=record.run_id,
+        state=STATES[record.state],
+        step=int(last.get("step", -1)) + 1,
+        num_steps=record.config.num_rollout,
+        run_dir=str(record.run_dir),
+        error=record.error,
+        last_metrics={k: v for k, v in last.items() if k not in ("step", "time")},
+    )
 
 
 class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
-    """Placeholder servicer: every RPC answers UNIMPLEMENTED naming the issue that builds it."""
+    """Runs started over gRPC execute inside this process, one thread each."""
+
+    def __init__(self, runs: RunManager):
+        self.runs = runs
 
     def StartRun(self, request, context):
-        raise Unimplemented("CoordinatorService.StartRun is not implemented yet (issue #8)")
+        record = self.runs.start(json_format.MessageToDict(request.config), request.run_id)
+        return coordinator_pb2.StartRunResponse(run=run_info(record))
 
     def GetRun(self, request, context):
-        raise Unimplemented("CoordinatorService.GetRun is not implemented yet (issue #8)")
+        return coordinator_pb2.GetRunResponse(run=run_info(self.runs.get(request.run_id)))
 
     def StreamMetrics(self, request, context):
-        raise Unimplemented("CoordinatorService.StreamMetrics is not implemented yet (issue #8)")
+        for record in self.runs.follow(request.run_id, request.from_step):
+            if not context.is_active():
+                return
+            metrics = {k: float(v) for k, v in record.items() if k not in ("step", "time")}
+            yield coordinator_pb2.StreamMetricsResponse(
+                step=record["step"], metrics=metrics, time=record["time"]
+            )
 
     def StopRun(self, request, context):
-        raise Unimplemented("CoordinatorService.StopRun is not implemented yet (issue #8)")
+        return coordinator_pb2.StopRunResponse(run=run_info(self.runs.stop(request.run_id)))
 
     def ListRuns(self, request, context):
-        raise Unimplemented("CoordinatorService.ListRuns is not implemented yet (issue #8)")
+        return coordinator_pb2.ListRunsResponse(runs=[run_info(r) for r in self.runs.list()])
 
 
-def serve(server_config: ServerConfig, config: CoordinatorConfig) -> None:
-    """Serve until SIGTERM."""
+def serve(server_config: ServerConfig, config: CoordinatorServiceConfig) -> None:
+    """Serve until SIGTERM; runs still going are asked to stop."""
+    runs = RunManager(config.runs_root)
     server = RollwayServer("coordinator", server_config)
     server.add_service(
         coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server,
-        CoordinatorService(),
+        CoordinatorService(runs),
         coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"],
     )
+    server.on_stop(runs.stop_all)
     server.start()
     server.set_serving()
     server.wait_for_termination()

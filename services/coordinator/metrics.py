@@ -1,0 +1,133 @@
+"""Where a run's metrics go: metrics.jsonl, TensorBoard, live subscribers and a console progress line.
+
+Each record is one step: {"step": k, "time": unix, "<name>": value, ...} with Miles' metric names
+(train/loss, rollout/raw_reward, perf/step_time, ...). StreamMetrics subscribers replay the file
+and then follow new records.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from rollway.common.log import get_logger
+
+log = get_logger("rollway.coordinator.metrics")
+
+
+class TensorBoardWriter:
+    """Scalars to a TensorBoard event file, with the tensorboard package only (no torch)."""
+
+    def __init__(self, logdir: Path):
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._writer = EventFileWriter(str(logdir))
+
+    def add_scalars(self, step: int, metrics: dict[str, float]) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in metrics.items() if _finite(v)]
+        self._writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def _finite(value) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+class MetricsSink:
+    """Appends step records to RUN_DIR/metrics.jsonl and TensorBoard, and wakes subscribers."""
+
+    def __init__(self, run_dir: Path, *, tensorboard: bool = True):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tb = TensorBoardWriter(Path(run_dir) / "tensorboard") if tensorboard else None
+        self._cond = threading.Condition()
+        self._records: list[dict] = self.read(self.path)  # a resumed run appends to its history
+        self.closed = False
+
+    @staticmethod
+    def read(path: Path) -> list[dict]:
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def log(self, step: int, metrics: dict[str, float]) -> dict:
+        record = {"step": step, "time": time.time(), **{k: float(v) for k, v in metrics.items()}}
+        with self._cond:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+            self._records.append(record)
+            self._cond.notify_all()
+        if self._tb is not None:
+            self._tb.add_scalars(step, metrics)
+        return record
+
+    @property
+    def last(self) -> dict:
+        with self._cond:
+            return dict(self._records[-1]) if self._records else {}
+
+    def follow(self, from_step: int = 0, stop: threading.Event | None = None) -> Iterator[dict]:
+        """Records with step >= from_step, then new ones as they come, until close() or `stop`."""
+        index = 0
+        while True:
+            with self._cond:
+                while index >= len(self._records) and not self.closed and not (stop and stop.is_set()):
+                    self._cond.wait(0.5)
+                pending = self._records[index:]
+                index = len(self._records)
+                finished = self.closed or bool(stop and stop.is_set())
+            yield from (r for r in pending if r["step"] >= from_step)
+            if finished and index >= len(self._records):
+                return
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+        if self._tb is not None:
+            self._tb.close()
+
+
+class ProgressLine:
+    """One console line per step: step, reward, loss, time per step, ETA."""
+
+    def __init__(self, total_steps: int, stream=None):
+        self.total = total_steps
+        self.stream = stream or sys.stdout
+        self.started = time.monotonic()
+        self.done = 0
+
+    def update(self, step: int, metrics: dict[str, float]) -> str:
+        self.done += 1
+        elapsed = time.monotonic() - self.started
+        per_step = elapsed / self.done
+        remaining = max(self.total - step, 0) * per_step
+        parts = [f"step {step}/{self.total}"]
+        for label, key in (
+            ("reward", "rollout/raw_reward"),
+            ("loss", "train/loss"),
+            ("loss", "sft/loss"),
+            ("acc", "eval/accuracy"),
+        ):
+            if key in metrics:
+                parts.append(f"{label} {metrics[key]:.4f}")
+        parts += [f"{per_step:.1f} s/step", f"ETA {_hms(remaining)}"]
+        line = " | ".join(parts)
+        print(line, file=self.stream, flush=True)
+        return line
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"

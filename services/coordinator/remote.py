@@ -1,0 +1,160 @@
+"""The coordinator's view of the other services: typed calls over their gRPC stubs.
+
+Only the generated protos and rollway.common are imported; nothing of the other services' code.
+Large batches go to the trainer as a header plus chunks of samples so that no message nears the
+size limit.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import struct_pb2
+
+from rollway.common.client import ClientConfig, open_channel, wait_until_serving
+from rollway.common.v1 import common_pb2
+from rollway.dataloader.v1 import dataloader_pb2, dataloader_pb2_grpc
+from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+
+SAMPLES_PER_CHUNK = 64
+# Generation and training calls may run for a long time; everything else uses the client default.
+LONG_CALL_SECONDS = 3600.0
+
+
+def to_struct(mapping: dict) -> struct_pb2.Struct:
+    struct = struct_pb2.Struct()
+    struct.update(mapping)
+    return struct
+
+
+@dataclass
+class Services:
+    """Channels and stubs to the services a run uses (any may be absent in a debug mode)."""
+
+    dataloader: dataloader_pb2_grpc.DataloaderServiceStub | None = None
+    trainer: trainer_pb2_grpc.TrainerServiceStub | None = None
+    rollouts: list[rollout_pb2_grpc.RolloutServiceStub] = field(default_factory=list)
+    addresses: dict[str, list[str]] = field(default_factory=dict)
+    _channels: list[grpc.Channel] = field(default_factory=list)
+
+    @classmethod
+    def connect(
+        cls,
+        *,
+        dataloader: str = "",
+        trainer: str = "",
+        rollouts: Sequence[str] = (),
+        client_config: ClientConfig | None = None,
+        wait_seconds: float = 120.0,
+    ) -> Services:
+        services = cls(
+            addresses={
+                "dataloader": [dataloader] if dataloader else [],
+                "trainer": [trainer] if trainer else [],
+                "rollout": list(rollouts),
+            }
+        )
+        for address in [dataloader, trainer, *rollouts]:
+            if address:
+                wait_until_serving(address, wait_seconds, client_config)
+        if dataloader:
+            services.dataloader = dataloader_pb2_grpc.DataloaderServiceStub(
+                services._open(dataloader, client_config)
+            )
+        if trainer:
+            services.trainer = trainer_pb2_grpc.TrainerServiceStub(services._open(trainer, client_config))
+        services.rollouts = [
+            rollout_pb2_grpc.RolloutServiceStub(services._open(a, client_config)) for a in rollouts
+        ]
+        return services
+
+    def _open(self, address: str, client_config: ClientConfig | None) -> grpc.Channel:
+        channel = open_channel(address, client_config)
+        self._channels.append(channel)
+        return channel
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+
+    # --- dataloader ---
+    def next_batch(self, batch_size: int, batch_id: int) -> dataloader_pb2.NextBatchResponse:
+        return self.dataloader.NextBatch(
+            dataloader_pb2.NextBatchRequest(batch_size=batch_size, batch_id=batch_id)
+        )
+
+    # --- rollout ---
+    def generate(
+        self,
+        prompts: Sequence[rollout_pb2.Prompt],
+        n_samples_per_prompt: int,
+        sampling: common_pb2.SamplingParams,
+        reward: str,
+        request_id: str,
+        cancel: threading.Event | None = None,
+    ) -> list[common_pb2.Sample]:
+        """Spread prompt groups over the rollout services, collect every sample (any arrival order)."""
+        shards: list[list[rollout_pb2.Prompt]] = [[] for _ in self.rollouts]
+        for i, prompt in enumerate(prompts):
+            shards[i % len(self.rollouts)].append(prompt)
+
+        def run(
+            stub: rollout_pb2_grpc.RolloutServiceStub, shard: list[rollout_pb2.Prompt]
+        ) -> list[common_pb2.Sample]:
+            if not shard:
+                return []
+            request = rollout_pb2.GenerateRequest(
+                prompts=shard,
+                n_samples_per_prompt=n_samples_per_prompt,
+                sampling_params=sampling,
+                reward=reward,
+                request_id=request_id,
+            )
+            call = stub.Generate(request, timeout=LONG_CALL_SECONDS)
+            samples = []
+            for reply in call:
+                samples.append(reply.sample)
+                if cancel is not None and cancel.is_set():
+                    call.cancel()
+                    break
+            return samples
+
+        with ThreadPoolExecutor(max(len(self.rollouts), 1)) as pool:
+            results = list(pool.map(run, self.rollouts, shards))
+        return sorted((s for shard in results for s in shard), key=lambda s: (s.group_index, s.index))
+
+    def rollout_info(self) -> list[rollout_pb2.GetInfoResponse]:
+        return [stub.GetInfo(rollout_pb2.GetInfoRequest()) for stub in self.rollouts]
+
+    # --- trainer ---
+    def train_step(
+        self, step_id: int, samples: Sequence[common_pb2.Sample], overrides: dict | None = None
+    ) -> trainer_pb2.TrainStepResponse:
+        header = trainer_pb2.TrainStepHeader(
+            step_id=step_id, num_samples=len(samples), overrides=to_struct(overrides or {})
+        )
+        return self.trainer.TrainStep(
+            _header_then_chunks(header, samples, trainer_pb2.TrainStepRequest), timeout=LONG_CALL_SECONDS
+        )
+
+    def compute_log_probs(
+        self, samples: Sequence[common_pb2.Sample], temperature: float, use_reference: bool = False
+    ) -> list[list[float]]:
+        header = trainer_pb2.ComputeLogProbsHeader(temperature=temperature, use_reference=use_reference)
+        replies = self.trainer.ComputeLogProbs(
+            _header_then_chunks(header, samples, trainer_pb2.ComputeLogProbsRequest),
+            timeout=LONG_CALL_SECONDS,
+        )
+        results = sorted((r for reply in replies for r in reply.results), key=lambda r: r.index)
+        return [list(r.log_probs) for r in results]
+
+
+def _header_then_chunks(header, samples: Sequence[common_pb2.Sample], request_cls) -> Iterator:
+    yield request_cls(header=header)
+    for start in range(0, len(samples), SAMPLES_PER_CHUNK):
+        yield request_cls(samples=trainer_pb2.SampleChunk(samples=samples[start : start + SAMPLES_PER_CHUNK]))

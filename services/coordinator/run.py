@@ -1,0 +1,356 @@
+"""One run: the SFT loop or the RL loop (sync or async), with eval, checkpoints and debug modes.
+
+RL, one step (rollout k):
+
+    dataloader.NextBatch ──> rollout.Generate (stream) ──> dynamic sampling ──> advantages
+         ^  refill while groups were dropped                                      │
+         │                                                                         v
+    checkpoint? <── weight sync v+1 (every update_weights_interval) <── trainer.TrainStep
+
+Async (--async): generation of rollout k+1 runs in a background thread while rollout k trains.
+Generation of rollout k starts only when the engines serve a weight version of at least
+k + 1 - max_weight_staleness (admission), so staleness is bounded without dropping samples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollway.common.log import bind_run_context, get_logger
+from rollway.common.v1 import common_pb2
+from rollway.coordinator import debug_data, run_state
+from rollway.coordinator.config import CoordinatorConfig
+from rollway.coordinator.evaluation import Evaluator
+from rollway.coordinator.metrics import MetricsSink, ProgressLine
+from rollway.coordinator.remote import Services, to_struct
+from rollway.coordinator.rollout_batch import (
+    assign_advantages,
+    group_samples,
+    keep_groups,
+    rollout_metrics,
+    to_prompts,
+)
+from rollway.coordinator.run_state import RunState
+from rollway.coordinator.weight_sync import WeightSyncSettings, init_weight_group, sync_weights
+from rollway.dataloader.v1 import dataloader_pb2
+from rollway.trainer.v1 import trainer_pb2
+
+log = get_logger("rollway.coordinator.run")
+MAX_REFILLS = 16
+
+
+class RunStopped(Exception):
+    """StopRun was called."""
+
+
+@dataclass
+class Rollout:
+    rollout_id: int
+    samples: list[common_pb2.Sample]
+    metrics: dict[str, float]
+    generate_seconds: float
+
+
+class Run:
+    """Drives one run over connected services; `execute()` returns the final metrics."""
+
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        services: Services,
+        run_dir: Path,
+        *,
+        evaluator: Evaluator | None = None,
+        stop: threading.Event | None = None,
+        trainer_settings: dict | None = None,
+        progress: bool = True,
+    ):
+        self.config = config
+        self.services = services
+        self.run_dir = Path(run_dir)
+        self.evaluator = evaluator
+        self.stop = stop or threading.Event()
+        self.trainer_settings = trainer_settings or {}
+        self.sink = MetricsSink(self.run_dir)
+        self.state = RunState()
+        self.progress = ProgressLine(self.total_steps()) if progress else None
+        self.sync_settings = WeightSyncSettings(
+            transport=config.update_weight_transport,
+            bucket_size_bytes=config.update_weight_buffer_size,
+            timeout_seconds=config.update_weight_timeout,
+            disk_path=str(self.run_dir / "weights"),
+        )
+        self.final_metrics: dict[str, float] = {}
+
+    # --- setup ---
+    def total_steps(self) -> int:
+        return self.config.num_rollout
+
+    @property
+    def uses_rollout(self) -> bool:
+        return not self.config.train_only
+
+    @property
+    def uses_trainer(self) -> bool:
+        return not self.config.debug_rollout_only
+
+    def _init_trainer(self) -> None:
+        settings = dict(self.trainer_settings)
+        settings["num_steps_per_rollout"] = self.config.samples_per_rollout // self.config.global_batch_size
+        self.services.trainer.Init(
+            trainer_pb2.InitRequest(config=to_struct(settings), run_id=self.run_dir.name)
+        )
+
+    def _resume(self) -> None:
+        source = self.config.load or self.config.save
+        directory = run_state.find_checkpoint(source) if source else None
+        if directory is None:
+            if self.config.load:
+                raise FileNotFoundError(f"load: no complete run checkpoint under {self.config.load}")
+            return
+        self.state, cursor = run_state.read_checkpoint(directory)
+        self.state.restore_rng()
+        if self.uses_trainer:
+            self.services.trainer.LoadCheckpoint(
+                trainer_pb2.LoadCheckpointRequest(path=str(directory / "trainer"))
+            )
+        if cursor is not None and self.services.dataloader is not None:
+            self.services.dataloader.RestoreState(dataloader_pb2.RestoreStateRequest(state_json=cursor))
+        log.info("resumed", checkpoint=str(directory), next_rollout_id=self.state.next_rollout_id)
+
+    def _checkpoint(self) -> None:
+        directory = run_state.checkpoint_dir(self.config.save, self.state.next_rollout_id)
+        if self.uses_trainer:
+            self.services.trainer.SaveCheckpoint(
+                trainer_pb2.SaveCheckpointRequest(path=str(directory / "trainer"))
+            )
+        cursor = None
+        if self.services.dataloader is not None:
+            cursor = self.services.dataloader.GetState(dataloader_pb2.GetStateRequest()).state_json
+        run_state.write_checkpoint(directory, self.state, cursor)
+        log.info("checkpoint saved", path=str(directory))
+
+    def _push_weights(self) -> dict[str, float]:
+        self.state.weight_version += 1
+        return sync_weights(self.services, self.state.weight_version, self.sync_settings)
+
+    # --- the run ---
+    def execute(self) -> dict[str, float]:
+        bind_run_context(run_id=self.run_dir.name)
+        try:
+            if self.uses_trainer:
+                self._init_trainer()
+            self._resume()
+            if self.config.is_sft:
+                self._sft_loop()
+            else:
+                self._rl_loop()
+            return self.final_metrics
+        finally:
+            self.sink.close()
+
+    def _due(self, interval: int, rollout_id: int) -> bool:
+        return interval > 0 and (rollout_id + 1) % interval == 0
+
+    def _after_step(self, rollout_id: int, metrics: dict[str, float]) -> None:
+        self.state.next_rollout_id = rollout_id + 1
+        if self.config.save and (
+            self._due(self.config.save_interval, rollout_id) or rollout_id + 1 == self.total_steps()
+        ):
+            self._checkpoint()
+        self.sink.log(rollout_id, metrics)
+        self.final_metrics.update(metrics)
+        if self.progress:
+            self.progress.update(rollout_id + 1, metrics)
+
+    # --- SFT ---
+    def _sft_loop(self) -> None:
+        prefetch = ThreadPoolExecutor(1, thread_name_prefix="prefetch")
+        fetch = lambda batch_id: self.services.next_batch(self.config.rollout_batch_size, batch_id)  # noqa: E731
+        pending: Future = prefetch.submit(fetch, self.state.next_batch_id)
+        try:
+            for step in range(self.state.next_rollout_id, self.total_steps() or 1 << 62):
+                if self.stop.is_set():
+                    raise RunStopped()
+                bind_run_context(step=step)
+                batch = pending.result()
+                if not batch.items:
+                    break
+                self.state.next_batch_id += 1
+                pending = prefetch.submit(fetch, self.state.next_batch_id)  # async prefetch of the next batch
+                samples = [
+                    common_pb2.Sample(
+                        index=i,
+                        response_token_ids=item.token_ids,
+                        loss_mask=item.loss_mask,
+                        source=item.source,
+                    )
+                    for i, item in enumerate(batch.items)
+                ]
+                start = time.perf_counter()
+                reply = self.services.train_step(step, samples, {"loss_type": "sft_loss"})
+                self.state.tokens_seen += sum(len(s.response_token_ids) for s in samples)
+                self.state.epoch = batch.epoch
+                metrics = {
+                    f"sft/{k.split('/', 1)[1]}" if k.startswith("train/") else k: v
+                    for k, v in reply.metrics.items()
+                }
+                metrics.update(
+                    {
+                        "sft/tokens_seen": float(self.state.tokens_seen),
+                        "sft/epoch": float(batch.epoch),
+                        "data/prefetch_queue_depth": float(batch.prefetch_queue_depth),
+                        "perf/train_time": time.perf_counter() - start,
+                        "perf/step_time": time.perf_counter() - start,
+                    }
+                )
+                self._determinism(step, samples, metrics)
+                self._after_step(step, metrics)
+                if batch.exhausted:
+                    break
+        finally:
+            prefetch.shutdown(wait=False, cancel_futures=True)
+
+    # --- RL ---
+    def _sampling(self) -> common_pb2.SamplingParams:
+        c = self.config
+        return common_pb2.SamplingParams(
+            temperature=c.rollout_temperature,
+            top_p=c.rollout_top_p,
+            top_k=c.rollout_top_k,
+            max_new_tokens=c.rollout_max_response_len,
+            stop=c.rollout_stop,
+            seed=c.rollout_seed,
+        )
+
+    def _generate(self, rollout_id: int) -> Rollout:
+        """One rollout: batches of prompts until rollout_batch_size groups survive the filter."""
+        c = self.config
+        start = time.perf_counter()
+        if c.load_debug_rollout_data:
+            samples = debug_data.load_rollout(c.load_debug_rollout_data, rollout_id)
+            return Rollout(rollout_id, samples, rollout_metrics(samples), 0.0)
+        kept: list[list[common_pb2.Sample]] = []
+        dropped = seen = 0
+        for attempt in range(MAX_REFILLS):
+            wanted = (
+                c.rollout_batch_size
+                if attempt == 0
+                else max(c.over_sampling_batch_size, c.rollout_batch_size - len(kept))
+            )
+            batch = self.services.next_batch(wanted, self.state.next_batch_id)
+            self.state.next_batch_id += 1
+            if not batch.items:
+                break
+            prompts = to_prompts(batch.items, self.state.next_group_index)
+            self.state.next_group_index += len(prompts)
+            sampling = self._sampling()
+            sampling.seed = c.rollout_seed + prompts[0].group_index * c.n_samples_per_prompt
+            samples = self.services.generate(
+                prompts, c.n_samples_per_prompt, sampling, c.rm_type, f"rollout-{rollout_id}"
+            )
+            groups, num_dropped = keep_groups(group_samples(samples), c.dynamic_sampling_filter_path)
+            kept += groups
+            dropped += num_dropped
+            seen += len(prompts)
+            if len(kept) >= c.rollout_batch_size or not c.dynamic_sampling_filter_path:
+                break
+        kept = kept[: c.rollout_batch_size]  # leftovers beyond the batch are discarded (Miles aborts them)
+        if c.train_only is False and len(kept) * c.n_samples_per_prompt < c.global_batch_size:
+            raise RuntimeError(
+                f"rollout {rollout_id}: only {len(kept)} groups with reward variance after {seen} prompts"
+            )
+        samples = assign_advantages(
+            kept, c.advantage_estimator, disable_grpo_std_normalization=c.disable_grpo_std_normalization
+        )
+        usable = len(samples) - len(samples) % c.global_batch_size
+        samples = samples[:usable]
+        metrics = rollout_metrics(samples, num_dropped_groups=dropped, num_groups=seen)
+        return Rollout(rollout_id, samples, metrics, time.perf_counter() - start)
+
+    def _rl_loop(self) -> None:
+        c = self.config
+        if self.uses_rollout and self.uses_trainer:
+            init_weight_group(self.services, self.sync_settings)
+            self._push_weights()  # engines and trainer start identical, also after a resume
+            if c.check_weight_update_equal:
+                self._check_weight_update_equal()
+        generator = ThreadPoolExecutor(1, thread_name_prefix="generate")
+        next_rollout: Future | None = None
+        try:
+            for rollout_id in range(self.state.next_rollout_id, self.total_steps()):
+                if self.stop.is_set():
+                    raise RunStopped()
+                bind_run_context(step=rollout_id, weight_version=self.state.weight_version)
+                step_start = time.perf_counter()
+                metrics: dict[str, float] = {}
+                if self.evaluator and (rollout_id == 0 or self._due(c.eval_interval, rollout_id - 1)):
+                    metrics.update(self.evaluator.evaluate(f"eval-{rollout_id}"))
+                rollout = next_rollout.result() if next_rollout else self._generate(rollout_id)
+                next_rollout = None
+                if c.async_mode and rollout_id + 1 < self.total_steps() and self._admitted(rollout_id + 1):
+                    next_rollout = generator.submit(self._generate, rollout_id + 1)
+                metrics.update(rollout.metrics)
+                metrics["perf/rollout_time"] = rollout.generate_seconds
+                if c.save_debug_rollout_data:
+                    debug_data.save_rollout(c.save_debug_rollout_data, rollout_id, rollout.samples)
+                if self.uses_trainer:
+                    metrics.update(self._train(rollout))
+                    if self.uses_rollout and self._due(c.update_weights_interval, rollout_id):
+                        # An async generation in flight is paused (WAIT) around the sync, not dropped.
+                        metrics.update(self._push_weights())
+                metrics["rollout/weight_version"] = float(self.state.weight_version)
+                metrics["perf/step_time"] = time.perf_counter() - step_start
+                self._determinism(rollout_id, rollout.samples, metrics)
+                self._after_step(rollout_id, metrics)
+            if self.evaluator and self.total_steps() > 0:
+                final = self.evaluator.evaluate("eval-final")
+                self.sink.log(self.total_steps(), final)
+                self.final_metrics.update(final)
+        finally:
+            generator.shutdown(wait=True, cancel_futures=True)
+
+    def _admitted(self, rollout_id: int) -> bool:
+        """Async admission: the engines' weights may lag the rollout id by max_weight_staleness."""
+        return self.state.weight_version >= rollout_id + 1 - self.config.max_weight_staleness
+
+    def _train(self, rollout: Rollout) -> dict[str, float]:
+        start = time.perf_counter()
+        reply = self.services.train_step(rollout.rollout_id, rollout.samples)
+        metrics = dict(reply.metrics)
+        staleness = [self.state.weight_version - s.weight_version for s in rollout.samples]
+        if staleness:
+            metrics["rollout/staleness/max"] = float(max(staleness))
+            metrics["rollout/staleness/mean"] = float(sum(staleness) / len(staleness))
+        metrics["perf/train_time"] = time.perf_counter() - start
+        tokens = sum(len(s.response_token_ids) + len(s.prompt_token_ids) for s in rollout.samples)
+        metrics["perf/tokens_per_s"] = tokens / max(metrics["perf/train_time"], 1e-9)
+        return metrics
+
+    def _check_weight_update_equal(self) -> None:
+        from rollway.coordinator.weight_check import check_weight_update_equal
+
+        check_weight_update_equal(self.services, self.state, self.sync_settings)
+
+    def _determinism(self, step: int, samples, metrics: dict[str, float]) -> None:
+        if not self.config.debug_determinism:
+            return
+        data = hashlib.sha256()
+        for s in samples:
+            data.update(bytes(str((list(s.prompt_token_ids), list(s.response_token_ids))), "utf8"))
+        record = {
+            "step": step,
+            "data": data.hexdigest(),
+            "loss": metrics.get("train/loss", metrics.get("sft/loss")),
+        }
+        if self.uses_trainer:
+            reply = self.services.trainer.WeightChecksum(trainer_pb2.WeightChecksumRequest(dtype="float32"))
+            record["weights"] = reply.checksum.digest
+        with (self.run_dir / "determinism.jsonl").open("a") as f:
+            f.write(json.dumps(record) + "\n")
