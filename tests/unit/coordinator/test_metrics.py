@@ -1,0 +1,34 @@
+"""Metrics sinks: jsonl, TensorBoard events, followers, progress line, plots."""
+
+import io
+import threading
+
+from rollway.coordinator.metrics import MetricsSink, ProgressLine
+from rollway.coordinator.plot import plot_run
+
+
+def test_sink_writes_jsonl_tensorboard_and_feeds_followers(tmp_path):
+    sink = MetricsSink(tmp_path)
+    seen = []
+    follower = threading.Thread(target=lambda: seen.extend(r["step"] for r in sink.follow(from_step=1)))
+    follower.start()
+    for step in range(3):
+        sink.log(step, {"train/loss": 1.0 / (step + 1), "rollout/raw_reward": 0.1 * step})
+    sink.close()
+    follower.join(5)
+    assert seen == [1, 2]
+    records = MetricsSink.read(tmp_path / "metrics.jsonl")
+    assert [r["train/loss"] for r in records] == [1.0, 0.5, 1.0 / 3]
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    resumed = MetricsSink(tmp_path, tensorboard=False)
+    assert resumed.last["step"] == 2
+    plots = plot_run(tmp_path)
+    assert {p.name for p in plots} == {"loss.png", "reward.png"}
+    assert all(p.stat().st_size > 1000 for p in plots)
+
+
+def test_progress_line():
+    out = io.StringIO()
+    line = ProgressLine(10, stream=out).update(1, {"rollout/raw_reward": 0.25, "train/loss": 1.5})
+    assert line.startswith("step 1/10 | reward 0.2500 | loss 1.5000 |")
+    assert "ETA" in out.getvalue()
