@@ -1,8 +1,139 @@
-"""Settings of the trainer service (flags are generated from the fields)."""
+"""Settings of the trainer service (flags are generated from the fields).
 
+Settings fall in three groups:
+- start-up settings (model, precision, ranks): fixed for the life of the process;
+- training hyper-parameters (`TRAINING_SETTINGS`): may be overridden by the Init RPC;
+- loss settings (`STEP_SETTINGS`): may also be overridden per TrainStep by its header.
+
+This module does not import torch, so `--help` and configuration errors are instant.
+"""
+
+from __future__ import annotations
+
+import importlib.util
 from dataclasses import dataclass
+from typing import Literal
+
+from rollway.common.config import ConfigError, setting
+
+# Loss types the trainer knows (the registry in losses.py must hold exactly these; a unit test checks).
+LOSS_TYPES = ("sft_loss",)
+LR_DECAY_STYLES = ("constant", "linear", "cosine")
 
 
 @dataclass
 class TrainerConfig:
-    """Trainer settings."""
+    """Trainer settings: model, ranks, precision, optimizer, schedule, batching."""
+
+    # --- start-up: model, ranks, precision (Init cannot change these) ---
+    hf_checkpoint: str = setting(doc="Hugging Face model directory to train (required)")
+    world_size: int = setting(
+        1, "number of trainer ranks (processes); rank 0 serves gRPC and spawns the rest"
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = setting(
+        "bfloat16", "parameter dtype for compute; master weights and gradient reduction stay fp32"
+    )
+    fsdp_cpu_offload: bool = setting(False, "keep FSDP2 parameter shards, gradients and optimizer on CPU")
+    gradient_checkpointing: bool = setting(False, "recompute decoder-layer activations in backward")
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = setting(
+        "sdpa", "attention kernel; flash_attention_2 needs the flash-attn package and a GPU"
+    )
+    master_addr: str = setting("127.0.0.1", "address of rank 0's rendezvous store")
+    master_port: int = setting(0, "port of rank 0's rendezvous store; 0 picks a free one")
+    distributed_timeout_seconds: float = setting(
+        600.0, "timeout of a collective between ranks: a rank that stops answering is reported after it"
+    )
+    # --- training hyper-parameters (Init may override) ---
+    seed: int = setting(1234, "random seed (rank r uses seed + r)")
+    lr: float = setting(1e-5, "peak learning rate of AdamW")
+    min_lr: float = setting(0.0, "learning rate at the end of the decay")
+    weight_decay: float = setting(0.01, "AdamW decoupled weight decay")
+    adam_beta1: float = setting(0.9, "AdamW beta1")
+    adam_beta2: float = setting(0.999, "AdamW beta2")
+    adam_eps: float = setting(1e-8, "AdamW epsilon")
+    clip_grad: float = setting(1.0, "clip the global gradient norm to this value; 0 disables clipping")
+    lr_decay_style: str = setting("constant", "learning-rate schedule after warmup", choices=LR_DECAY_STYLES)
+    lr_warmup_iters: int = setting(0, "optimizer steps of linear warmup from 0 to lr")
+    lr_decay_iters: int = setting(0, "optimizer step at which the decay reaches min_lr (linear/cosine)")
+    num_steps_per_rollout: int = setting(1, "optimizer steps per TrainStep; the batch is split evenly")
+    micro_batch_size: int = setting(1, "samples per micro-batch per rank (without --use-dynamic-batch-size)")
+    use_dynamic_batch_size: bool = setting(False, "form micro-batches by token budget (--max-tokens-per-gpu)")
+    max_tokens_per_gpu: int = setting(8192, "token budget of one micro-batch on one rank (a hard limit)")
+    balance_data: bool = setting(True, "balance tokens across ranks (otherwise samples go round-robin)")
+    packing: bool = setting(True, "pack a micro-batch's samples into one row (varlen); off pads each sample")
+    pad_to_multiple: int = setting(16, "packed rows are padded to a multiple of this many tokens")
+    log_probs_chunk_size: int = setting(1024, "positions per chunk of the fp32 log-softmax")
+    # --- loss (TrainStep headers may override) ---
+    loss_type: str = setting("sft_loss", "loss of a train step", choices=LOSS_TYPES)
+    calculate_per_token_loss: bool = setting(
+        False, "token-sum loss over the global number of loss tokens (default: per-sample mean)"
+    )
+
+    def validate(self) -> None:
+        if not self.hf_checkpoint:
+            raise ConfigError("hf_checkpoint", "is required")
+        if self.world_size < 1:
+            raise ConfigError("world_size", f"must be at least 1 (got {self.world_size})")
+        if self.attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+            raise ConfigError(
+                "attn_implementation", "flash_attention_2 needs the flash-attn package (not installed)"
+            )
+        if self.distributed_timeout_seconds <= 0:
+            raise ConfigError("distributed_timeout_seconds", "must be positive")
+        _positive(self, "micro_batch_size", "max_tokens_per_gpu", "pad_to_multiple", "log_probs_chunk_size")
+        _positive(self, "num_steps_per_rollout")
+        _non_negative(self, "lr", "min_lr", "weight_decay", "adam_eps", "clip_grad")
+        _non_negative(self, "lr_warmup_iters", "lr_decay_iters")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(name, f"must be in [0, 1) (got {getattr(self, name)})")
+        if self.min_lr > self.lr:
+            raise ConfigError("min_lr", f"must not exceed lr ({self.min_lr} > {self.lr})")
+        if self.lr_decay_style != "constant" and self.lr_decay_iters <= self.lr_warmup_iters:
+            raise ConfigError(
+                "lr_decay_iters",
+                f"must exceed lr_warmup_iters ({self.lr_warmup_iters}) for lr_decay_style={self.lr_decay_style}",
+            )
+
+
+def _positive(config: TrainerConfig, *names: str) -> None:
+    for name in names:
+        if getattr(config, name) <= 0:
+            raise ConfigError(name, f"must be positive (got {getattr(config, name)})")
+
+
+def _non_negative(config: TrainerConfig, *names: str) -> None:
+    for name in names:
+        if getattr(config, name) < 0:
+            raise ConfigError(name, f"must not be negative (got {getattr(config, name)})")
+
+
+# Settings the Init RPC may change: hyper-parameters, not the model or the ranks.
+TRAINING_SETTINGS = frozenset(
+    {
+        "seed",
+        "lr",
+        "min_lr",
+        "weight_decay",
+        "adam_beta1",
+        "adam_beta2",
+        "adam_eps",
+        "clip_grad",
+        "lr_decay_style",
+        "lr_warmup_iters",
+        "lr_decay_iters",
+        "num_steps_per_rollout",
+        "micro_batch_size",
+        "use_dynamic_batch_size",
+        "max_tokens_per_gpu",
+        "balance_data",
+        "packing",
+        "pad_to_multiple",
+        "log_probs_chunk_size",
+        "loss_type",
+        "calculate_per_token_loss",
+    }
+)
+
+# Settings a TrainStep header may change for that step only.
+STEP_SETTINGS = frozenset({"loss_type", "calculate_per_token_loss"})

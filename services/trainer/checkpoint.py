@@ -1,0 +1,131 @@
+"""Distributed checkpoints (torch.distributed.checkpoint) in Miles' layout, written atomically.
+
+    <path>/latest_checkpointed_iteration.txt      "12" (replaced atomically after a save)
+    <path>/iter_0000012/model/                    DCP: sharded model (loads on any number of ranks)
+                        optimizer/                DCP: AdamW state
+                        rng/rank_00000.pt         torch (and CUDA) RNG of each rank
+                        meta.json                 global_step, extra_state, step results, settings
+                        hf/                       optional Hugging Face export (export.py)
+                        manifest.json             size and sha256 of every file above
+
+Every rank writes its shards into `<path>/.tmp-iter_0000012-<id>/`; rank 0 then adds meta.json
+and the manifest, fsyncs and renames the directory into place (`finalize`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from rollway.trainer.manifest import (
+    CheckpointError,
+    atomic_write_text,
+    fsync_tree,
+    verify_manifest,
+    write_manifest,
+)
+
+LATEST = "latest_checkpointed_iteration.txt"
+META = "meta.json"
+ITER_PATTERN = re.compile(r"^iter_(\d{7,})$")
+
+
+def iter_dir_name(step: int) -> str:
+    return f"iter_{step:07d}"
+
+
+def temp_dir(root: Path, step: int) -> Path:
+    """A fresh temporary directory for a save of `step` under `root` (rank 0 creates it)."""
+    return root / f".tmp-{iter_dir_name(step)}-{uuid.uuid4().hex[:8]}"
+
+
+def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+    """Every rank: write its model and optimizer shards and its RNG state into `directory`."""
+    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(directory / "model"))
+    dcp.save(
+        {"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=str(directory / "optimizer")
+    )
+    rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    (directory / "rng").mkdir(exist_ok=True)
+    torch.save(rng, directory / "rng" / f"rank_{dist.get_rank():05d}.pt")
+
+
+def finalize(tmp: Path, root: Path, step: int, meta: dict[str, Any]) -> Path:
+    """Rank 0, after every rank wrote: meta + manifest, fsync, rename into place, move `latest`."""
+    atomic_write_text(tmp / META, json.dumps(meta, indent=1, sort_keys=True))
+    write_manifest(tmp)
+    fsync_tree(tmp)
+    final = root / iter_dir_name(step)
+    if final.exists():  # a second save of the same step replaces the first, atomically
+        old = root / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    atomic_write_text(root / LATEST, str(step))
+    return final
+
+
+def resolve(path: Path) -> Path:
+    """A checkpoint directory: `path` itself, or the one `path`'s latest pointer names."""
+    if (path / META).is_file() or (path / "manifest.json").is_file():
+        return path
+    pointer = path / LATEST
+    if pointer.is_file():
+        text = pointer.read_text().strip()
+        if not text.isdigit():
+            raise CheckpointError(f"{pointer}: not a step number ({text[:40]!r})")
+        candidate = path / iter_dir_name(int(text))
+        if not candidate.is_dir():
+            raise CheckpointError(f"{pointer}: names {candidate.name}, which does not exist")
+        return candidate
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint directory")
+    steps = sorted(int(m.group(1)) for p in path.iterdir() if (m := ITER_PATTERN.match(p.name)))
+    if not steps:
+        raise CheckpointError(f"{path}: holds no checkpoint (no {LATEST}, no iter_* directory)")
+    return path / iter_dir_name(steps[-1])
+
+
+def verify(directory: Path) -> dict[str, Any]:
+    """Rank 0, before any rank reads: check the manifest and return meta.json."""
+    verify_manifest(directory)
+    try:
+        return json.loads((directory / META).read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{directory / META}: unreadable ({exc})") from None
+
+
+def load_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+    """Every rank: read the model and optimizer (resharded to this world size) and the RNG."""
+    model_state = {"model": get_model_state_dict(model)}
+    dcp.load(model_state, checkpoint_id=str(directory / "model"))
+    set_model_state_dict(model, model_state["model"])
+    optim_state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+    dcp.load(optim_state, checkpoint_id=str(directory / "optimizer"))
+    set_optimizer_state_dict(model, optimizer, optim_state["optimizer"])
+    rng_file = directory / "rng" / f"rank_{dist.get_rank():05d}.pt"
+    if not rng_file.is_file():  # loading on more ranks than saved: reuse rank 0's stream
+        rng_file = directory / "rng" / "rank_00000.pt"
+    rng = torch.load(rng_file, weights_only=True)
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])

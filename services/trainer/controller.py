@@ -1,0 +1,319 @@
+"""The trainer's logic on rank 0: settings, step planning, idempotency, checkpoint bookkeeping.
+
+    service.py (gRPC) -> TrainerController -> RankRuntime.run(command, per-rank payloads)
+
+Everything is validated and planned here before a command is posted, so the ranks only ever
+receive work they can do. One lock serialises commands: the ranks run one thing at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollway.common.config import ConfigError, from_dict, to_dict
+from rollway.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unimplemented,
+)
+from rollway.common.log import get_logger
+from rollway.trainer import checkpoint
+from rollway.trainer.batch import num_loss_tokens
+from rollway.trainer.config import STEP_SETTINGS, TRAINING_SETTINGS, TrainerConfig
+from rollway.trainer.engine import OptimizerStepPlan
+from rollway.trainer.losses import GlobalDenominators
+from rollway.trainer.manifest import CheckpointError
+from rollway.trainer.micro_batch import SequenceItem
+from rollway.trainer.packing import BudgetError, packing_efficiency, plan
+from rollway.trainer.runtime import RankRuntime
+from rollway.trainer.sharding import DTYPES
+
+
+def _log():
+    """The logger, bound at call time: logging is configured by the server after this import."""
+    return get_logger("rollway.trainer.controller")
+
+
+MAX_STORED_RESULTS = 4096
+
+
+@dataclass
+class StepResult:
+    """What a TrainStep returned (kept for retries of the same step_id)."""
+
+    global_step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def merge_settings(
+    base: TrainerConfig, overrides: dict[str, Any], allowed: frozenset, field_prefix: str
+) -> TrainerConfig:
+    """`base` with `overrides` applied; a setting outside `allowed` may only repeat its current value."""
+    base_values = to_dict(base)
+    for raw_key, value in overrides.items():
+        key = str(raw_key).replace("-", "_")
+        if key in base_values and key not in allowed:
+            try:
+                same = from_dict(TrainerConfig, {key: value}, base=base) == base
+            except ConfigError:
+                same = False
+            if not same:
+                raise InvalidArgument(f"{field_prefix}.{key}", "cannot be changed here (a start-up setting)")
+    try:
+        return from_dict(TrainerConfig, overrides, base=base)
+    except ConfigError as exc:
+        raise InvalidArgument(f"{field_prefix}.{exc.setting}", exc.problem) from None
+
+
+def check_lengths(items: list[SequenceItem], max_tokens: int) -> None:
+    """A sample longer than the per-rank token budget can never be trained: RESOURCE_EXHAUSTED."""
+    for item in items:
+        if len(item) > max_tokens:
+            raise ResourceExhausted(
+                f"samples[{item.index}]: {len(item)} tokens (prompt + response) exceed max_tokens_per_gpu={max_tokens}"
+            )
+
+
+def split_evenly(items: list[SequenceItem], parts: int) -> list[list[SequenceItem]]:
+    """`parts` consecutive chunks whose sizes differ by at most one."""
+    size, extra = divmod(len(items), parts)
+    chunks, start = [], 0
+    for k in range(parts):
+        end = start + size + (1 if k < extra else 0)
+        chunks.append(items[start:end])
+        start = end
+    return chunks
+
+
+class TrainerController:
+    """Rank 0's view of the trainer; every public method is one RPC's work."""
+
+    def __init__(self, config: TrainerConfig, runtime: RankRuntime):
+        self.startup = config
+        self.runtime = runtime
+        self.settings: TrainerConfig | None = None
+        self.lock = threading.Lock()
+        self.results: OrderedDict[int, StepResult] = OrderedDict()
+        self.weight_version = 0
+
+    @property
+    def engine(self):
+        return self.runtime.engine
+
+    @property
+    def world_size(self) -> int:
+        return self.startup.world_size
+
+    def _broadcast(self, command: str, **payload: Any) -> Any:
+        return self.runtime.run(command, [payload] * self.world_size)
+
+    # --- Init -----------------------------------------------------------------------------
+    def init(self, overrides: dict[str, Any]) -> bool:
+        """Apply training settings and build the optimizer; True if nothing changed (a repeat)."""
+        settings = merge_settings(self.startup, overrides, TRAINING_SETTINGS, "config")
+        with self.lock:
+            if self.settings == settings:
+                return True
+            self._broadcast("init", settings=to_dict(settings))
+            self.settings = settings
+            _log().info(
+                "initialized", **{k: v for k, v in to_dict(settings).items() if k in TRAINING_SETTINGS}
+            )
+            return False
+
+    def _require_init(self, what: str) -> TrainerConfig:
+        if self.settings is None:
+            raise FailedPrecondition(f"{what} before Init: call Init first")
+        return self.settings
+
+    # --- TrainStep ------------------------------------------------------------------------
+    def stored_result(self, step_id: int) -> StepResult | None:
+        return self.results.get(step_id)
+
+    def step_settings(self, overrides: dict[str, Any]) -> TrainerConfig:
+        settings = self._require_init("TrainStep")
+        return merge_settings(settings, overrides, STEP_SETTINGS, "header.overrides")
+
+    def plan_steps(
+        self, items: list[SequenceItem], settings: TrainerConfig
+    ) -> tuple[list[list[OptimizerStepPlan]], float]:
+        """Per rank, per optimizer step: micro-batches; plus the packing efficiency of the plan."""
+        if len(items) < settings.num_steps_per_rollout:
+            raise InvalidArgument(
+                "header.num_samples",
+                f"{len(items)} samples cannot make num_steps_per_rollout={settings.num_steps_per_rollout} steps",
+            )
+        check_lengths(items, settings.max_tokens_per_gpu)
+        per_rank: list[list[OptimizerStepPlan]] = [[] for _ in range(self.world_size)]
+        real = padded = 0.0
+        for chunk in split_evenly(items, settings.num_steps_per_rollout):
+            lengths = [len(item) for item in chunk]
+            try:
+                layout = plan(
+                    lengths,
+                    self.world_size,
+                    max_tokens=settings.max_tokens_per_gpu,
+                    micro_batch_size=settings.micro_batch_size,
+                    dynamic=settings.use_dynamic_batch_size,
+                    packing=settings.packing,
+                    balance=settings.balance_data,
+                )
+            except BudgetError as exc:
+                raise ResourceExhausted(str(exc)) from None
+            efficiency = packing_efficiency(layout, lengths, settings.packing, settings.pad_to_multiple)
+            real += sum(lengths)
+            padded += sum(lengths) / efficiency
+            denominators = GlobalDenominators(len(chunk), sum(num_loss_tokens(item) for item in chunk))
+            for rank, mbs in enumerate(layout):
+                micro_batches = [[chunk[i] for i in mb] for mb in mbs]
+                per_rank[rank].append(OptimizerStepPlan(micro_batches, denominators, to_dict(settings)))
+        return per_rank, real / padded
+
+    def train_step(
+        self, step_id: int, items: list[SequenceItem], settings: TrainerConfig
+    ) -> tuple[StepResult, bool]:
+        """Train on `items` (already validated); (result, already_applied)."""
+        per_rank, efficiency = self.plan_steps(items, settings)
+        with self.lock:
+            stored = self.results.get(step_id)
+            if stored is not None:
+                return stored, True
+            started = time.perf_counter()
+            step_metrics = self.runtime.run("train", [{"steps": steps} for steps in per_rank])
+            elapsed = time.perf_counter() - started
+            result = StepResult(
+                self.engine.global_step, self._summarise(step_metrics, items, efficiency, elapsed)
+            )
+            self.results[step_id] = result
+            while len(self.results) > MAX_STORED_RESULTS:
+                self.results.popitem(last=False)
+            return result, False
+
+    def _summarise(
+        self, step_metrics: list[dict[str, float]], items, efficiency: float, elapsed: float
+    ) -> dict:
+        metrics: dict[str, float] = {}
+        for name in step_metrics[0]:
+            values = [m[name] for m in step_metrics]
+            metrics[name] = values[-1] if name == "train/lr" else sum(values) / len(values)
+        num_tokens = sum(len(item) for item in items)
+        metrics.update(
+            {
+                "train/num_samples": float(len(items)),
+                "train/num_tokens": float(num_tokens),
+                "train/num_loss_tokens": float(sum(num_loss_tokens(item) for item in items)),
+                "train/packing_efficiency": efficiency,
+                "perf/step_time": elapsed,
+                "perf/tokens_per_s": num_tokens / elapsed,
+                "perf/tokens_per_gpu_per_sec": num_tokens / elapsed / self.world_size,
+            }
+        )
+        return metrics
+
+    # --- ComputeLogProbs ------------------------------------------------------------------
+    def compute_log_probs(
+        self, items: list[SequenceItem], temperature: float, with_entropy: bool, use_reference: bool
+    ) -> list[tuple[list[float], list[float]]]:
+        """Response log-probs (and entropy) per item, in request order."""
+        if use_reference:
+            raise Unimplemented(
+                "header.use_reference: the reference model comes with the RL losses (issue #5)"
+            )
+        settings = self.settings or self.startup
+        check_lengths(items, settings.max_tokens_per_gpu)
+        try:
+            layout = plan(
+                [len(item) for item in items],
+                self.world_size,
+                max_tokens=settings.max_tokens_per_gpu,
+                micro_batch_size=1,
+                dynamic=True,
+                packing=True,
+                balance=True,
+            )
+        except BudgetError as exc:
+            raise ResourceExhausted(str(exc)) from None
+        payloads = [
+            {
+                "micro_batches": [[items[i] for i in mb] for mb in mbs],
+                "temperature": temperature,
+                "with_entropy": with_entropy,
+            }
+            for mbs in layout
+        ]
+        with self.lock:
+            results = self.runtime.run("log_probs", payloads)
+        return [results[item.index] for item in items]
+
+    # --- checkpoints ----------------------------------------------------------------------
+    def save_checkpoint(
+        self, path: str, hf_export: bool, extra_state: dict[str, Any]
+    ) -> tuple[Path, Path | None, int]:
+        """Write a checkpoint of the current step under `path`; (dir, hf dir or None, step)."""
+        settings = self._require_init("SaveCheckpoint")
+        if not path:
+            raise InvalidArgument("path", "must name a directory")
+        root = Path(path)
+        with self.lock:
+            step = self.engine.global_step
+            try:
+                root.mkdir(parents=True, exist_ok=True)
+                tmp = checkpoint.temp_dir(root, step)
+                tmp.mkdir()
+            except OSError as exc:
+                raise InvalidArgument("path", f"cannot create a checkpoint under {root}: {exc}") from None
+            self._broadcast("save", directory=str(tmp), hf_export=hf_export)
+            meta = {
+                "global_step": step,
+                "world_size": self.world_size,
+                "extra_state": extra_state,
+                "weight_version": self.weight_version,
+                "step_results": {str(k): to_dict_result(v) for k, v in self.results.items()},
+                "settings": {k: v for k, v in to_dict(settings).items() if k in TRAINING_SETTINGS},
+                "hf_checkpoint": self.startup.hf_checkpoint,
+            }
+            final = checkpoint.finalize(tmp, root, step, meta)
+        _log().info("checkpoint saved", directory=str(final), global_step=step, hf_export=hf_export)
+        return final, (final / "hf") if hf_export else None, step
+
+    def load_checkpoint(self, path: str) -> tuple[Path, int, dict[str, Any]]:
+        """Restore model, optimizer, RNG and step from a verified checkpoint; (dir, step, extra)."""
+        self._require_init("LoadCheckpoint")
+        if not path:
+            raise InvalidArgument("path", "must name a checkpoint directory")
+        if not Path(path).exists():
+            raise NotFound(f"path: {path} does not exist")
+        try:
+            directory = checkpoint.resolve(Path(path))
+            meta = checkpoint.verify(directory)
+        except CheckpointError as exc:
+            raise FailedPrecondition(f"checkpoint refused: {exc}") from None
+        with self.lock:
+            self._broadcast("load", directory=str(directory), global_step=int(meta["global_step"]))
+            self.results = OrderedDict(
+                (int(k), StepResult(v["global_step"], v["metrics"]))
+                for k, v in meta.get("step_results", {}).items()
+            )
+            self.weight_version = int(meta.get("weight_version", 0))
+        _log().info("checkpoint loaded", directory=str(directory), global_step=meta["global_step"])
+        return directory, int(meta["global_step"]), meta.get("extra_state", {})
+
+    # --- weights --------------------------------------------------------------------------
+    def weight_checksum(self, dtype: str) -> tuple[str, int]:
+        """sha256 of the full weights cast to `dtype` (default: the compute dtype)."""
+        dtype = dtype or self.startup.dtype
+        if dtype not in DTYPES:
+            raise InvalidArgument("dtype", f"must be one of {', '.join(DTYPES)} (got {dtype!r})")
+        with self.lock:
+            return self._broadcast("checksum", dtype=dtype)
+
+
+def to_dict_result(result: StepResult) -> dict[str, Any]:
+    return {"global_step": result.global_step, "metrics": result.metrics}

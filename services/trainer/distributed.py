@@ -1,0 +1,115 @@
+"""The trainer's process group and the command channel from rank 0 to the other ranks.
+
+    rank 0 (gRPC)                         ranks 1..N-1 (worker loop)
+    CommandChannel.send(cmd, payloads) -> TCPStore key cmd/<seq>/<rank> -> CommandChannel.receive()
+    engine.<cmd>(payload[0])              <- same collectives ->            engine.<cmd>(payload[r])
+
+Commands travel through rank 0's TCPStore rather than a collective: a worker may wait for its
+next command for hours, and a collective would time out; a store wait is polled in short slices
+so the worker can notice that rank 0 is gone. Each rank gets its own payload (its share of the
+batch), planned and validated on rank 0 before anything is sent, so a bad batch never reaches a
+worker and all ranks always run the same sequence of collectives.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+POLL_SECONDS = 1.0
+
+
+@dataclass
+class RankInfo:
+    """Where this process sits in the trainer's group."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+
+
+def pick_device(rank: int) -> tuple[torch.device, str]:
+    """cuda:<local rank> with NCCL when a GPU is present, else CPU with gloo."""
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count()
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank), "cpu:gloo,cuda:nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def create_store(rank: int, world_size: int, addr: str, port: int, timeout_s: float) -> dist.TCPStore:
+    """Rank 0 hosts the store (port 0 picks a free port: read store.port); others connect to it."""
+    return dist.TCPStore(
+        addr,
+        port,
+        world_size,
+        is_master=rank == 0,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
+
+
+def init_process_group(store: dist.TCPStore, rank: int, world_size: int, timeout_s: float) -> RankInfo:
+    """Join the trainer's default process group (gloo on CPU, NCCL for CUDA tensors)."""
+    device, backend = pick_device(rank)
+    dist.init_process_group(
+        backend=backend,
+        store=dist.PrefixStore("pg", store),
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    return RankInfo(rank=rank, world_size=world_size, device=device, backend=backend)
+
+
+class CommandChannel:
+    """Rank 0 sends (command, payload) to every worker; workers receive them in order."""
+
+    def __init__(self, store: dist.TCPStore, rank: int):
+        self.store = store
+        self.rank = rank
+        self.seq = 0
+
+    def send(self, command: str, payloads: list[Any]) -> None:
+        """Rank 0: post `payloads[r]` for every worker rank r >= 1."""
+        for rank, payload in enumerate(payloads[1:], start=1):
+            self.store.set(f"cmd/{self.seq}/{rank}", pickle.dumps((command, payload)))
+        self.seq += 1
+
+    def receive(self, still_wanted) -> tuple[str, Any]:
+        """Worker: wait for the next command; `still_wanted()` False (rank 0 gone) raises SystemExit."""
+        key = f"cmd/{self.seq}/{self.rank}"
+        while True:
+            try:
+                self.store.wait([key], timedelta(seconds=POLL_SECONDS))
+                break
+            except Exception as exc:  # a wait timeout, or the store (rank 0) went away
+                if not still_wanted() or "timeout" not in str(exc).lower():
+                    raise SystemExit(f"rank {self.rank}: rank 0 is gone ({exc})") from None
+        command, payload = pickle.loads(self.store.get(key))
+        self.store.delete_key(key)
+        self.seq += 1
+        return command, payload
+
+    def report_error(self, message: str) -> None:
+        """Worker: leave an error message for rank 0 before exiting."""
+        try:
+            self.store.set(f"error/{self.rank}", message.encode()[-4000:])
+        except Exception:  # the store may be gone as well; exiting is what matters
+            pass
+
+    def read_error(self, rank: int) -> str:
+        """Rank 0: the message a worker left before it died, if any."""
+        try:
+            if self.store.check([f"error/{rank}"]):
+                return self.store.get(f"error/{rank}").decode(errors="replace")
+        except Exception:
+            pass
+        return ""

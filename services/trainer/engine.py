@@ -1,0 +1,206 @@
+"""The per-rank training engine: every rank runs the same method with its own share of the work.
+
+Rank 0 calls a method directly after posting the same command to the workers (controller.py);
+a worker's loop (worker.py) calls it on receipt. Methods only run collectives that every rank
+runs in the same order, and return what rank 0 needs (other ranks' return values are dropped).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rollway.common.config import from_dict
+from rollway.trainer import checkpoint, export
+from rollway.trainer.attention import model_inputs
+from rollway.trainer.config import TrainerConfig
+from rollway.trainer.distributed import RankInfo
+from rollway.trainer.log_probs import response_values, token_log_probs
+from rollway.trainer.losses import GlobalDenominators, LossInputs, aggregate, get_loss
+from rollway.trainer.micro_batch import MicroBatch, SequenceItem, build_micro_batch
+from rollway.trainer.model_loading import load_model
+from rollway.trainer.optimizer import apply_settings, build_optimizer, clip_grad_norm
+from rollway.trainer.sharding import DTYPES, shard_model
+from rollway.trainer.weights import iter_full_weights, weights_checksum
+
+
+@dataclass
+class OptimizerStepPlan:
+    """One optimizer step as one rank sees it."""
+
+    micro_batches: list[list[SequenceItem]]  # this rank's micro-batches (some may be empty)
+    denominators: GlobalDenominators
+    settings: dict[str, Any]  # TrainerConfig fields in force for this step
+
+
+class TrainerEngine:
+    """Model shard, optimizer and step counter of one rank."""
+
+    def __init__(self, config: TrainerConfig, info: RankInfo):
+        self.config = config
+        self.info = info
+        loaded = load_model(config, info.rank)
+        self.hf_config = loaded.hf_config
+        self.model = shard_model(loaded, config, info)
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.global_step = 0
+        self.compute_dtype = DTYPES[config.dtype]
+        self.pad_token_id = int(getattr(self.hf_config, "pad_token_id", None) or 0)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())  # DTensor.numel() is the full size
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_input_embeddings().weight.shape[0])
+
+    # --- commands -------------------------------------------------------------------------
+    def init(self, settings: dict[str, Any]) -> None:
+        """Apply training settings; build AdamW on first use."""
+        self.config = from_dict(TrainerConfig, settings)
+        torch.manual_seed(self.config.seed + self.info.rank)
+        if self.optimizer is None:
+            self.optimizer = build_optimizer(self.model, self.config)
+        apply_settings(self.optimizer, self.config, self.global_step)
+
+    def train(self, steps: list[OptimizerStepPlan]) -> list[dict[str, float]]:
+        """Run each optimizer step; return per-step metrics (global values, same on every rank)."""
+        return [self._optimizer_step(step) for step in steps]
+
+    def log_probs(
+        self, micro_batches: list[list[SequenceItem]], temperature: float, with_entropy: bool
+    ) -> dict[int, tuple[list[float], list[float]]] | None:
+        """Response log-probs (and entropy) of this rank's samples, gathered on rank 0."""
+        self.model.eval()
+        results: dict[int, tuple[list[float], list[float]]] = {}
+        with torch.no_grad():
+            for items in micro_batches:
+                mb = self._build(items, packing=True, extra_names=())
+                logits = self._logits(mb)
+                logp, entropy = token_log_probs(
+                    logits,
+                    mb.target_ids.to(logits.device),
+                    temperature=temperature,
+                    chunk_size=self.config.log_probs_chunk_size,
+                    with_entropy=with_entropy,
+                )
+                values = response_values(logp, mb.spans)
+                entropies = response_values(entropy, mb.spans) if entropy is not None else {}
+                for index, lp in values.items():
+                    results[index] = (lp, entropies.get(index, []))
+        gathered: list[Any] | None = [None] * self.info.world_size if self.info.rank == 0 else None
+        dist.gather_object(results, gathered, dst=0)
+        if gathered is None:
+            return None
+        return {index: value for part in gathered for index, value in part.items()}
+
+    def save(self, directory: str, hf_export: bool) -> None:
+        """Write this rank's shards (and take part in the HF export) into `directory`."""
+        path = Path(directory)
+        checkpoint.save_shards(self.model, self._require_optimizer(), path)
+        if hf_export:
+            export.export_hf(self.model, self.hf_config, self.config.hf_checkpoint, path / "hf")
+        dist.barrier()
+
+    def load(self, directory: str, global_step: int) -> None:
+        """Read model, optimizer and RNG from a verified checkpoint directory."""
+        checkpoint.load_shards(self.model, self._require_optimizer(), Path(directory))
+        self.global_step = global_step
+        apply_settings(self.optimizer, self.config, self.global_step)
+        dist.barrier()
+
+    def checksum(self, dtype: str) -> tuple[str, int]:
+        """sha256 of the full weights cast to `dtype` (weights.py)."""
+        return weights_checksum(iter_full_weights(self.model, DTYPES[dtype]))
+
+    # --- internals ------------------------------------------------------------------------
+    def _require_optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise RuntimeError("the optimizer is built by init; rank 0 checks this before sending")
+        return self.optimizer
+
+    def _build(self, items: list[SequenceItem], packing: bool, extra_names: tuple[str, ...]) -> MicroBatch:
+        return build_micro_batch(
+            items,
+            packing=packing,
+            pad_multiple=self.config.pad_to_multiple,
+            pad_token_id=self.pad_token_id,
+            extra_names=extra_names,
+        )
+
+    def _logits(self, mb: MicroBatch) -> torch.Tensor:
+        inputs = model_inputs(mb, self.config.attn_implementation, self.compute_dtype, self.info.device)
+        return self.model(**inputs).logits
+
+    def accumulate_gradients(self, step: OptimizerStepPlan) -> dict[str, float]:
+        """Forward and backward of this rank's micro-batches; the step's loss metrics (global sums).
+
+        Gradients add up in the parameters' .grad; the optimizer step is separate so that tests
+        can compare gradients of equivalent splits.
+        """
+        settings = from_dict(TrainerConfig, step.settings)
+        spec = get_loss(settings.loss_type)
+        self.model.train()
+        totals: dict[str, torch.Tensor] = {}
+        for k, items in enumerate(step.micro_batches):
+            # Reduce-scatter once, after the last micro-batch; earlier ones accumulate locally.
+            self.model.set_requires_gradient_sync(k == len(step.micro_batches) - 1)
+            mb = self._build(items, settings.packing, spec.per_token_inputs)
+            for name, value in self._micro_batch_loss(mb, settings, spec, step.denominators).items():
+                totals[name] = totals.get(name, 0.0) + value
+        names = sorted(totals)
+        summed = torch.stack([totals[n] for n in names]).to(self.info.device)
+        dist.all_reduce(summed)
+        return {f"train/{n}": float(v) for n, v in zip(names, summed.tolist(), strict=True)}
+
+    def _optimizer_step(self, step: OptimizerStepPlan) -> dict[str, float]:
+        started = time.perf_counter()
+        settings = from_dict(TrainerConfig, step.settings)
+        optimizer = self._require_optimizer()
+        metrics = self.accumulate_gradients(step)
+        grad_norm = clip_grad_norm(self.model, settings.clip_grad)
+        lr = apply_settings(optimizer, settings, self.global_step)
+        if math.isfinite(grad_norm):  # a non-finite norm skips the update (reported as is)
+            optimizer.step()
+            self.global_step += 1
+        optimizer.zero_grad(set_to_none=True)
+        metrics.update({"train/grad_norm": grad_norm, "train/lr": lr})
+        metrics["perf/train_time"] = time.perf_counter() - started
+        return metrics
+
+    def _micro_batch_loss(self, mb, settings, spec, denominators) -> dict[str, torch.Tensor]:
+        """Forward and backward of one micro-batch; its (detached) shares of the step's metrics."""
+        logits = self._logits(mb)
+        device = logits.device
+        logp, entropy = token_log_probs(
+            logits,
+            mb.target_ids.to(device),
+            chunk_size=settings.log_probs_chunk_size,
+            with_entropy=spec.needs_entropy,
+        )
+        mask, index = mb.loss_mask.to(device), mb.sample_index.to(device)
+        inputs = LossInputs(
+            log_probs=logp,
+            loss_mask=mask,
+            sample_index=index,
+            settings=settings,
+            entropy=entropy,
+            extras={name: t.to(device) for name, t in mb.extras.items()},
+        )
+        terms = spec.fn(inputs)
+        per_token = settings.calculate_per_token_loss
+        loss = aggregate(terms["loss"], mask, index, denominators, per_token)
+        loss.backward()
+        shares = {
+            name: aggregate(t.detach(), mask, index, denominators, per_token) for name, t in terms.items()
+        }
+        shares["loss"] = loss.detach()
+        shares["per_token_loss"] = aggregate(terms["loss"].detach(), mask, index, denominators, True)
+        return {name: v.float().cpu() for name, v in shares.items()}

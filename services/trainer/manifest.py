@@ -1,0 +1,97 @@
+"""Durable files: atomic writes, fsync, and the sha256 manifest of a checkpoint directory.
+
+A checkpoint is written into a temporary directory, fsynced, described by manifest.json (size
+and sha256 of every file) and only then renamed into place; the `latest` pointer is replaced
+atomically afterwards. A save killed half-way leaves a temporary directory that is never read.
+Loading verifies every file against the manifest and names the first one that differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+FORMAT = "rollway-trainer-checkpoint/1"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or corrupt (the message names the file)."""
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under `root` (directories last, so entries are durable)."""
+    for dirpath, _, filenames in os.walk(root, topdown=False):
+        for name in filenames:
+            _fsync(Path(dirpath, name))
+        _fsync(Path(dirpath))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace `path` with `text` so readers see the old or the new content, never a mix."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync(path.parent)
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if p.is_file() and p.relative_to(root).as_posix() != MANIFEST
+    )
+
+
+def write_manifest(root: Path) -> dict:
+    """Describe every file under `root` in root/manifest.json (after all writers finished)."""
+    files = {
+        rel: {"size": (root / rel).stat().st_size, "sha256": file_sha256(root / rel)} for rel in _files(root)
+    }
+    manifest = {"format": FORMAT, "files": files}
+    atomic_write_text(root / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+    return manifest
+
+
+def verify_manifest(root: Path) -> dict:
+    """Check every file listed in the manifest; raise CheckpointError naming the first bad one."""
+    path = root / MANIFEST
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (incomplete checkpoint)")
+    try:
+        manifest = json.loads(path.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path}: unreadable manifest ({exc})") from None
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: unknown format {manifest.get('format')!r} (expected {FORMAT})")
+    for rel, expected in sorted(files.items()):
+        file = root / rel
+        if not file.is_file():
+            raise CheckpointError(f"{file}: missing")
+        if file.stat().st_size != expected["size"]:
+            raise CheckpointError(f"{file}: size {file.stat().st_size} != {expected['size']} in the manifest")
+        if file_sha256(file) != expected["sha256"]:
+            raise CheckpointError(f"{file}: sha256 does not match the manifest (corrupt)")
+    return manifest

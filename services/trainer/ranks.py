@@ -1,0 +1,87 @@
+"""Rank 0 starts ranks 1..N-1 as child processes and watches them.
+
+Each worker is `python -m rollway.trainer.worker` with torchrun's environment (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and the trainer's configuration as JSON. No orphans: on
+Linux a worker gets SIGKILL when rank 0 dies (PR_SET_PDEATHSIG), and its command loop exits as
+soon as rank 0's store stops answering; a normal stop sends `shutdown`, then kills by pid.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from rollway.common.config import to_dict
+from rollway.common.log import get_logger
+from rollway.trainer.config import TrainerConfig
+
+
+def _log():
+    """The logger, bound at call time: logging is configured by the server after this import."""
+    return get_logger("rollway.trainer.ranks")
+
+
+CONFIG_ENV = "ROLLWAY_TRAINER_CONFIG"
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the worker's store polling still ends it
+
+
+class WorkerRanks:
+    """The child processes of ranks 1..N-1 (none when world_size is 1)."""
+
+    def __init__(self, config: TrainerConfig, master_addr: str, master_port: int):
+        self.procs: dict[int, subprocess.Popen] = {}
+        for rank in range(1, config.world_size):
+            env = {
+                **os.environ,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(config.world_size),
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(master_port),
+                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                CONFIG_ENV: json.dumps(to_dict(config)),
+            }
+            self.procs[rank] = subprocess.Popen(
+                [sys.executable, "-m", "rollway.trainer.worker"],
+                env=env,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            )
+            _log().info("spawned rank", rank=rank, pid=self.procs[rank].pid)
+
+    @property
+    def pids(self) -> dict[int, int]:
+        return {rank: proc.pid for rank, proc in self.procs.items()}
+
+    def dead(self) -> dict[int, int]:
+        """Ranks whose process has exited, with their exit codes."""
+        return {rank: proc.returncode for rank, proc in self.procs.items() if proc.poll() is not None}
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait until every worker has exited; True if they all did within the timeout."""
+        deadline = time.monotonic() + timeout_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                return False
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL every worker still running, by pid, and reap it."""
+        for rank, proc in self.procs.items():
+            if proc.poll() is None:
+                _log().warning("killing rank", rank=rank, pid=proc.pid)
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,136 @@
+"""Rank 0's side of the trainer's ranks: start them, run commands on all of them, stop them.
+
+    start():  store (rank 0 hosts it) -> spawn ranks 1..N-1 -> wait until they reach the store
+              -> process group -> TrainerEngine (load + shard, collectives with every rank)
+    run(cmd, payloads): post payloads[1:] to the workers, run engine.<cmd>(payloads[0]) here.
+    shutdown(): post `shutdown`, wait for the workers, kill stragglers by pid.
+
+A worker that died, or a command that failed half-way on several ranks, leaves the ranks out of
+step: the runtime is then `broken` and every later command fails fast with the reason (health
+goes NOT_SERVING through the `on_broken` callback) instead of hanging in a collective.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+
+from rollway.common.errors import FailedPrecondition, Unavailable
+from rollway.common.log import get_logger
+from rollway.trainer.config import TrainerConfig
+from rollway.trainer.distributed import CommandChannel, create_store, init_process_group
+from rollway.trainer.engine import TrainerEngine
+from rollway.trainer.ranks import WorkerRanks
+
+
+def _log():
+    """The logger, bound at call time: logging is configured by the server after this import."""
+    return get_logger("rollway.trainer.runtime")
+
+
+class RankRuntime:
+    """The process group, the worker processes and rank 0's engine."""
+
+    def __init__(self, config: TrainerConfig, on_broken: Callable[[str], None] | None = None):
+        self.config = config
+        self.on_broken = on_broken or (lambda reason: None)
+        self.broken: str | None = None
+        timeout = config.distributed_timeout_seconds
+        self.store = create_store(0, config.world_size, config.master_addr, config.master_port, timeout)
+        self.workers = WorkerRanks(config, config.master_addr, self.store.port)
+        self.channel = CommandChannel(self.store, 0)
+        self.engine: TrainerEngine | None = None
+        self._watch = threading.Event()
+
+    def start(self) -> TrainerEngine:
+        """Join the group with the workers and build rank 0's shard (blocks while loading)."""
+        self._wait_for_workers()
+        info = init_process_group(
+            self.store, 0, self.config.world_size, self.config.distributed_timeout_seconds
+        )
+        self.engine = TrainerEngine(self.config, info)
+        threading.Thread(target=self._watch_workers, name="trainer-rank-watch", daemon=True).start()
+        return self.engine
+
+    def _wait_for_workers(self) -> None:
+        deadline = time.monotonic() + self.config.distributed_timeout_seconds
+        for rank in range(1, self.config.world_size):
+            while not self.store.check([f"ready/{rank}"]):
+                self._raise_if_dead()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"trainer rank {rank} did not start within the distributed timeout")
+                time.sleep(0.05)
+
+    def _dead_reason(self) -> str | None:
+        dead = self.workers.dead()
+        if not dead:
+            return None
+        rank, code = min(dead.items())
+        error = self.channel.read_error(rank)
+        return f"trainer rank {rank} exited with code {code}" + (
+            f": {error.splitlines()[0]}" if error else ""
+        )
+
+    def _raise_if_dead(self) -> None:
+        reason = self._dead_reason()
+        if reason:
+            raise RuntimeError(reason)
+
+    def _watch_workers(self) -> None:
+        while not self._watch.wait(1.0):
+            reason = self._dead_reason()
+            if reason and not self.broken:
+                self._mark_broken(reason)
+
+    def _mark_broken(self, reason: str) -> None:
+        if self.broken:
+            return
+        self.broken = reason
+        _log().error("trainer ranks broken", reason=reason)
+        self.on_broken(reason)
+
+    def run(self, command: str, payloads: list[dict[str, Any]]) -> Any:
+        """Run `command` on every rank (payloads[r] for rank r); rank 0's result is returned."""
+        if self.engine is None:
+            raise Unavailable("the trainer is still loading the model")
+        if self.broken:
+            raise FailedPrecondition(
+                f"the trainer's ranks are out of service ({self.broken}); restart the trainer"
+            )
+        reason = self._dead_reason()
+        if reason:
+            self._mark_broken(reason)
+            raise FailedPrecondition(
+                f"the trainer's ranks are out of service ({reason}); restart the trainer"
+            )
+        self.channel.send(command, payloads)
+        try:
+            return getattr(self.engine, command)(**payloads[0])
+        except Exception as exc:
+            _log().exception("command failed on rank 0", command=command)
+            if self.config.world_size > 1:
+                time.sleep(0.5)  # let a dying worker exit so its reason can be read
+                reason = self._dead_reason() or f"{command} failed on rank 0: {type(exc).__name__}: {exc}"
+                self._mark_broken(reason)
+                raise Unavailable(f"{command} failed: {reason}") from exc
+            raise
+
+    def shutdown(self, timeout_s: float = 15.0) -> None:
+        """Stop the workers (by command, then by pid) and leave the process group."""
+        self._watch.set()
+        posted = False
+        try:
+            if not self.broken and self.engine is not None:
+                self.channel.send("shutdown", [{}] * self.config.world_size)
+                posted = True
+        except Exception:  # the store may already be unusable; the pids are what count
+            _log().warning("could not post shutdown to the ranks")
+        self.workers.wait(timeout_s if posted else 0.5)
+        self.workers.kill()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        _log().info("trainer ranks stopped")

@@ -1,0 +1,61 @@
+"""`python -m rollway.trainer.worker`: trainer rank 1..N-1, started by rank 0 (ranks.py).
+
+It joins rank 0's store and process group, builds its model shard, then runs the commands rank 0
+posts until `shutdown`. Any error is left in the store for rank 0 and ends the process: after a
+failed command the ranks' collectives are out of step, and rank 0 reports the trainer as broken.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from rollway.common.config import from_dict
+from rollway.common.log import bind_run_context, configure_logging, get_logger
+from rollway.trainer.config import TrainerConfig
+from rollway.trainer.distributed import CommandChannel, create_store, init_process_group
+from rollway.trainer.engine import TrainerEngine
+from rollway.trainer.ranks import CONFIG_ENV
+
+
+def main() -> int:
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    config = from_dict(TrainerConfig, json.loads(os.environ[CONFIG_ENV]))
+    configure_logging("trainer", "json")
+    bind_run_context(rank=rank)
+    log = get_logger("rollway.trainer.worker")
+    parent = os.getppid()
+    timeout = config.distributed_timeout_seconds
+    store = create_store(rank, world_size, os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout)
+    channel = CommandChannel(store, rank)
+    store.set(f"ready/{rank}", b"1")
+    try:
+        engine = TrainerEngine(config, init_process_group(store, rank, world_size, timeout))
+        log.info("rank ready", num_parameters=engine.num_parameters)
+        while True:
+            command, payload = channel.receive(lambda: os.getppid() == parent)
+            if command == "shutdown":
+                break
+            getattr(engine, command)(**payload)
+    except SystemExit as exc:
+        log.warning("rank exiting", reason=str(exc))
+        return 1
+    except BaseException as exc:
+        channel.report_error(f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}")
+        log.exception("rank failed")
+        return 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    log.info("rank stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
