@@ -65,7 +65,9 @@ def format_answer(a: int, b: int) -> str:
     return str(a + b)
 
 
-def split_pairs(seed: int, num_sft: int, num_rl: int, num_eval: int) -> tuple[list[Pair], list[Pair], list[Pair]]:
+def split_pairs(
+    seed: int, num_sft: int, num_rl: int, num_eval: int
+) -> tuple[list[Pair], list[Pair], list[Pair]]:
     """Disjoint (sft, rl, eval) operand pairs; neither order of an eval pair is in sft or rl."""
     operands = range(MIN_OPERAND, MAX_OPERAND + 1)
     pairs = [(a, b) for a in operands for b in operands]

@@ -14,8 +14,8 @@ digit by digit, which is what lets a tiny model learn the demo addition task.
 
 Presets (parameter counts with the default tokenizer, tied embeddings):
 
-    tiny   ~1.0M  hidden 128, 4 layers, 4 heads / 2 kv heads, head_dim 32, intermediate 512
-    small  ~51M   hidden 512, 16 layers, 8 heads / 4 kv heads, head_dim 64, intermediate 1536
+    tiny   1.04M  hidden 128, 4 layers, 4 heads / 2 kv heads, head_dim 32, intermediate 512
+    small  50.6M  hidden 512, 16 layers, 8 heads / 4 kv heads, head_dim 64, intermediate 1536
 
 Same seed, same preset and overrides -> byte-identical files.
 """
@@ -119,7 +119,7 @@ def _train_bpe() -> Tokenizer:
 
 
 def build_tokenizer(model_max_length: int = 1024) -> PreTrainedTokenizerFast:
-    """The tiny tokenizer: byte-level BPE (~380 tokens) with a ChatML chat template.
+    """The tiny tokenizer: byte-level BPE (400 tokens) with a ChatML chat template.
 
     eos is <|im_end|> (ends an assistant turn), pad is <|endoftext|>, there is no bos.
     """
@@ -160,7 +160,9 @@ def build_config(
     )
     fields.update(overrides)
     if fields["vocab_size"] < len(tokenizer):
-        raise ValueError(f"vocab_size: {fields['vocab_size']} is below the tokenizer's {len(tokenizer)} tokens")
+        raise ValueError(
+            f"vocab_size: {fields['vocab_size']} is below the tokenizer's {len(tokenizer)} tokens"
+        )
     return Qwen3Config(architectures=["Qwen3ForCausalLM"], **fields)
 
 
@@ -178,7 +180,7 @@ def make_tiny_model(
 ) -> Path:
     """Write a randomly initialised Qwen3 model and its tokenizer to `out_dir`; return the path.
 
-    preset: "tiny" (~1.0M parameters) or "small" (~51M); `overrides` set any Qwen3Config field
+    preset: "tiny" (~1.0M parameters) or "small" (~50.6M); `overrides` set any Qwen3Config field
     (hidden_size, num_hidden_layers, intermediate_size, ...). dtype: the saved weight dtype.
     Deterministic: the same arguments give byte-identical files.
     """
