@@ -1,35 +1,183 @@
-"""The dataloader gRPC service: servicer and serve()."""
+"""The dataloader gRPC service: servicer and serve().
 
-from rollway.common.errors import Unimplemented
+Startup opens every dataset before health turns SERVING: each row is read and checked, so a
+missing file, an unreadable parquet, a missing or mistyped column or a malformed row is found
+at once. The service still starts when that fails: it logs the error, Describe reports it,
+and every data RPC answers FAILED_PRECONDITION with it (file, row, problem), so the caller
+sees why instead of a dead process.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from google.protobuf import struct_pb2
+
+from rollway.common.config import to_dict
+from rollway.common.errors import FailedPrecondition, InvalidArgument, Unavailable
+from rollway.common.log import get_logger
 from rollway.common.server import RollwayServer, ServerConfig
 from rollway.dataloader.config import DataloaderConfig
+from rollway.dataloader.datasets import DataError, OpenedSource, open_sources
+from rollway.dataloader.encoder import Encoder, TokenizerError, load_tokenizer
+from rollway.dataloader.rows import RowRules
+from rollway.dataloader.stream import DataStream, StreamSettings
 from rollway.dataloader.v1 import dataloader_pb2, dataloader_pb2_grpc
+
+MAX_BATCH_SIZE = 1 << 20
+DEFAULT_TIMEOUT_SECONDS = 600.0
 
 
 class DataloaderService(dataloader_pb2_grpc.DataloaderServiceServicer):
-    """Placeholder servicer: every RPC answers UNIMPLEMENTED naming the issue that builds it."""
+    """Serves tokenised batches from the configured datasets."""
+
+    def __init__(self, config: DataloaderConfig):
+        self.config = config
+        self.mode = "sft" if config.is_sft else "rl"
+        self.stream: DataStream | None = None
+        self.error: str | None = None
+        self._opening = True
+        self._cache_dir = Path(
+            tempfile.mkdtemp(prefix="rollway-dataloader-", dir=config.data_cache_dir or None)
+        )
+
+    def open(self) -> None:
+        """Load the tokenizer and open every source; on failure keep the error to report it."""
+        config = self.config
+        rules = RowRules(
+            input_key=config.input_key,
+            label_key=config.label_key,
+            metadata_key=config.metadata_key,
+            tool_key=config.tool_key,
+            sft=config.is_sft,
+            apply_chat_template=config.apply_chat_template,
+        )
+        try:
+            tokenizer = load_tokenizer(config.hf_checkpoint, config.chat_template_path)
+            encoder = Encoder(tokenizer, config.is_sft, config.apply_chat_template)
+            sources = open_sources(config.sources(), rules, self._cache_dir / "train", config.skip_bad_rows)
+        except (DataError, TokenizerError) as exc:
+            self.error = str(exc)
+            get_logger(__name__).error("cannot serve the configured data", error=self.error)
+        else:
+            self.stream = DataStream(sources, encoder, self._settings())
+            get_logger(__name__).info("opened", mode=self.mode, sources=[_source_summary(s) for s in sources])
+        finally:
+            self._opening = False
+
+    def _settings(self) -> StreamSettings:
+        config = self.config
+        return StreamSettings(
+            mode=self.mode,
+            weights=list(config.prompt_data_weights) or None,
+            seed=config.rollout_seed,
+            shuffle=config.rollout_shuffle,
+            num_epoch=config.num_epoch,
+            max_len=config.rollout_max_prompt_len,
+            skip_bad_rows=config.skip_bad_rows,
+            prefetch_size=config.prefetch_size,
+        )
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+            for source in self.stream.sources:
+                source.close()
+        shutil.rmtree(self._cache_dir, ignore_errors=True)
+
+    def _ready(self) -> DataStream:
+        if self._opening:
+            raise Unavailable("the dataloader is still opening its datasets")
+        if self.stream is None:
+            raise FailedPrecondition(f"the dataloader cannot serve its data: {self.error}")
+        return self.stream
 
     def NextBatch(self, request, context):
-        raise Unimplemented("DataloaderService.NextBatch is not implemented yet (issue #3)")
+        """The next batch_size items; a retry of a batch_id returns the same batch."""
+        stream = self._ready()
+        if not 0 < request.batch_size <= MAX_BATCH_SIZE:
+            raise InvalidArgument(
+                "batch_size", f"must be in [1, {MAX_BATCH_SIZE}] (got {request.batch_size})"
+            )
+        remaining = context.time_remaining()
+        # Leave a moment to answer before the caller's deadline: a late batch would be wasted.
+        timeout = DEFAULT_TIMEOUT_SECONDS if remaining is None else max(remaining - 0.5, 0.0)
+        return stream.next_batch(request.batch_id, request.batch_size, timeout)
 
     def GetState(self, request, context):
-        raise Unimplemented("DataloaderService.GetState is not implemented yet (issue #3)")
+        """The committed cursor (JSON) and the number of batches served."""
+        state_json, num_batches, epoch = self._ready().get_state()
+        return dataloader_pb2.GetStateResponse(
+            state_json=state_json, num_batches_served=num_batches, epoch=epoch
+        )
 
     def RestoreState(self, request, context):
-        raise Unimplemented("DataloaderService.RestoreState is not implemented yet (issue #3)")
+        """Continue from a GetState cursor."""
+        stream = self._ready()
+        if not request.state_json:
+            raise InvalidArgument("state_json", "is empty; pass a state_json returned by GetState")
+        return dataloader_pb2.RestoreStateResponse(epoch=stream.restore(request.state_json))
 
     def Describe(self, request, context):
-        raise Unimplemented("DataloaderService.Describe is not implemented yet (issue #3)")
+        """Sources, mode, counters, effective configuration, and the error if the data cannot be served."""
+        response = dataloader_pb2.DescribeResponse(mode=self.mode, error=self.error or "")
+        if self.stream is not None:
+            for source in self.stream.sources:
+                response.sources.append(_source_info(source))
+            response.counters.update(self.stream.counters())
+            response.epoch = self.stream.epoch
+            response.exhausted = self.stream.exhausted
+        else:
+            for spec in self.config.sources():
+                response.sources.append(
+                    dataloader_pb2.SourceInfo(
+                        name=spec.name, path=spec.spec, weight=spec.weight, format=spec.format
+                    )
+                )
+        response.config.CopyFrom(_struct(to_dict(self.config)))
+        return response
+
+
+def _source_info(source: OpenedSource) -> dataloader_pb2.SourceInfo:
+    spec = source.spec
+    return dataloader_pb2.SourceInfo(
+        name=spec.name,
+        path=spec.spec,
+        num_rows=source.num_rows,
+        weight=spec.weight,
+        format=spec.format,
+        num_usable_rows=len(source.store),
+        num_bad_rows=source.num_bad_rows,
+    )
+
+
+def _source_summary(source: OpenedSource) -> dict:
+    return {"name": source.spec.name, "rows": source.num_rows, "usable": len(source.store)}
+
+
+def _struct(mapping: dict) -> struct_pb2.Struct:
+    struct = struct_pb2.Struct()
+    struct.update(mapping)
+    return struct
 
 
 def serve(server_config: ServerConfig, config: DataloaderConfig) -> None:
-    """Serve until SIGTERM."""
+    """Open the datasets, then serve until SIGTERM."""
     server = RollwayServer("dataloader", server_config)
+    servicer = DataloaderService(config)
     server.add_service(
         dataloader_pb2_grpc.add_DataloaderServiceServicer_to_server,
-        DataloaderService(),
+        servicer,
         dataloader_pb2.DESCRIPTOR.services_by_name["DataloaderService"],
     )
+    server.on_stop(servicer.close)
     server.start()
+    try:
+        servicer.open()
+    except BaseException:
+        servicer.close()
+        raise
     server.set_serving()
     server.wait_for_termination()

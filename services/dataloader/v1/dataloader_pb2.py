@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&rollway/dataloader/v1/dataloader.proto\x12\x15rollway.dataloader.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xcb\x01\n\x08\x44\x61taItem\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x11\n\tloss_mask\x18\x03 \x03(\x05\x12\r\n\x05label\x18\x04 \x01(\t\x12)\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0e\n\x06source\x18\x06 \x01(\t\x12\x11\n\trow_index\x18\x07 \x01(\x03\x12\r\n\x05\x65poch\x18\x08 \x01(\x03\x12\x13\n\x0bprompt_text\x18\t \x01(\t\"8\n\x10NextBatchRequest\x12\x12\n\nbatch_size\x18\x01 \x01(\x05\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\x03\"\xfe\x01\n\x11NextBatchResponse\x12.\n\x05items\x18\x01 \x03(\x0b\x32\x1f.rollway.dataloader.v1.DataItem\x12\x1c\n\x14prefetch_queue_depth\x18\x02 \x01(\x05\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x11\n\texhausted\x18\x04 \x01(\x08\x12H\n\x08\x63ounters\x18\x05 \x03(\x0b\x32\x36.rollway.dataloader.v1.NextBatchResponse.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x11\n\x0fGetStateRequest\"B\n\x10GetStateResponse\x12\x12\n\nstate_json\x18\x01 \x01(\t\x12\x1a\n\x12num_batches_served\x18\x02 \x01(\x03\")\n\x13RestoreStateRequest\x12\x12\n\nstate_json\x18\x01 \x01(\t\"%\n\x14RestoreStateResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\"\x11\n\x0f\x44\x65scribeRequest\"J\n\nSourceInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x10\n\x08num_rows\x18\x03 \x01(\x03\x12\x0e\n\x06weight\x18\x04 \x01(\x01\"\xf7\x01\n\x10\x44\x65scribeResponse\x12\x32\n\x07sources\x18\x01 \x03(\x0b\x32!.rollway.dataloader.v1.SourceInfo\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12G\n\x08\x63ounters\x18\x03 \x03(\x0b\x32\x35.rollway.dataloader.v1.DescribeResponse.CountersEntry\x12\'\n\x06\x63onfig\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\x96\x03\n\x11\x44\x61taloaderService\x12^\n\tNextBatch\x12\'.rollway.dataloader.v1.NextBatchRequest\x1a(.rollway.dataloader.v1.NextBatchResponse\x12[\n\x08GetState\x12&.rollway.dataloader.v1.GetStateRequest\x1a\'.rollway.dataloader.v1.GetStateResponse\x12g\n\x0cRestoreState\x12*.rollway.dataloader.v1.RestoreStateRequest\x1a+.rollway.dataloader.v1.RestoreStateResponse\x12[\n\x08\x44\x65scribe\x12&.rollway.dataloader.v1.DescribeRequest\x1a\'.rollway.dataloader.v1.DescribeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&rollway/dataloader/v1/dataloader.proto\x12\x15rollway.dataloader.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xcb\x01\n\x08\x44\x61taItem\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x11\n\tloss_mask\x18\x03 \x03(\x05\x12\r\n\x05label\x18\x04 \x01(\t\x12)\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0e\n\x06source\x18\x06 \x01(\t\x12\x11\n\trow_index\x18\x07 \x01(\x03\x12\r\n\x05\x65poch\x18\x08 \x01(\x03\x12\x13\n\x0bprompt_text\x18\t \x01(\t\"8\n\x10NextBatchRequest\x12\x12\n\nbatch_size\x18\x01 \x01(\x05\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\x03\"\xfe\x01\n\x11NextBatchResponse\x12.\n\x05items\x18\x01 \x03(\x0b\x32\x1f.rollway.dataloader.v1.DataItem\x12\x1c\n\x14prefetch_queue_depth\x18\x02 \x01(\x05\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x11\n\texhausted\x18\x04 \x01(\x08\x12H\n\x08\x63ounters\x18\x05 \x03(\x0b\x32\x36.rollway.dataloader.v1.NextBatchResponse.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x11\n\x0fGetStateRequest\"Q\n\x10GetStateResponse\x12\x12\n\nstate_json\x18\x01 \x01(\t\x12\x1a\n\x12num_batches_served\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\")\n\x13RestoreStateRequest\x12\x12\n\nstate_json\x18\x01 \x01(\t\"%\n\x14RestoreStateResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\"\x11\n\x0f\x44\x65scribeRequest\"\x89\x01\n\nSourceInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x10\n\x08num_rows\x18\x03 \x01(\x03\x12\x0e\n\x06weight\x18\x04 \x01(\x01\x12\x0e\n\x06\x66ormat\x18\x05 \x01(\t\x12\x17\n\x0fnum_usable_rows\x18\x06 \x01(\x03\x12\x14\n\x0cnum_bad_rows\x18\x07 \x01(\x03\"\xa8\x02\n\x10\x44\x65scribeResponse\x12\x32\n\x07sources\x18\x01 \x03(\x0b\x32!.rollway.dataloader.v1.SourceInfo\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12G\n\x08\x63ounters\x18\x03 \x03(\x0b\x32\x35.rollway.dataloader.v1.DescribeResponse.CountersEntry\x12\'\n\x06\x63onfig\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x03\x12\x11\n\texhausted\x18\x07 \x01(\x08\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\x96\x03\n\x11\x44\x61taloaderService\x12^\n\tNextBatch\x12\'.rollway.dataloader.v1.NextBatchRequest\x1a(.rollway.dataloader.v1.NextBatchResponse\x12[\n\x08GetState\x12&.rollway.dataloader.v1.GetStateRequest\x1a\'.rollway.dataloader.v1.GetStateResponse\x12g\n\x0cRestoreState\x12*.rollway.dataloader.v1.RestoreStateRequest\x1a+.rollway.dataloader.v1.RestoreStateResponse\x12[\n\x08\x44\x65scribe\x12&.rollway.dataloader.v1.DescribeRequest\x1a\'.rollway.dataloader.v1.DescribeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,19 +47,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSTATEREQUEST']._serialized_start=616
   _globals['_GETSTATEREQUEST']._serialized_end=633
   _globals['_GETSTATERESPONSE']._serialized_start=635
-  _globals['_GETSTATERESPONSE']._serialized_end=701
-  _globals['_RESTORESTATEREQUEST']._serialized_start=703
-  _globals['_RESTORESTATEREQUEST']._serialized_end=744
-  _globals['_RESTORESTATERESPONSE']._serialized_start=746
-  _globals['_RESTORESTATERESPONSE']._serialized_end=783
-  _globals['_DESCRIBEREQUEST']._serialized_start=785
-  _globals['_DESCRIBEREQUEST']._serialized_end=802
-  _globals['_SOURCEINFO']._serialized_start=804
-  _globals['_SOURCEINFO']._serialized_end=878
-  _globals['_DESCRIBERESPONSE']._serialized_start=881
-  _globals['_DESCRIBERESPONSE']._serialized_end=1128
+  _globals['_GETSTATERESPONSE']._serialized_end=716
+  _globals['_RESTORESTATEREQUEST']._serialized_start=718
+  _globals['_RESTORESTATEREQUEST']._serialized_end=759
+  _globals['_RESTORESTATERESPONSE']._serialized_start=761
+  _globals['_RESTORESTATERESPONSE']._serialized_end=798
+  _globals['_DESCRIBEREQUEST']._serialized_start=800
+  _globals['_DESCRIBEREQUEST']._serialized_end=817
+  _globals['_SOURCEINFO']._serialized_start=820
+  _globals['_SOURCEINFO']._serialized_end=957
+  _globals['_DESCRIBERESPONSE']._serialized_start=960
+  _globals['_DESCRIBERESPONSE']._serialized_end=1256
   _globals['_DESCRIBERESPONSE_COUNTERSENTRY']._serialized_start=567
   _globals['_DESCRIBERESPONSE_COUNTERSENTRY']._serialized_end=614
-  _globals['_DATALOADERSERVICE']._serialized_start=1131
-  _globals['_DATALOADERSERVICE']._serialized_end=1537
+  _globals['_DATALOADERSERVICE']._serialized_start=1259
+  _globals['_DATALOADERSERVICE']._serialized_end=1665
 # @@protoc_insertion_point(module_scope)

@@ -63,12 +63,14 @@ class GetStateRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStateResponse(_message.Message):
-    __slots__ = ("state_json", "num_batches_served")
+    __slots__ = ("state_json", "num_batches_served", "epoch")
     STATE_JSON_FIELD_NUMBER: _ClassVar[int]
     NUM_BATCHES_SERVED_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     state_json: str
     num_batches_served: int
-    def __init__(self, state_json: _Optional[str] = ..., num_batches_served: _Optional[int] = ...) -> None: ...
+    epoch: int
+    def __init__(self, state_json: _Optional[str] = ..., num_batches_served: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class RestoreStateRequest(_message.Message):
     __slots__ = ("state_json",)
@@ -87,19 +89,25 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SourceInfo(_message.Message):
-    __slots__ = ("name", "path", "num_rows", "weight")
+    __slots__ = ("name", "path", "num_rows", "weight", "format", "num_usable_rows", "num_bad_rows")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    NUM_USABLE_ROWS_FIELD_NUMBER: _ClassVar[int]
+    NUM_BAD_ROWS_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     num_rows: int
     weight: float
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., num_rows: _Optional[int] = ..., weight: _Optional[float] = ...) -> None: ...
+    format: str
+    num_usable_rows: int
+    num_bad_rows: int
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., num_rows: _Optional[int] = ..., weight: _Optional[float] = ..., format: _Optional[str] = ..., num_usable_rows: _Optional[int] = ..., num_bad_rows: _Optional[int] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("sources", "mode", "counters", "config")
+    __slots__ = ("sources", "mode", "counters", "config", "error", "epoch", "exhausted")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -111,8 +119,14 @@ class DescribeResponse(_message.Message):
     MODE_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
     sources: _containers.RepeatedCompositeFieldContainer[SourceInfo]
     mode: str
     counters: _containers.ScalarMap[str, int]
     config: _struct_pb2.Struct
-    def __init__(self, sources: _Optional[_Iterable[_Union[SourceInfo, _Mapping]]] = ..., mode: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    error: str
+    epoch: int
+    exhausted: bool
+    def __init__(self, sources: _Optional[_Iterable[_Union[SourceInfo, _Mapping]]] = ..., mode: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[str] = ..., epoch: _Optional[int] = ..., exhausted: _Optional[bool] = ...) -> None: ...
