@@ -3,6 +3,9 @@
     rollway serve SERVICE [flags]      run one service (same as python -m rollway.SERVICE)
     rollway make-tiny-model DIR        write the tiny Qwen3 model, tokenizer and demo datasets
     rollway up [--workdir DIR]         start the four services locally and check they are healthy
+    rollway run CONFIG [flags]         run a job (starts the services it needs, or attaches)
+    rollway plan CONFIG [flags]        print the batch arithmetic of a run config
+    rollway plot RUN_DIR               write PNG charts of a run's metrics
 
 Subcommands import their heavy dependencies only when they run, so `rollway --help` is instant.
 """
@@ -53,10 +56,37 @@ def _up(argv: list[str]) -> int:
     return up_main(argv)
 
 
+def _run(argv: list[str]) -> int:
+    from rollway.launcher import run
+
+    return run(argv)
+
+
+def _plan(argv: list[str]) -> int:
+    from rollway.launcher import plan_main
+
+    return plan_main(argv)
+
+
+def _plot(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rollway plot", description="Write PNG charts of a run's metrics.")
+    parser.add_argument("run_dir", help="run directory holding metrics.jsonl")
+    parser.add_argument("--out", help="output directory (default: RUN_DIR/plots)")
+    args = parser.parse_args(argv)
+    from rollway.coordinator.plot import plot_run
+
+    for path in plot_run(args.run_dir, args.out):
+        print(path)
+    return 0
+
+
 COMMANDS = {
     "serve": (_serve, "run one service"),
     "make-tiny-model": (_make_tiny_model, "write the tiny model, tokenizer and demo datasets"),
     "up": (_up, "start the four services locally, check health, stop them"),
+    "run": (_run, "run a job from a config file"),
+    "plan": (_plan, "print the batch arithmetic of a run config"),
+    "plot": (_plot, "write PNG charts of a run's metrics"),
 }
 
 

@@ -2,7 +2,7 @@
 
 The coordinator owns the batch arithmetic, the loop, advantages, the weight-sync schedule,
 evaluation, run checkpoints and debug modes. Settings that other services also read (loss_type,
-global_batch_size, num_epoch, hf_checkpoint, ...) are declared here too, with the same type and
+global_batch_size, num_epoch, ...) are declared here too, with the same type and
 default as in those services' configs, so one flat run config reaches every component.
 """
 
@@ -32,11 +32,10 @@ class CoordinatorConfig:
     )
     loss_type: LossType = setting("policy_loss", "sft_loss runs the SFT loop; policy_loss the RL loop")
     num_epoch: int = setting(1, "epochs over the prompt data")
-    hf_checkpoint: str = setting("", "Hugging Face model directory the run starts from")
 
     # Batches
     rollout_batch_size: int = setting(8, "prompts per rollout (RL) or conversations per step (SFT)")
-    n_samples_per_prompt: int = setting(4, "samples generated per prompt (the GRPO group size)")
+    n_samples_per_prompt: int = setting(1, "samples per prompt when a request sets 0")
     global_batch_size: int = setting(32, "samples per optimizer step")
     over_sampling_batch_size: int = setting(
         0, "prompts requested per refill when dynamic sampling drops groups"
@@ -50,7 +49,7 @@ class CoordinatorConfig:
     rollout_temperature: float = setting(1.0, "sampling temperature (also divides logits for log-probs)")
     rollout_top_p: float = setting(1.0, "nucleus sampling threshold")
     rollout_top_k: int = setting(-1, "top-k cutoff; -1 disables")
-    rollout_max_response_len: int = setting(64, "maximum response tokens")
+    rollout_max_response_len: int = setting(1024, "max response tokens when a request sets none")
     rollout_stop: list[str] = setting([], "stop strings")
     rm_type: str = setting("", "reward function name (empty: the rollout service's default)")
 

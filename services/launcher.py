@@ -1,0 +1,234 @@
+"""`rollway run CONFIG`: validate a run config, start the services it needs, drive the run.
+
+    rollway run CONFIG [--flag value ...]                 embedded: local processes on loopback
+    rollway run CONFIG --trainer-addr A --rollout-addr B ...   attach to running services
+    rollway plan CONFIG                                   print the batch arithmetic and exit
+
+The run config is one flat namespace (Miles' flags). Every component's settings dataclass is
+parsed from it, so a wrong value anywhere is reported, naming the setting, before anything
+starts. Each service is then started with its own settings as a YAML file, the coordinator gets
+the run over its gRPC API (StartRun), and this process follows StreamMetrics with a progress
+line while supervising the service processes: a crash is reported with the last lines of that
+service's log, and every process is stopped (by pid) on exit or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from rollway.common.config import parse_components
+from rollway.common.local_launch import ServiceProcess
+
+TAIL_LINES = 30
+
+
+def component_classes() -> dict[str, type]:
+    """Settings dataclasses of every component (config modules import no torch)."""
+    from rollway.coordinator.config import CoordinatorConfig
+    from rollway.dataloader.config import DataloaderConfig
+    from rollway.rollout.config import RolloutConfig
+    from rollway.trainer.config import TrainerConfig
+
+    return {
+        "coordinator": CoordinatorConfig,
+        "dataloader": DataloaderConfig,
+        "rollout": RolloutConfig,
+        "trainer": TrainerConfig,
+    }
+
+
+def parse_run_config(argv: list[str], prog: str = "rollway run") -> dict[str, object]:
+    """All components' settings from `CONFIG [flags]`; exits 2 naming a wrong setting."""
+    if argv and not argv[0].startswith("-"):
+        argv = ["--config", argv[0], *argv[1:]]
+    classes = component_classes()
+    return dict(zip(classes, parse_components(list(classes.values()), argv, prog=prog), strict=True))
+
+
+def non_default_settings(config) -> dict:
+    """The settings of `config` that differ from its dataclass defaults (what its service is told)."""
+    out = {}
+    for f in dataclasses.fields(config):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        value = getattr(config, f.name)
+        if value != default or default is dataclasses.MISSING:
+            out[f.name] = value
+    return out
+
+
+def plan(configs: dict[str, object]) -> str:
+    """The batch arithmetic of a run, as text."""
+    c, t = configs["coordinator"], configs["trainer"]
+    samples = c.samples_per_rollout
+    steps_per_rollout = samples // c.global_batch_size
+    per_rank = c.global_batch_size // max(t.world_size, 1)
+    if t.use_dynamic_batch_size:
+        micro = f"by token budget: {t.max_tokens_per_gpu} tokens per micro-batch per rank"
+    else:
+        micro = f"{max(per_rank // t.micro_batch_size, 1)} per rank of {t.micro_batch_size} samples"
+    lines = [
+        f"mode                     {'SFT' if c.is_sft else 'RL (' + c.advantage_estimator + ')'}"
+        + (" async" if c.async_mode else ""),
+        f"prompts per rollout      {c.rollout_batch_size}",
+        f"samples per prompt       {1 if c.is_sft else c.n_samples_per_prompt}",
+        f"samples per rollout      {samples}",
+        f"global batch size        {c.global_batch_size} samples",
+        f"optimizer steps/rollout  {steps_per_rollout}",
+        f"trainer ranks            {t.world_size} ({per_rank} samples per rank per step)",
+        f"micro-batches            {micro}",
+        f"rollouts                 {c.num_rollout or 'until the data is exhausted'}",
+    ]
+    if c.num_rollout:
+        lines.append(f"optimizer steps total    {c.num_rollout * steps_per_rollout}")
+    return "\n".join(lines)
+
+
+def _write_settings(path: Path, settings: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(settings, sort_keys=True))
+    return path
+
+
+def services_needed(c) -> list[str]:
+    needed = []
+    if not c.load_debug_rollout_data and not c.dataloader_addr:
+        needed.append("dataloader")
+    if not c.debug_rollout_only and not c.trainer_addr:
+        needed.append("trainer")
+    if not c.train_only and not c.rollout_addr:
+        needed.append("rollout")
+    return needed
+
+
+class Supervisor:
+    """Watches service processes; reports the first that dies with the tail of its log."""
+
+    def __init__(self, processes: list[ServiceProcess]):
+        self.processes = processes
+        self.failure: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            for p in self.processes:
+                if p.proc is not None and p.proc.poll() is not None:
+                    tail = "\n".join(p.log_text().splitlines()[-TAIL_LINES:])
+                    self.failure = (
+                        f"{p.service} (pid {p.pid}) exited with {p.proc.returncode}; last log lines:\n{tail}"
+                    )
+                    return
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def run(argv: list[str]) -> int:
+    configs = parse_run_config(argv)
+    c = configs["coordinator"]
+    from rollway.coordinator.runs import new_run_id
+
+    run_id = c.run_id or new_run_id()
+    run_dir = (Path(c.run_dir) / run_id).resolve()
+    workdir = run_dir / "services"
+    started: list[ServiceProcess] = []
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    try:
+        addresses = {}
+        for name in services_needed(c):
+            settings = _write_settings(workdir / f"{name}.yaml", non_default_settings(configs[name]))
+            print(f"starting {name} ...", flush=True)
+            started.append(ServiceProcess(name, ["--config", str(settings)], workdir).start())
+            addresses[name] = started[-1].address
+        coordinator = ServiceProcess("coordinator", ["--runs-root", str(run_dir.parent)], workdir).start()
+        started.append(coordinator)
+        supervisor = Supervisor(started)
+        run_settings = non_default_settings(c)
+        run_settings.update(
+            run_id=run_id,
+            run_dir=str(run_dir.parent),
+            dataloader_addr=c.dataloader_addr or addresses.get("dataloader", ""),
+            trainer_addr=c.trainer_addr or addresses.get("trainer", ""),
+            rollout_addr=c.rollout_addr or ([addresses["rollout"]] if "rollout" in addresses else []),
+        )
+        print(f"run {run_id}: {run_dir}", flush=True)
+        return _drive(coordinator.address, run_id, run_settings, c.num_rollout, supervisor, interrupted)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        for p in reversed(started):
+            p.stop()
+
+
+def _drive(
+    address: str,
+    run_id: str,
+    settings: dict,
+    num_steps: int,
+    supervisor: Supervisor,
+    interrupted: threading.Event,
+) -> int:
+    """StartRun, follow metrics with a progress line, stop on Ctrl-C or a crashed service."""
+    import grpc
+
+    from rollway.common.client import open_channel
+    from rollway.coordinator.metrics import ProgressLine
+    from rollway.coordinator.remote import to_struct
+    from rollway.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
+
+    stub = coordinator_pb2_grpc.CoordinatorServiceStub(open_channel(address))
+    try:
+        stub.StartRun(coordinator_pb2.StartRunRequest(config=to_struct(_jsonable(settings)), run_id=run_id))
+    except grpc.RpcError as exc:
+        print(f"run refused: {exc.details()}", file=sys.stderr)
+        return 2
+    progress = ProgressLine(num_steps)
+    stream = stub.StreamMetrics(coordinator_pb2.StreamMetricsRequest(run_id=run_id), timeout=1e7)
+    follower = threading.Thread(
+        target=lambda: [progress.update(r.step + 1, dict(r.metrics)) for r in _quiet(stream)], daemon=True
+    )
+    follower.start()
+    while True:
+        info = stub.GetRun(coordinator_pb2.GetRunRequest(run_id=run_id)).run
+        if info.state not in (coordinator_pb2.RUN_STATE_STARTING, coordinator_pb2.RUN_STATE_RUNNING):
+            break
+        if supervisor.failure:
+            print(f"service crashed: {supervisor.failure}", file=sys.stderr)
+            stub.StopRun(coordinator_pb2.StopRunRequest(run_id=run_id, immediate=True))
+            return 1
+        if interrupted.is_set():
+            print("stopping the run (Ctrl-C)", file=sys.stderr)
+            stub.StopRun(coordinator_pb2.StopRunRequest(run_id=run_id))
+            interrupted.clear()
+        time.sleep(0.5)
+    follower.join(10)
+    supervisor.close()
+    state = coordinator_pb2.RunState.Name(info.state).removeprefix("RUN_STATE_")
+    print(f"run {run_id} {state}" + (f": {info.error}" if info.error else ""), flush=True)
+    return 0 if info.state == coordinator_pb2.RUN_STATE_SUCCEEDED else 1
+
+
+def _quiet(stream):
+    import grpc
+
+    try:
+        yield from stream
+    except grpc.RpcError:
+        return
+
+
+def _jsonable(settings: dict) -> dict:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in settings.items()}
+
+
+def plan_main(argv: list[str]) -> int:
+    print(plan(parse_run_config(argv, prog="rollway plan")))
+    return 0
