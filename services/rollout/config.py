@@ -1,8 +1,118 @@
-"""Settings of the rollout service (flags are generated from the fields)."""
+"""Settings of the rollout service (flags are generated from the fields).
+
+Names follow Miles (`--hf-checkpoint`, `--rollout-temperature`, `--n-samples-per-prompt`,
+`--rollout-max-response-len`, `--custom-rm-path`, `--rm-url`, `--group-rm`, ...). Sampling settings
+are the defaults of a Generate call; a request's own sampling parameters override them.
+
+This module does not import torch, so `--help` and configuration errors are instant.
+"""
+
+from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+from rollway.common.config import ConfigError, setting
+
+# Engine names; the registry in engines/__init__.py maps each to its implementation.
+ENGINE_NAMES = ("hf", "sglang")
+RESERVED_REWARDS = ("none",)
 
 
 @dataclass
 class RolloutConfig:
-    """Rollout settings."""
+    """Rollout settings: engine, model, sampling defaults, rewards, limits."""
+
+    # --- engine and model ---
+    rollout_engine: str = setting(
+        "hf", "inference engine: hf (in-process, CPU or GPU) or sglang", choices=ENGINE_NAMES
+    )
+    hf_checkpoint: str = setting(
+        "", "Hugging Face model directory served (weights, config, tokenizer); required"
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = setting("float32", "serving dtype of the weights")
+    device: str = setting("auto", "hf engine: torch device (auto: cuda if available, else cpu)")
+    attn_implementation: Literal["eager", "sdpa"] = setting("sdpa", "hf engine: attention kernel")
+    hf_batching: Literal["continuous", "static"] = setting(
+        "continuous",
+        "hf engine: continuous (samples join as others finish) or static (whole batches) batching",
+    )
+    max_running_requests: int = setting(256, "hf engine: most samples decoded together in one batch")
+    rollout_max_context_len: int = setting(
+        0, "longest prompt + response accepted; 0: the model's max_position_embeddings"
+    )
+    max_samples_per_request: int = setting(
+        4096, "most samples (prompts x n_samples_per_prompt) one Generate may ask for (RESOURCE_EXHAUSTED)"
+    )
+    # --- sampling defaults (a request's sampling_params override them) ---
+    n_samples_per_prompt: int = setting(1, "samples per prompt when a request sets 0")
+    rollout_temperature: float = setting(1.0, "sampling temperature when a request sets none (0: greedy)")
+    rollout_top_p: float = setting(1.0, "nucleus threshold in (0, 1] when a request sets none")
+    rollout_top_k: int = setting(-1, "top-k cutoff when a request sets none (0 or -1: off)")
+    rollout_max_response_len: int = setting(1024, "max response tokens when a request sets none")
+    rollout_stop: list[str] = setting([], "strings that end a response, added to a request's")
+    rollout_stop_token_ids: list[int] = setting([], "token ids that end a response, besides the EOS ids")
+    sampling_seed: int | None = setting(
+        None, "base sampling seed when a request sets none: sample i uses seed + i; unset: unseeded"
+    )
+    # --- rewards ---
+    reward: str = setting("exact_match", "reward function used when a request names none ('none': no reward)")
+    rm_url: str = setting("", "URL of a remote reward model (registers the 'remote' reward)")
+    custom_rm_path: str = setting("", "module:function of a custom reward (registers the 'custom' reward)")
+    group_rm: bool = setting(False, "the custom reward scores a whole group: f(samples) -> list of rewards")
+    reward_timeout: float = setting(30.0, "seconds one reward call may take before the sample is marked")
+    num_reward_workers: int = setting(8, "threads computing rewards concurrently")
+    # --- sglang engine ---
+    sglang_urls: list[str] = setting([], "use these running SGLang servers instead of launching any")
+    rollout_num_gpus: int = setting(1, "sglang: GPUs used for rollout (servers = this / per-engine GPUs)")
+    rollout_num_gpus_per_engine: int = setting(1, "sglang: tensor-parallel size of each server")
+    sglang_mem_fraction_static: float = setting(
+        0.8, "sglang: fraction of GPU memory for weights and KV cache"
+    )
+    sglang_port: int = setting(30000, "sglang: port of the first launched server (server i gets port + i)")
+    sglang_host: str = setting("127.0.0.1", "sglang: host the launched servers bind")
+    sglang_log_dir: str = setting("", "sglang: directory for server logs (default: a temporary directory)")
+    sglang_enable_memory_saver: bool = setting(False, "sglang: allow release/resume memory occupation")
+    sglang_extra_args: list[str] = setting(
+        [], "sglang: extra launch_server arguments, e.g. --attention-backend fa3"
+    )
+    sglang_startup_timeout: float = setting(900.0, "sglang: seconds a server may take to become healthy")
+    sglang_request_timeout: float = setting(3600.0, "sglang: seconds one /generate call may take")
+    sglang_health_interval: float = setting(10.0, "sglang: seconds between supervisor health checks")
+    sglang_max_restarts: int = setting(3, "sglang: restarts of a dead server before giving up")
+    sglang_server_concurrency: int = setting(512, "sglang: in-flight /generate calls per server")
+
+    def validate(self) -> None:
+        if not self.hf_checkpoint:
+            raise ConfigError("hf_checkpoint", "is required (model directory with config and tokenizer)")
+        positive = {
+            "max_running_requests": self.max_running_requests,
+            "max_samples_per_request": self.max_samples_per_request,
+            "n_samples_per_prompt": self.n_samples_per_prompt,
+            "rollout_max_response_len": self.rollout_max_response_len,
+            "num_reward_workers": self.num_reward_workers,
+            "rollout_num_gpus_per_engine": self.rollout_num_gpus_per_engine,
+            "sglang_server_concurrency": self.sglang_server_concurrency,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ConfigError(name, f"must be positive (got {value})")
+        if self.rollout_temperature < 0:
+            raise ConfigError("rollout_temperature", f"must be >= 0 (got {self.rollout_temperature})")
+        if not 0 < self.rollout_top_p <= 1:
+            raise ConfigError("rollout_top_p", f"must be in (0, 1] (got {self.rollout_top_p})")
+        if self.reward_timeout <= 0:
+            raise ConfigError("reward_timeout", f"must be positive (got {self.reward_timeout})")
+        if self.rollout_max_context_len < 0:
+            raise ConfigError("rollout_max_context_len", "must be >= 0")
+        if self.reward == "remote" and not self.rm_url:
+            raise ConfigError("rm_url", "the 'remote' reward needs --rm-url")
+        if self.reward == "custom" and not self.custom_rm_path:
+            raise ConfigError("custom_rm_path", "the 'custom' reward needs --custom-rm-path module:function")
+        if self.custom_rm_path and ":" not in self.custom_rm_path:
+            raise ConfigError("custom_rm_path", f"must be module:function (got {self.custom_rm_path!r})")
+        if self.group_rm and not self.custom_rm_path:
+            raise ConfigError("group_rm", "needs --custom-rm-path (the group function)")
+        if self.rollout_engine == "sglang" and not self.sglang_urls:
+            if self.rollout_num_gpus % self.rollout_num_gpus_per_engine:
+                raise ConfigError("rollout_num_gpus", "must be a multiple of --rollout-num-gpus-per-engine")

@@ -1,50 +1,178 @@
-"""The rollout gRPC service: servicer and serve()."""
+"""The rollout gRPC service: servicer and serve().
 
-from rollway.common.errors import Unimplemented
+The servicer validates requests, owns the pause gate and the reward runner, and delegates
+generation to the engine chosen by --rollout-engine. InitWeightGroup and UpdateWeights (the
+receive side of weight sync) come with a later issue and answer UNIMPLEMENTED; the engine hooks
+they will use (load_weights, named_parameters, weights_checksum, weight_version) exist.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from rollway.common.config import ConfigError
+from rollway.common.errors import FailedPrecondition, InvalidArgument, Unimplemented
+from rollway.common.log import get_logger
 from rollway.common.server import RollwayServer, ServerConfig
+from rollway.common.v1 import common_pb2
+from rollway.common.weights_checksum import ALGORITHM, dtype_from_name
 from rollway.rollout.config import RolloutConfig
+from rollway.rollout.engines import create_engine
+from rollway.rollout.engines.base import MEMORY_TAGS, Engine, EngineError
+from rollway.rollout.generate_stream import GenerateStream, StreamContext, engine_error_status
+from rollway.rollout.generation_gate import GenerationGate
+from rollway.rollout.request_validation import plan_generation
+from rollway.rollout.rewards import RewardRunner, build_rewards
 from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+
+log = get_logger("rollway.rollout")
+
+
+def _check_tags(tags) -> list[str]:
+    for pos, tag in enumerate(tags):
+        if tag not in MEMORY_TAGS:
+            raise InvalidArgument(f"tags[{pos}]", f"unknown tag {tag!r}; known: {', '.join(MEMORY_TAGS)}")
+    return list(tags) or list(MEMORY_TAGS)
+
+
+def _busy() -> FailedPrecondition:
+    return FailedPrecondition("samples are generating; Pause (abort or wait) before ReleaseMemory")
 
 
 class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
-    """Placeholder servicer: every RPC answers UNIMPLEMENTED naming the issue that builds it."""
+    """Generate, pause/resume, memory and weight-checksum RPCs over one engine."""
+
+    def __init__(self, config: RolloutConfig, engine: Engine, rewards, tokenizer):
+        self.config = config
+        self.engine = engine
+        self.gate = GenerationGate()
+        self.runner = RewardRunner(config.num_reward_workers, config.reward_timeout)
+        self.ctx = StreamContext(
+            engine=engine,
+            gate=self.gate,
+            rewards=rewards,
+            runner=self.runner,
+            decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True),
+        )
 
     def Generate(self, request, context):
-        raise Unimplemented("RolloutService.Generate is not implemented yet (issue #6/#7)")
+        plan = plan_generation(request, self.config, self.engine.model_info, self.ctx.rewards)
+        log.info("generate", request_id=request.request_id, num_samples=len(plan.samples), reward=plan.reward)
+        stream = GenerateStream(self.ctx, request, plan)
+        yield from stream.run(context.is_active, context.add_callback)
 
     def InitWeightGroup(self, request, context):
-        raise Unimplemented("RolloutService.InitWeightGroup is not implemented yet (issue #6/#7)")
+        raise Unimplemented("RolloutService.InitWeightGroup is not implemented yet (weight sync issue)")
 
     def UpdateWeights(self, request, context):
-        raise Unimplemented("RolloutService.UpdateWeights is not implemented yet (issue #6/#7)")
+        raise Unimplemented("RolloutService.UpdateWeights is not implemented yet (weight sync issue)")
 
     def Pause(self, request, context):
-        raise Unimplemented("RolloutService.Pause is not implemented yet (issue #6/#7)")
+        if request.mode == rollout_pb2.PAUSE_MODE_WAIT:
+            self.gate.pause_wait(context.time_remaining())
+            self.engine.pause()
+            log.info("paused", mode="wait")
+            return rollout_pb2.PauseResponse()
+        num_aborted = self.gate.pause_abort(self.engine.abort_all)
+        self.engine.pause()
+        log.info("paused", mode="abort", num_aborted=num_aborted)
+        return rollout_pb2.PauseResponse(num_aborted=num_aborted)
 
     def Resume(self, request, context):
-        raise Unimplemented("RolloutService.Resume is not implemented yet (issue #6/#7)")
+        self.engine.resume()
+        self.gate.resume()
+        log.info("resumed")
+        return rollout_pb2.ResumeResponse()
 
     def ReleaseMemory(self, request, context):
-        raise Unimplemented("RolloutService.ReleaseMemory is not implemented yet (issue #6/#7)")
+        tags = _check_tags(request.tags)
+        try:
+            self.gate.run_if_idle(lambda: self.engine.release_memory(tags), _busy)
+        except EngineError as exc:
+            raise engine_error_status(exc) from None
+        log.info("memory released", tags=tags)
+        return rollout_pb2.ReleaseMemoryResponse()
 
     def ResumeMemory(self, request, context):
-        raise Unimplemented("RolloutService.ResumeMemory is not implemented yet (issue #6/#7)")
+        tags = _check_tags(request.tags)
+        try:
+            self.engine.resume_memory(tags)
+        except EngineError as exc:
+            raise engine_error_status(exc) from None
+        log.info("memory resumed", tags=tags, weight_version=self.engine.weight_version)
+        return rollout_pb2.ResumeMemoryResponse()
 
     def WeightChecksum(self, request, context):
-        raise Unimplemented("RolloutService.WeightChecksum is not implemented yet (issue #6/#7)")
+        try:
+            dtype = dtype_from_name(request.dtype) if request.dtype else None
+        except ValueError as exc:
+            raise InvalidArgument("dtype", str(exc)) from None
+        try:
+            digest, num_tensors = self.engine.weights_checksum(dtype)
+        except EngineError as exc:
+            raise engine_error_status(exc) from None
+        checksum = common_pb2.WeightsChecksum(
+            weight_version=self.engine.weight_version,
+            algorithm=ALGORITHM,
+            digest=digest,
+            num_tensors=num_tensors,
+        )
+        return rollout_pb2.WeightChecksumResponse(checksum=checksum)
 
     def GetInfo(self, request, context):
-        raise Unimplemented("RolloutService.GetInfo is not implemented yet (issue #6/#7)")
+        info = self.engine.model_info
+        counters = self.ctx.counters
+        return rollout_pb2.GetInfoResponse(
+            model=info.model,
+            engine=self.engine.name,
+            weight_version=self.engine.weight_version,
+            paused=self.gate.paused,
+            num_workers=self.engine.num_workers,
+            dtype=info.dtype,
+            rewards=sorted(self.ctx.rewards),
+            memory_released=self.engine.weights_released,
+            max_context_len=info.max_context_len,
+            vocab_size=info.vocab_size,
+            eos_token_ids=sorted(info.eos_token_ids),
+            default_reward=self.config.reward,
+            num_samples_generated=counters.num_samples_generated,
+            num_samples_aborted=counters.num_samples_aborted,
+            num_reward_errors=self.runner.num_errors,
+            num_reward_timeouts=self.runner.num_timeouts,
+        )
+
+
+def _build(config: RolloutConfig) -> tuple[Engine, dict, object]:
+    """Rewards, tokenizer and the (not yet started) engine: bad settings fail in seconds."""
+    from transformers import AutoTokenizer
+
+    rewards = build_rewards(config)
+    tokenizer = AutoTokenizer.from_pretrained(config.hf_checkpoint)
+    return create_engine(config), rewards, tokenizer
 
 
 def serve(server_config: ServerConfig, config: RolloutConfig) -> None:
-    """Serve until SIGTERM."""
+    """Serve until SIGTERM. Start-up errors (model, reward module) exit with a message."""
     server = RollwayServer("rollout", server_config)
+    try:
+        engine, rewards, tokenizer = _build(config)
+    except (ConfigError, EngineError, OSError, ValueError) as exc:
+        log.error("start-up failed", error=str(exc))
+        sys.exit(f"rollout: {exc}")
+    servicer = RolloutService(config, engine, rewards, tokenizer)
     server.add_service(
         rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
-        RolloutService(),
+        servicer,
         rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"],
     )
+    server.on_stop(engine.stop)
+    server.on_stop(servicer.runner.shutdown)
     server.start()
+    try:
+        engine.start()  # health stays NOT_SERVING while the model loads or servers launch
+    except Exception as exc:
+        log.exception("engine start failed")
+        server.stop(0)
+        sys.exit(f"rollout: engine {config.rollout_engine} failed to start: {exc}")
     server.set_serving()
     server.wait_for_termination()

@@ -123,8 +123,10 @@ class ResumeMemoryResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class WeightChecksumRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("dtype",)
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    def __init__(self, dtype: _Optional[str] = ...) -> None: ...
 
 class WeightChecksumResponse(_message.Message):
     __slots__ = ("checksum",)
@@ -137,7 +139,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("model", "engine", "weight_version", "paused", "num_workers", "dtype", "rewards")
+    __slots__ = ("model", "engine", "weight_version", "paused", "num_workers", "dtype", "rewards", "memory_released", "max_context_len", "vocab_size", "eos_token_ids", "default_reward", "num_samples_generated", "num_samples_aborted", "num_reward_errors", "num_reward_timeouts")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +147,15 @@ class GetInfoResponse(_message.Message):
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     REWARDS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_RELEASED_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_LEN_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_REWARD_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_ABORTED_FIELD_NUMBER: _ClassVar[int]
+    NUM_REWARD_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    NUM_REWARD_TIMEOUTS_FIELD_NUMBER: _ClassVar[int]
     model: str
     engine: str
     weight_version: int
@@ -152,4 +163,13 @@ class GetInfoResponse(_message.Message):
     num_workers: int
     dtype: str
     rewards: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., weight_version: _Optional[int] = ..., paused: _Optional[bool] = ..., num_workers: _Optional[int] = ..., dtype: _Optional[str] = ..., rewards: _Optional[_Iterable[str]] = ...) -> None: ...
+    memory_released: bool
+    max_context_len: int
+    vocab_size: int
+    eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    default_reward: str
+    num_samples_generated: int
+    num_samples_aborted: int
+    num_reward_errors: int
+    num_reward_timeouts: int
+    def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., weight_version: _Optional[int] = ..., paused: _Optional[bool] = ..., num_workers: _Optional[int] = ..., dtype: _Optional[str] = ..., rewards: _Optional[_Iterable[str]] = ..., memory_released: _Optional[bool] = ..., max_context_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., default_reward: _Optional[str] = ..., num_samples_generated: _Optional[int] = ..., num_samples_aborted: _Optional[int] = ..., num_reward_errors: _Optional[int] = ..., num_reward_timeouts: _Optional[int] = ...) -> None: ...

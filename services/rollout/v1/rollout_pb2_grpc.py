@@ -87,7 +87,10 @@ class RolloutServiceServicer:
     """
 
     def Generate(self, request, context):
-        """Generates n_samples_per_prompt samples per prompt and streams each as soon as it finishes.
+        """Generates n_samples_per_prompt samples per prompt and streams each as soon as it finishes
+        (with its reward). While generation is paused the call waits for Resume (or its deadline).
+        INVALID_ARGUMENT names a bad field; RESOURCE_EXHAUSTED: more samples than
+        --max-samples-per-request; FAILED_PRECONDITION: engine memory released.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -108,7 +111,8 @@ class RolloutServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Pause(self, request, context):
-        """Pauses generation (abort in-flight requests or wait for them).
+        """Pauses generation (abort in-flight requests or wait for them). Generate calls made while
+        paused wait until Resume. Idempotent.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -122,21 +126,24 @@ class RolloutServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReleaseMemory(self, request, context):
-        """Releases engine memory (weights, KV cache) for colocated training.
+        """Releases engine memory (weights, KV cache) for colocated training. FAILED_PRECONDITION while
+        samples are generating (Pause first).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ResumeMemory(self, request, context):
-        """Re-acquires memory released by ReleaseMemory.
+        """Re-acquires memory released by ReleaseMemory. The hf engine reloads --hf-checkpoint, so the
+        served weight version is back to 0 and weights must be pushed again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def WeightChecksum(self, request, context):
-        """Checksum of the weights the engine serves.
+        """Checksum of the weights the engine serves (rollway.common.weights_checksum). UNIMPLEMENTED for
+        engines that cannot read their weights back (sglang).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

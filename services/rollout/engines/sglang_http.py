@@ -1,0 +1,180 @@
+"""A small client for one SGLang server's native HTTP API (stdlib only).
+
+Endpoints and bodies follow SGLang's http_server.py and io_struct.py:
+  POST /generate                  {"input_ids", "sampling_params", "return_logprob", "rid"}
+       -> {"text", "output_ids", "meta_info": {"finish_reason": {"type": "stop"|"length"|"abort", ...},
+           "output_token_logprobs": [[logprob, token_id, text|null], ...], "weight_version", ...}}
+  GET  /health_generate, /health  -> 200 when healthy, 503 while starting or unhealthy
+  POST /pause_generation {"mode"}, /continue_generation {}, /abort_request {"rid" | "abort_all"}
+  GET|POST /flush_cache           -> 200, or 400 while requests are running
+  POST /release_memory_occupation, /resume_memory_occupation {"tags"}
+  POST /init_weights_update_group {"master_address", "master_port", "rank_offset", "world_size",
+       "group_name", "backend"}, /update_weights_from_distributed {"names", "dtypes", "shapes",
+       "group_name", "flush_cache", "weight_version"}, /update_weights_from_disk {"model_path",
+       "weight_version"}                -> {"success": bool, "message": str}, 400 when not successful
+Errors: 400 with {"error": {"message"}} (ValueError in a handler), {"object": "error", "message",
+"code"} (validation), or {"success": false, "message"} (weight endpoints).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+# SGLang servers are reached directly, never through an HTTP proxy from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class SGLangHTTPError(RuntimeError):
+    """A non-2xx answer (status > 0) or no answer at all (status 0: connection refused, timeout)."""
+
+    def __init__(self, url: str, status: int, message: str):
+        super().__init__(f"sglang {url}: HTTP {status}: {message}" if status else f"sglang {url}: {message}")
+        self.url = url
+        self.status = status
+        self.message = message
+
+
+def error_message(payload: Any) -> str:
+    """The human message inside any of SGLang's error shapes."""
+    if isinstance(payload, dict):
+        error = payload.get("error")
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+        if "message" in payload:
+            return str(payload["message"])
+        if "detail" in payload:
+            return str(payload["detail"])
+    return str(payload)[:500]
+
+
+def _decode(body: bytes) -> Any:
+    if not body:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        return body.decode(errors="replace")
+
+
+class SGLangClient:
+    """Calls one server at `base_url` (e.g. http://127.0.0.1:30000)."""
+
+    def __init__(self, base_url: str, timeout: float = 60.0):
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+
+    def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
+        """The decoded reply (JSON or text); SGLangHTTPError on a non-2xx answer or no answer."""
+        url = self.base_url + path
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        request = urllib.request.Request(url, data=data, headers=headers, method=method)
+        try:
+            with _OPENER.open(request, timeout=timeout or self.timeout) as reply:
+                return _decode(reply.read())
+        except urllib.error.HTTPError as exc:
+            raise SGLangHTTPError(url, exc.code, error_message(_decode(exc.read()))) from None
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise SGLangHTTPError(url, 0, f"no answer: {reason}") from None
+
+    def post(self, path: str, body: Any = None, timeout: float | None = None) -> Any:
+        return self.request("POST", path, {} if body is None else body, timeout)
+
+    def _post_success(self, path: str, body: dict[str, Any]) -> str:
+        """POST to an endpoint answering {"success", "message"}; raise unless success."""
+        reply = self.post(path, body)
+        if not isinstance(reply, dict) or reply.get("success") is not True:
+            raise SGLangHTTPError(self.base_url + path, 200, error_message(reply))
+        return str(reply.get("message", ""))
+
+    # --- generation ---
+
+    def generate(
+        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str, timeout: float
+    ) -> dict:
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": sampling_params,
+            "return_logprob": True,
+            "rid": rid,
+        }
+        reply = self.post("/generate", body, timeout)
+        if not isinstance(reply, dict) or "meta_info" not in reply:
+            raise SGLangHTTPError(self.base_url + "/generate", 200, f"unexpected reply: {str(reply)[:200]}")
+        return reply
+
+    def healthy(self, timeout: float = 30.0) -> bool:
+        try:
+            self.request("GET", "/health_generate", timeout=timeout)
+            return True
+        except SGLangHTTPError:
+            return False
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        self.post("/abort_request", {"rid": rid, "abort_all": abort_all})
+
+    def pause_generation(self, mode: str = "abort") -> None:
+        self.post("/pause_generation", {"mode": mode})
+
+    def continue_generation(self) -> None:
+        self.post("/continue_generation", {})
+
+    def flush_cache(self) -> None:
+        self.post("/flush_cache")
+
+    # --- memory ---
+
+    def release_memory_occupation(self, tags: list[str]) -> None:
+        self.post("/release_memory_occupation", {"tags": tags})
+
+    def resume_memory_occupation(self, tags: list[str]) -> None:
+        self.post("/resume_memory_occupation", {"tags": tags})
+
+    # --- weights ---
+
+    def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+    ) -> str:
+        body = dict(
+            master_address=master_address,
+            master_port=master_port,
+            rank_offset=rank_offset,
+            world_size=world_size,
+            group_name=group_name,
+            backend=backend,
+        )
+        return self._post_success("/init_weights_update_group", body)
+
+    def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str,
+        weight_version: int,
+        flush_cache: bool = True,
+    ) -> str:
+        body = dict(
+            names=names,
+            dtypes=dtypes,
+            shapes=shapes,
+            group_name=group_name,
+            flush_cache=flush_cache,
+            weight_version=str(weight_version),
+        )
+        return self._post_success("/update_weights_from_distributed", body)
+
+    def update_weights_from_disk(self, model_path: str, weight_version: int) -> str:
+        body = {"model_path": model_path, "weight_version": str(weight_version)}
+        return self._post_success("/update_weights_from_disk", body)

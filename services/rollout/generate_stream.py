@@ -1,0 +1,207 @@
+"""One Generate call: queue samples, score them as they finish, stream them in finish order.
+
+    engine thread ──SampleResult──┐
+                                  v
+    reward pool ──(rewards)──> events queue ──> this call's thread ──> yield GenerateResponse
+                                  ^
+    per-sample reward: scored as soon as its sample finishes;
+    group reward:      scored once every sample of its prompt has finished.
+
+Aborted samples are streamed without a reward. If the engine fails a sample, the call ends with
+an error (its other samples are aborted); if the client goes away, its samples are aborted.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from google.protobuf import json_format
+
+from rollway.common.errors import FailedPrecondition, Unavailable, Unimplemented
+from rollway.common.log import get_logger
+from rollway.common.v1 import common_pb2
+from rollway.rollout.engines.base import (
+    FINISH_ABORT,
+    Engine,
+    EngineError,
+    EngineStateError,
+    EngineUnsupported,
+    SampleResult,
+)
+from rollway.rollout.generation_gate import GenerationGate
+from rollway.rollout.request_validation import GenerationPlan
+from rollway.rollout.rewards import NO_REWARD, RewardFunction, RewardRunner, RewardSample
+from rollway.rollout.v1 import rollout_pb2
+
+log = get_logger("rollway.rollout.generate")
+
+FINISH_REASONS = {
+    "stop": common_pb2.FINISH_REASON_STOP,
+    "length": common_pb2.FINISH_REASON_LENGTH,
+    "abort": common_pb2.FINISH_REASON_ABORT,
+}
+
+
+@dataclass
+class Counters:
+    """Service-wide counts reported by GetInfo."""
+
+    num_samples_generated: int = 0
+    num_samples_aborted: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self, aborted: bool) -> None:
+        with self._lock:
+            self.num_samples_generated += 1
+            self.num_samples_aborted += int(aborted)
+
+
+@dataclass
+class _Scored:
+    samples: list[common_pb2.Sample]
+    rewards: list[float]
+    error: str
+
+
+@dataclass
+class StreamContext:
+    """What a Generate call needs from the service."""
+
+    engine: Engine
+    gate: GenerationGate
+    rewards: dict[str, RewardFunction]
+    runner: RewardRunner
+    decode: Callable[[tuple[int, ...]], str]
+    counters: Counters = field(default_factory=Counters)
+
+
+class GenerateStream:
+    """Runs one validated request (a GenerationPlan) and yields its samples as they are ready."""
+
+    def __init__(self, ctx: StreamContext, request: rollout_pb2.GenerateRequest, plan: GenerationPlan):
+        self.ctx = ctx
+        self.request = request
+        self.plan = plan
+        self.reward = None if plan.reward == NO_REWARD else ctx.rewards[plan.reward]
+        self.events: queue.Queue[SampleResult | _Scored] = queue.Queue()
+        self.prompt_texts: dict[int, str] = {}
+        self.groups: dict[int, list[common_pb2.Sample]] = defaultdict(list)
+
+    def run(
+        self, is_active: Callable[[], bool], on_cancel: Callable[[Callable[[], None]], object]
+    ) -> Iterator:
+        handle = self._admit(is_active)
+        if handle is None:
+            return
+        on_cancel(lambda: self.ctx.engine.abort(handle))
+        num_samples = len(self.plan.samples)
+        pending_engine, pending_out = num_samples, num_samples
+        try:
+            while pending_out:
+                event = self.events.get()
+                if isinstance(event, SampleResult):
+                    pending_engine -= 1
+                    if pending_engine == 0:
+                        self.ctx.gate.release()
+                    ready = self._on_result(event)
+                else:
+                    ready = self._apply_rewards(event)
+                for sample in ready:
+                    pending_out -= 1
+                    yield rollout_pb2.GenerateResponse(sample=sample)
+        finally:
+            if pending_engine:
+                self.ctx.engine.abort(handle)
+                self.ctx.gate.release()
+
+    def _admit(self, is_active):
+        try:
+            return self.ctx.gate.admit(
+                lambda: self.ctx.engine.submit(self.plan.samples, self.events.put), is_active
+            )
+        except EngineStateError as exc:
+            raise FailedPrecondition(str(exc)) from None
+
+    def _on_result(self, result: SampleResult) -> list[common_pb2.Sample]:
+        if result.error:
+            error = f"engine failed sample {result.request.index}: {result.error}"
+            raise Unavailable(error) if result.retryable else RuntimeError(error)
+        sample = self._to_sample(result)
+        self.ctx.counters.count(aborted=result.finish_reason == FINISH_ABORT)
+        if self.reward is None:
+            return [sample]
+        if not self.reward.group:
+            if result.finish_reason == FINISH_ABORT:
+                return [sample]
+            self._score([sample])
+            return []
+        group = self.groups[result.request.prompt_key]
+        group.append(sample)
+        if len(group) < self.plan.n_samples_per_prompt:
+            return []
+        scorable = [s for s in group if s.finish_reason != common_pb2.FINISH_REASON_ABORT]
+        if scorable:
+            self._score(scorable)
+        return [s for s in group if s.finish_reason == common_pb2.FINISH_REASON_ABORT]
+
+    def _score(self, samples: list[common_pb2.Sample]) -> None:
+        assert self.reward is not None
+        inputs = [self._reward_input(s) for s in samples]
+        self.ctx.runner.score(self.reward, inputs, lambda r, e: self.events.put(_Scored(samples, r, e)))
+
+    def _apply_rewards(self, scored: _Scored) -> list[common_pb2.Sample]:
+        for sample, reward in zip(scored.samples, scored.rewards, strict=True):
+            sample.reward = sample.raw_reward = reward
+            sample.reward_error = scored.error
+        return scored.samples
+
+    def _to_sample(self, result: SampleResult) -> common_pb2.Sample:
+        p = result.request.prompt_key
+        prompt = self.request.prompts[p]
+        sample = common_pb2.Sample(
+            group_index=self.plan.group_indices[p],
+            index=result.request.index,
+            prompt_token_ids=result.request.prompt_token_ids,
+            response_token_ids=result.token_ids,
+            loss_mask=[1] * len(result.token_ids),
+            rollout_log_probs=result.log_probs,
+            finish_reason=FINISH_REASONS[result.finish_reason],
+            weight_version=result.weight_version,
+            source=prompt.source,
+            label=prompt.label,
+            response_text=result.text,
+        )
+        if prompt.HasField("metadata"):
+            sample.metadata.CopyFrom(prompt.metadata)
+        return sample
+
+    def _reward_input(self, sample: common_pb2.Sample) -> RewardSample:
+        p = sample.index // self.plan.n_samples_per_prompt
+        if p not in self.prompt_texts:
+            self.prompt_texts[p] = self.ctx.decode(tuple(sample.prompt_token_ids))
+        finish = {v: k for k, v in FINISH_REASONS.items()}[sample.finish_reason]
+        return RewardSample(
+            prompt=self.prompt_texts[p],
+            response=sample.response_text,
+            label=sample.label,
+            metadata=json_format.MessageToDict(sample.metadata) if sample.HasField("metadata") else {},
+            prompt_token_ids=tuple(sample.prompt_token_ids),
+            response_token_ids=tuple(sample.response_token_ids),
+            finish_reason=finish,
+            group_index=sample.group_index,
+            index=sample.index,
+            source=sample.source,
+        )
+
+
+def engine_error_status(exc: EngineError) -> Exception:
+    """The status an engine error answers with (a plain exception is INTERNAL)."""
+    if isinstance(exc, EngineUnsupported):
+        return Unimplemented(str(exc))
+    if isinstance(exc, EngineStateError):
+        return FailedPrecondition(str(exc))
+    return Unavailable(str(exc)) if exc.retryable else RuntimeError(str(exc))

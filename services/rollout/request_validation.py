@@ -1,0 +1,137 @@
+"""Checks a GenerateRequest and turns it into engine SampleRequests.
+
+Every field is checked before anything is queued; a bad field is INVALID_ARGUMENT naming it, a
+request over --max-samples-per-request is RESOURCE_EXHAUSTED. Sampling parameters: with
+`sampling_params` absent every service default applies; when present, `temperature` is taken
+as given (0 = greedy) and a 0 in top_p, top_k or max_new_tokens means "the service default"
+(proto3 cannot tell 0 from unset). Sample i of the batch (prompt p, sample j: i = p * n + j)
+uses seed + i when a seed is given (Miles: sampling_seed = seed + sample index).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rollway.common.errors import InvalidArgument, ResourceExhausted
+from rollway.rollout.config import RolloutConfig
+from rollway.rollout.engines.base import ModelInfo, SampleRequest
+from rollway.rollout.rewards import NO_REWARD
+from rollway.rollout.sampling import SamplingParams
+from rollway.rollout.v1 import rollout_pb2
+
+MAX_SEED = 2**63 - 2**32  # seed + sample index must stay a valid 64-bit generator seed
+MAX_STOP_STRINGS = 64
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """A validated request: the samples to generate and the reward to score them with."""
+
+    samples: list[SampleRequest]
+    group_indices: list[int]  # per prompt
+    n_samples_per_prompt: int
+    reward: str
+
+
+def _check_token_ids(field: str, token_ids, vocab_size: int) -> None:
+    for pos, token in enumerate(token_ids):
+        if not 0 <= token < vocab_size:
+            raise InvalidArgument(
+                f"{field}[{pos}]", f"token id {token} is outside the vocabulary [0, {vocab_size})"
+            )
+
+
+def resolve_sampling(
+    request: rollout_pb2.GenerateRequest, config: RolloutConfig, info: ModelInfo
+) -> SamplingParams:
+    """The request's sampling parameters over the service defaults, checked."""
+    stop, stop_ids = list(config.rollout_stop), set(config.rollout_stop_token_ids)
+    if not request.HasField("sampling_params"):
+        return SamplingParams(
+            temperature=config.rollout_temperature,
+            top_p=config.rollout_top_p,
+            top_k=config.rollout_top_k,
+            max_new_tokens=config.rollout_max_response_len,
+            stop_token_ids=frozenset(stop_ids),
+            stop=tuple(stop),
+            seed=config.sampling_seed,
+        )
+    sp = request.sampling_params
+    if not math.isfinite(sp.temperature) or sp.temperature < 0:
+        raise InvalidArgument("sampling_params.temperature", f"must be >= 0 (got {sp.temperature})")
+    if not math.isfinite(sp.top_p) or not 0 <= sp.top_p <= 1:
+        raise InvalidArgument("sampling_params.top_p", f"must be in (0, 1] (got {sp.top_p})")
+    if sp.top_k < -1:
+        raise InvalidArgument("sampling_params.top_k", f"must be >= -1 (got {sp.top_k}; 0 or -1 disable it)")
+    if sp.max_new_tokens < 0:
+        raise InvalidArgument("sampling_params.max_new_tokens", f"must be positive (got {sp.max_new_tokens})")
+    _check_token_ids("sampling_params.stop_token_ids", sp.stop_token_ids, info.vocab_size)
+    if len(sp.stop) > MAX_STOP_STRINGS:
+        raise InvalidArgument("sampling_params.stop", f"at most {MAX_STOP_STRINGS} stop strings")
+    for pos, text in enumerate(sp.stop):
+        if not text:
+            raise InvalidArgument(f"sampling_params.stop[{pos}]", "must not be empty")
+    if sp.HasField("seed") and not 0 <= sp.seed <= MAX_SEED:
+        raise InvalidArgument("sampling_params.seed", f"must be in [0, {MAX_SEED}] (got {sp.seed})")
+    return SamplingParams(
+        temperature=sp.temperature,
+        top_p=sp.top_p or config.rollout_top_p,
+        top_k=sp.top_k or config.rollout_top_k,
+        max_new_tokens=sp.max_new_tokens or config.rollout_max_response_len,
+        stop_token_ids=frozenset(stop_ids | set(sp.stop_token_ids)),
+        stop=tuple(dict.fromkeys([*stop, *sp.stop])),
+        seed=sp.seed if sp.HasField("seed") else config.sampling_seed,
+    )
+
+
+def check_reward(name: str, config: RolloutConfig, registered) -> str:
+    reward = name or config.reward
+    if reward != NO_REWARD and reward not in registered:
+        known = ", ".join([*sorted(registered), NO_REWARD])
+        raise InvalidArgument("reward", f"unknown reward function {reward!r}; registered: {known}")
+    return reward
+
+
+def plan_generation(
+    request: rollout_pb2.GenerateRequest, config: RolloutConfig, info: ModelInfo, registered_rewards
+) -> GenerationPlan:
+    """Validate `request` and lay out its samples (see the module doc)."""
+    if not request.prompts:
+        raise InvalidArgument("prompts", "must not be empty")
+    if request.n_samples_per_prompt < 0:
+        raise InvalidArgument(
+            "n_samples_per_prompt", f"must be positive (got {request.n_samples_per_prompt})"
+        )
+    n = request.n_samples_per_prompt or config.n_samples_per_prompt
+    total = n * len(request.prompts)
+    if total > config.max_samples_per_request:
+        raise ResourceExhausted(
+            f"n_samples_per_prompt: {len(request.prompts)} prompts x {n} samples = {total} samples exceeds "
+            f"--max-samples-per-request {config.max_samples_per_request}"
+        )
+    reward = check_reward(request.reward, config, registered_rewards)
+    params = resolve_sampling(request, config, info)
+    samples: list[SampleRequest] = []
+    group_indices: list[int] = []
+    for p, prompt in enumerate(request.prompts):
+        field = f"prompts[{p}].token_ids"
+        if not prompt.token_ids:
+            raise InvalidArgument(field, "empty prompt")
+        _check_token_ids(field, prompt.token_ids, info.vocab_size)
+        if len(prompt.token_ids) + params.max_new_tokens > info.max_context_len:
+            raise InvalidArgument(
+                field,
+                f"prompt of {len(prompt.token_ids)} tokens + max_new_tokens {params.max_new_tokens} exceeds "
+                f"the model context of {info.max_context_len} tokens",
+            )
+        group_indices.append(prompt.group_index if prompt.HasField("group_index") else p)
+        token_ids = tuple(prompt.token_ids)
+        for j in range(n):
+            index = p * n + j
+            seed = None if params.seed is None else params.seed + index
+            sample_params = SamplingParams(**{**params.__dict__, "seed": seed})
+            samples.append(
+                SampleRequest(index=index, prompt_token_ids=token_ids, params=sample_params, prompt_key=p)
+            )
+    return GenerationPlan(samples=samples, group_indices=group_indices, n_samples_per_prompt=n, reward=reward)
