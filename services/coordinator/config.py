@@ -36,7 +36,7 @@ class CoordinatorConfig:
     # Batches
     rollout_batch_size: int = setting(8, "prompts per rollout (RL) or conversations per step (SFT)")
     n_samples_per_prompt: int = setting(1, "samples per prompt when a request sets 0")
-    global_batch_size: int = setting(32, "samples per optimizer step")
+    global_batch_size: int = setting(8, "samples per optimizer step")
     over_sampling_batch_size: int = setting(
         0, "prompts requested per refill when dynamic sampling drops groups"
     )
