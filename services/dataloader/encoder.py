@@ -8,6 +8,7 @@ the rollout engine see the ids the model expects.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,9 @@ class Encoder:
         self.tokenizer = tokenizer
         self.sft = sft
         self.apply_chat_template = apply_chat_template
+        # The prefetch thread and eval requests share the tokenizer, whose Rust side refuses
+        # concurrent use ("Already borrowed") when a call resets truncation or padding.
+        self._lock = threading.Lock()
         self.generation_blocks = False
         if apply_chat_template:
             try:
@@ -103,7 +107,8 @@ class Encoder:
     def encode(self, row: Row) -> Encoded:
         """Tokenise one row; RowProblem if the chat template or the tokenizer rejects it."""
         try:
-            encoded = self._encode_sft(row) if self.sft else self._encode_rl(row)
+            with self._lock:
+                encoded = self._encode_sft(row) if self.sft else self._encode_rl(row)
         except RowProblem:
             raise
         except Exception as exc:

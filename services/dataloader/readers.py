@@ -113,7 +113,7 @@ def _parquet_rows(spec: SourceSpec, rules: RowRules) -> Iterator[RawRow]:
                     yield RawRow(index, values, f"row {index}")
                 index += 1
     except (pa.ArrowException, OSError) as exc:
-        raise SourceError(f"{spec.path}: unreadable at row {index} (truncated or corrupt?): {exc}") from None
+        raise SourceError(f"{spec.path}: unreadable from row {index} on (corrupt?): {exc}") from None
 
 
 def _count_jsonl_rows(path: str) -> int:

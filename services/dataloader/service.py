@@ -22,6 +22,7 @@ from rollway.common.server import RollwayServer, ServerConfig
 from rollway.dataloader.config import DataloaderConfig
 from rollway.dataloader.datasets import DataError, OpenedSource, open_sources
 from rollway.dataloader.encoder import Encoder, TokenizerError, load_tokenizer
+from rollway.dataloader.eval_data import EvalSets
 from rollway.dataloader.rows import RowRules
 from rollway.dataloader.stream import DataStream, StreamSettings
 from rollway.dataloader.v1 import dataloader_pb2, dataloader_pb2_grpc
@@ -37,6 +38,7 @@ class DataloaderService(dataloader_pb2_grpc.DataloaderServiceServicer):
         self.config = config
         self.mode = "sft" if config.is_sft else "rl"
         self.stream: DataStream | None = None
+        self.eval_sets: EvalSets | None = None
         self.error: str | None = None
         self._opening = True
         self._cache_dir = Path(
@@ -45,6 +47,15 @@ class DataloaderService(dataloader_pb2_grpc.DataloaderServiceServicer):
 
     def open(self) -> None:
         """Load the tokenizer and open every source; on failure keep the error to report it."""
+        try:
+            self._open()
+        except (DataError, TokenizerError) as exc:
+            self.error = str(exc)
+            get_logger(__name__).error("cannot serve the configured data", error=self.error)
+        finally:
+            self._opening = False
+
+    def _open(self) -> None:
         config = self.config
         rules = RowRules(
             input_key=config.input_key,
@@ -54,18 +65,21 @@ class DataloaderService(dataloader_pb2_grpc.DataloaderServiceServicer):
             sft=config.is_sft,
             apply_chat_template=config.apply_chat_template,
         )
+        tokenizer = load_tokenizer(config.hf_checkpoint, config.chat_template_path)
+        encoder = Encoder(tokenizer, config.is_sft, config.apply_chat_template)
+        sources = open_sources(config.sources(), rules, self._cache_dir / "train", config.skip_bad_rows)
         try:
-            tokenizer = load_tokenizer(config.hf_checkpoint, config.chat_template_path)
-            encoder = Encoder(tokenizer, config.is_sft, config.apply_chat_template)
-            sources = open_sources(config.sources(), rules, self._cache_dir / "train", config.skip_bad_rows)
-        except (DataError, TokenizerError) as exc:
-            self.error = str(exc)
-            get_logger(__name__).error("cannot serve the configured data", error=self.error)
-        else:
-            self.stream = DataStream(sources, encoder, self._settings())
-            get_logger(__name__).info("opened", mode=self.mode, sources=[_source_summary(s) for s in sources])
-        finally:
-            self._opening = False
+            eval_sources = open_sources(
+                config.eval_sources(), rules, self._cache_dir / "eval", config.skip_bad_rows
+            )
+        except DataError as exc:
+            for source in sources:
+                source.close()
+            raise DataError(f"eval_prompt_data: {exc}") from None
+        self.eval_sets = EvalSets(eval_sources, encoder, config.rollout_max_prompt_len, config.skip_bad_rows)
+        self.stream = DataStream(sources, encoder, self._settings())
+        summary = [_source_summary(s) for s in sources + eval_sources]
+        get_logger(__name__).info("opened", mode=self.mode, sources=summary)
 
     def _settings(self) -> StreamSettings:
         config = self.config
@@ -85,6 +99,8 @@ class DataloaderService(dataloader_pb2_grpc.DataloaderServiceServicer):
             self.stream.close()
             for source in self.stream.sources:
                 source.close()
+        for source in self.eval_sets.sources if self.eval_sets is not None else []:
+            source.close()
         shutil.rmtree(self._cache_dir, ignore_errors=True)
 
     def _ready(self) -> DataStream:
@@ -120,6 +136,16 @@ class DataloaderService(dataloader_pb2_grpc.DataloaderServiceServicer):
             raise InvalidArgument("state_json", "is empty; pass a state_json returned by GetState")
         return dataloader_pb2.RestoreStateResponse(epoch=stream.restore(request.state_json))
 
+    def EvalBatch(self, request, context):
+        """Items of one eval source from an offset (stateless)."""
+        self._ready()
+        if not 0 < request.batch_size <= MAX_BATCH_SIZE:
+            raise InvalidArgument(
+                "batch_size", f"must be in [1, {MAX_BATCH_SIZE}] (got {request.batch_size})"
+            )
+        assert self.eval_sets is not None
+        return self.eval_sets.batch(request.name, request.offset, request.batch_size)
+
     def Describe(self, request, context):
         """Sources, mode, counters, effective configuration, and the error if the data cannot be served."""
         response = dataloader_pb2.DescribeResponse(mode=self.mode, error=self.error or "")
@@ -127,6 +153,8 @@ class DataloaderService(dataloader_pb2_grpc.DataloaderServiceServicer):
             for source in self.stream.sources:
                 response.sources.append(_source_info(source))
             response.counters.update(self.stream.counters())
+            assert self.eval_sets is not None
+            response.eval_sources.extend(_source_info(source) for source in self.eval_sets.sources)
             response.epoch = self.stream.epoch
             response.exhausted = self.stream.exhausted
         else:

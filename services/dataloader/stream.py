@@ -79,7 +79,7 @@ class DataStream:
     def counters(self) -> dict[str, int]:
         """Cumulative counters as of the last served batch."""
         counters = {name: 0 for name in BASE_COUNTERS}
-        counters.update(self._counters)
+        counters.update(dict(self._counters))  # a copy: Describe may read while a batch is served
         counters["bad_rows_at_open"] = self.bad_rows_at_open
         counters["skipped_bad_rows"] += self.bad_rows_at_open
         counters["batches_served"] = self._num_batches

@@ -107,7 +107,7 @@ class SourceInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., num_rows: _Optional[int] = ..., weight: _Optional[float] = ..., format: _Optional[str] = ..., num_usable_rows: _Optional[int] = ..., num_bad_rows: _Optional[int] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("sources", "mode", "counters", "config", "error", "epoch", "exhausted")
+    __slots__ = ("sources", "mode", "counters", "config", "error", "epoch", "exhausted", "eval_sources")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,7 @@ class DescribeResponse(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
+    EVAL_SOURCES_FIELD_NUMBER: _ClassVar[int]
     sources: _containers.RepeatedCompositeFieldContainer[SourceInfo]
     mode: str
     counters: _containers.ScalarMap[str, int]
@@ -129,4 +130,29 @@ class DescribeResponse(_message.Message):
     error: str
     epoch: int
     exhausted: bool
-    def __init__(self, sources: _Optional[_Iterable[_Union[SourceInfo, _Mapping]]] = ..., mode: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[str] = ..., epoch: _Optional[int] = ..., exhausted: _Optional[bool] = ...) -> None: ...
+    eval_sources: _containers.RepeatedCompositeFieldContainer[SourceInfo]
+    def __init__(self, sources: _Optional[_Iterable[_Union[SourceInfo, _Mapping]]] = ..., mode: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[str] = ..., epoch: _Optional[int] = ..., exhausted: _Optional[bool] = ..., eval_sources: _Optional[_Iterable[_Union[SourceInfo, _Mapping]]] = ...) -> None: ...
+
+class EvalBatchRequest(_message.Message):
+    __slots__ = ("name", "offset", "batch_size")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    offset: int
+    batch_size: int
+    def __init__(self, name: _Optional[str] = ..., offset: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
+
+class EvalBatchResponse(_message.Message):
+    __slots__ = ("items", "next_offset", "done", "num_rows", "num_dropped")
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
+    NUM_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[DataItem]
+    next_offset: int
+    done: bool
+    num_rows: int
+    num_dropped: int
+    def __init__(self, items: _Optional[_Iterable[_Union[DataItem, _Mapping]]] = ..., next_offset: _Optional[int] = ..., done: _Optional[bool] = ..., num_rows: _Optional[int] = ..., num_dropped: _Optional[int] = ...) -> None: ...

@@ -55,6 +55,11 @@ class DataloaderServiceStub:
                 request_serializer=rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.DescribeRequest.SerializeToString,
                 response_deserializer=rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.DescribeResponse.FromString,
                 _registered_method=True)
+        self.EvalBatch = channel.unary_unary(
+                '/rollway.dataloader.v1.DataloaderService/EvalBatch',
+                request_serializer=rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.EvalBatchRequest.SerializeToString,
+                response_deserializer=rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.EvalBatchResponse.FromString,
+                _registered_method=True)
 
 
 class DataloaderServiceServicer:
@@ -90,6 +95,14 @@ class DataloaderServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EvalBatch(self, request, context):
+        """Returns items of one --eval-prompt-data source in file order, from an offset. Stateless (no
+        cursor, no shuffle): the same request always returns the same items.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DataloaderServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -112,6 +125,11 @@ def add_DataloaderServiceServicer_to_server(servicer, server):
                     servicer.Describe,
                     request_deserializer=rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.DescribeRequest.FromString,
                     response_serializer=rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.DescribeResponse.SerializeToString,
+            ),
+            'EvalBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.EvalBatch,
+                    request_deserializer=rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.EvalBatchRequest.FromString,
+                    response_serializer=rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.EvalBatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -223,6 +241,33 @@ class DataloaderService:
             '/rollway.dataloader.v1.DataloaderService/Describe',
             rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.DescribeRequest.SerializeToString,
             rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.DescribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EvalBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollway.dataloader.v1.DataloaderService/EvalBatch',
+            rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.EvalBatchRequest.SerializeToString,
+            rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.EvalBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -126,3 +126,15 @@ def test_a_source_without_usable_rows_is_an_error(tmp_path):
         open_source(parse_path(str(path), "d"), RL, tmp_path / "cache", skip_bad_rows=True)
     with pytest.raises(DataError, match="no rows"):
         open_source(parse_path(f"{path}@[5:]", "d"), RL, tmp_path / "cache", skip_bad_rows=True)
+
+
+def test_corrupt_row_group_is_reported_with_the_rows_it_holds(tmp_path):
+    path = write_parquet(
+        tmp_path / "c.parquet", [{**r, "prompt": r["prompt"] * 5} for r in rl_rows(5000)], 1000
+    )
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 300] = b"\xab" * 300  # footer intact, a data page garbled
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"c.parquet: unreadable from row \d+ on \(corrupt\?\)"):
+        open_source(parse_path(str(path), "c"), RL, tmp_path / "cache", skip_bad_rows=True)
