@@ -4,7 +4,9 @@ Every field is checked before anything is queued; a bad field is INVALID_ARGUMEN
 request over --max-samples-per-request is RESOURCE_EXHAUSTED. Sampling parameters: with
 `sampling_params` absent every service default applies; when present, `temperature` is taken
 as given (0 = greedy) and a 0 in top_p, top_k or max_new_tokens means "the service default"
-(proto3 cannot tell 0 from unset). Sample i of the batch (prompt p, sample j: i = p * n + j)
+(proto3 cannot tell 0 from unset). A max_new_tokens the request sets must fit the context with
+the prompt (else INVALID_ARGUMENT); the default (--rollout-max-response-len) is cut to what
+fits, as Miles does with --rollout-max-context-len. Sample i of the batch (prompt p, sample j: i = p * n + j)
 uses seed + i when a seed is given (Miles: sampling_seed = seed + sample index).
 """
 
@@ -45,14 +47,14 @@ def _check_token_ids(field: str, token_ids, vocab_size: int) -> None:
 def resolve_sampling(
     request: rollout_pb2.GenerateRequest, config: RolloutConfig, info: ModelInfo
 ) -> SamplingParams:
-    """The request's sampling parameters over the service defaults, checked."""
+    """The request's sampling parameters over the service defaults, checked (max_new_tokens 0: default)."""
     stop, stop_ids = list(config.rollout_stop), set(config.rollout_stop_token_ids)
     if not request.HasField("sampling_params"):
         return SamplingParams(
             temperature=config.rollout_temperature,
             top_p=config.rollout_top_p,
             top_k=config.rollout_top_k,
-            max_new_tokens=config.rollout_max_response_len,
+            max_new_tokens=0,
             stop_token_ids=frozenset(stop_ids),
             stop=tuple(stop),
             seed=config.sampling_seed,
@@ -78,7 +80,7 @@ def resolve_sampling(
         temperature=sp.temperature,
         top_p=sp.top_p or config.rollout_top_p,
         top_k=sp.top_k or config.rollout_top_k,
-        max_new_tokens=sp.max_new_tokens or config.rollout_max_response_len,
+        max_new_tokens=sp.max_new_tokens,
         stop_token_ids=frozenset(stop_ids | set(sp.stop_token_ids)),
         stop=tuple(dict.fromkeys([*stop, *sp.stop])),
         seed=sp.seed if sp.HasField("seed") else config.sampling_seed,
@@ -91,6 +93,23 @@ def check_reward(name: str, config: RolloutConfig, registered) -> str:
         known = ", ".join([*sorted(registered), NO_REWARD])
         raise InvalidArgument("reward", f"unknown reward function {reward!r}; registered: {known}")
     return reward
+
+
+def _max_new_tokens(
+    field: str, prompt_len: int, requested: int, config: RolloutConfig, info: ModelInfo
+) -> int:
+    room = info.max_context_len - prompt_len
+    if requested and requested > room:
+        raise InvalidArgument(
+            field,
+            f"prompt of {prompt_len} tokens + max_new_tokens {requested} exceeds the model context "
+            f"of {info.max_context_len} tokens",
+        )
+    if room <= 0:
+        raise InvalidArgument(
+            field, f"prompt of {prompt_len} tokens fills the model context of {info.max_context_len}"
+        )
+    return requested or min(config.rollout_max_response_len, room)
 
 
 def plan_generation(
@@ -119,18 +138,15 @@ def plan_generation(
         if not prompt.token_ids:
             raise InvalidArgument(field, "empty prompt")
         _check_token_ids(field, prompt.token_ids, info.vocab_size)
-        if len(prompt.token_ids) + params.max_new_tokens > info.max_context_len:
-            raise InvalidArgument(
-                field,
-                f"prompt of {len(prompt.token_ids)} tokens + max_new_tokens {params.max_new_tokens} exceeds "
-                f"the model context of {info.max_context_len} tokens",
-            )
+        max_new_tokens = _max_new_tokens(field, len(prompt.token_ids), params.max_new_tokens, config, info)
         group_indices.append(prompt.group_index if prompt.HasField("group_index") else p)
         token_ids = tuple(prompt.token_ids)
         for j in range(n):
             index = p * n + j
             seed = None if params.seed is None else params.seed + index
-            sample_params = SamplingParams(**{**params.__dict__, "seed": seed})
+            sample_params = SamplingParams(
+                **{**params.__dict__, "seed": seed, "max_new_tokens": max_new_tokens}
+            )
             samples.append(
                 SampleRequest(index=index, prompt_token_ids=token_ids, params=sample_params, prompt_key=p)
             )

@@ -139,6 +139,7 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
             num_samples_aborted=counters.num_samples_aborted,
             num_reward_errors=self.runner.num_errors,
             num_reward_timeouts=self.runner.num_timeouts,
+            num_samples_in_flight=self.engine.num_in_flight,
         )
 
 

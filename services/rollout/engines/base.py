@@ -162,6 +162,11 @@ class Engine(ABC):
     def weights_released(self) -> bool:
         return False
 
+    @property
+    def num_in_flight(self) -> int:
+        """Samples queued or being generated."""
+        return 0
+
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy named tensors into the served weights in place; return how many were loaded."""
         raise EngineUnsupported(f"the {self.name} engine cannot load weights in process")

@@ -120,6 +120,10 @@ class HFEngine(Engine):
     def idle(self) -> bool:
         return self.batcher.idle
 
+    @property
+    def num_in_flight(self) -> int:
+        return self.batcher.num_in_flight
+
     # --- memory ---
 
     @property

@@ -96,6 +96,11 @@ class Batcher:
         with self._cond:
             return not self._waiting and not self._live and not self._admitting
 
+    @property
+    def num_in_flight(self) -> int:
+        with self._cond:
+            return len(self._waiting) + len(self._live) + len(self._admitting)
+
     def submit(self, requests: list[SampleRequest], handle: BatchHandle) -> None:
         rows = [_Row(r, handle, self.eos_ids | r.params.stop_token_ids) for r in requests]
         with self._cond:

@@ -161,6 +161,11 @@ class SGLangEngine(Engine):
             self._pool.submit(self._generate_one, request, handle)
         return handle
 
+    @property
+    def num_in_flight(self) -> int:
+        with self._lock:
+            return sum(max(h.num_pending, 0) for h in self._handles)
+
     def _pick_server(self) -> ServerProcess:
         with self._lock:
             healthy = [s for s in self.servers if s.healthy]

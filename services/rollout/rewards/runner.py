@@ -16,10 +16,10 @@ import heapq
 import inspect
 import itertools
 import math
+import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from rollway.common.log import get_logger
 from rollway.rollout.rewards.types import RewardFunction, RewardSample
@@ -79,12 +79,37 @@ def call_reward(reward: RewardFunction, samples: list[RewardSample]) -> list[flo
     return [_as_reward(v) for v in values]
 
 
+class DaemonPool:
+    """Worker threads that never hold up process exit (a hung reward must not block shutdown,
+    which concurrent.futures' pool would: it joins its threads at exit)."""
+
+    def __init__(self, num_workers: int):
+        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        for i in range(num_workers):
+            threading.Thread(target=self._work, name=f"reward-{i}", daemon=True).start()
+
+    def submit(self, task: Callable[[], None]) -> None:
+        self._tasks.put(task)
+
+    def _work(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            try:
+                task()
+            except Exception:
+                log.exception("reward task failed")
+
+    def shutdown(self, num_workers: int) -> None:
+        for _ in range(num_workers):
+            self._tasks.put(None)
+
+
 class RewardRunner:
-    """Thread pool plus watchdog; counts errors and timeouts."""
+    """Worker pool plus watchdog; counts errors and timeouts."""
 
     def __init__(self, num_workers: int, timeout: float):
         self.timeout = timeout
-        self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="reward")
+        self.num_workers = num_workers
+        self._pool = DaemonPool(num_workers)
         self._watchdog = Watchdog()
         self._lock = threading.Lock()
         self.num_errors = 0
@@ -129,4 +154,4 @@ class RewardRunner:
         self._pool.submit(work)
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(self.num_workers)

@@ -139,7 +139,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("model", "engine", "weight_version", "paused", "num_workers", "dtype", "rewards", "memory_released", "max_context_len", "vocab_size", "eos_token_ids", "default_reward", "num_samples_generated", "num_samples_aborted", "num_reward_errors", "num_reward_timeouts")
+    __slots__ = ("model", "engine", "weight_version", "paused", "num_workers", "dtype", "rewards", "memory_released", "max_context_len", "vocab_size", "eos_token_ids", "default_reward", "num_samples_generated", "num_samples_aborted", "num_reward_errors", "num_reward_timeouts", "num_samples_in_flight")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,7 @@ class GetInfoResponse(_message.Message):
     NUM_SAMPLES_ABORTED_FIELD_NUMBER: _ClassVar[int]
     NUM_REWARD_ERRORS_FIELD_NUMBER: _ClassVar[int]
     NUM_REWARD_TIMEOUTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     model: str
     engine: str
     weight_version: int
@@ -172,4 +173,5 @@ class GetInfoResponse(_message.Message):
     num_samples_aborted: int
     num_reward_errors: int
     num_reward_timeouts: int
-    def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., weight_version: _Optional[int] = ..., paused: _Optional[bool] = ..., num_workers: _Optional[int] = ..., dtype: _Optional[str] = ..., rewards: _Optional[_Iterable[str]] = ..., memory_released: _Optional[bool] = ..., max_context_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., default_reward: _Optional[str] = ..., num_samples_generated: _Optional[int] = ..., num_samples_aborted: _Optional[int] = ..., num_reward_errors: _Optional[int] = ..., num_reward_timeouts: _Optional[int] = ...) -> None: ...
+    num_samples_in_flight: int
+    def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., weight_version: _Optional[int] = ..., paused: _Optional[bool] = ..., num_workers: _Optional[int] = ..., dtype: _Optional[str] = ..., rewards: _Optional[_Iterable[str]] = ..., memory_released: _Optional[bool] = ..., max_context_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., default_reward: _Optional[str] = ..., num_samples_generated: _Optional[int] = ..., num_samples_aborted: _Optional[int] = ..., num_reward_errors: _Optional[int] = ..., num_reward_timeouts: _Optional[int] = ..., num_samples_in_flight: _Optional[int] = ...) -> None: ...

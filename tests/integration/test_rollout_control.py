@@ -1,0 +1,160 @@
+"""Pause/resume, memory release, weight checksum and info on a real rollout service (hf engine)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+import torch
+from support.processes import ServiceProcess
+from transformers import AutoModelForCausalLM
+
+from rollway.common.client import open_channel
+from rollway.common.v1 import common_pb2
+from rollway.common.weights_checksum import weights_checksum
+from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+
+ABORT = common_pb2.FINISH_REASON_ABORT
+LONG = 1000  # greedy decoding of the tiny model does not stop within 1000 tokens on these prompts
+
+
+@pytest.fixture(scope="module")
+def rollout(tiny_model_dir, tmp_path_factory):
+    args = ["--hf-checkpoint", str(tiny_model_dir), "--reward", "none"]
+    with ServiceProcess("rollout", args, tmp_path_factory.mktemp("rollout")) as svc:
+        stub = rollout_pb2_grpc.RolloutServiceStub(open_channel(svc.address))
+        yield stub
+        stub.Resume(rollout_pb2.ResumeRequest())  # never leave a Generate waiting at shutdown
+
+
+def _request(max_new_tokens=LONG, n=4):
+    return rollout_pb2.GenerateRequest(
+        prompts=[rollout_pb2.Prompt(token_ids=p) for p in ([1, 50, 60, 70], [1, 9], [1, 33, 44], [1, 120])],
+        n_samples_per_prompt=n,
+        sampling_params=common_pb2.SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens),
+    )
+
+
+class Collect(threading.Thread):
+    """Consumes one Generate stream in the background."""
+
+    def __init__(self, stub, request):
+        super().__init__(daemon=True)
+        self.stub, self.request, self.samples, self.error = stub, request, [], None
+        self.start()
+
+    def run(self):
+        try:
+            self.samples = [r.sample for r in self.stub.Generate(self.request, timeout=120)]
+        except grpc.RpcError as exc:
+            self.error = exc
+
+
+def _info(stub):
+    return stub.GetInfo(rollout_pb2.GetInfoRequest())
+
+
+def _wait_in_flight(stub, count, timeout=30):
+    deadline = time.monotonic() + timeout
+    while _info(stub).num_samples_in_flight < count:
+        assert time.monotonic() < deadline, "samples never started"
+        time.sleep(0.01)
+
+
+def test_pause_abort_ends_in_flight_samples_and_new_calls_wait_for_resume(rollout):
+    before = _info(rollout)
+    running = Collect(rollout, _request())
+    _wait_in_flight(rollout, 16)
+    reply = rollout.Pause(rollout_pb2.PauseRequest(mode=rollout_pb2.PAUSE_MODE_ABORT))
+    running.join(30)
+    assert reply.num_aborted == 16 and running.error is None
+    assert len(running.samples) == 16 and all(s.finish_reason == ABORT for s in running.samples)
+    assert all(0 < len(s.response_token_ids) == len(s.rollout_log_probs) < LONG for s in running.samples)
+    assert _info(rollout).paused
+    waiting = Collect(rollout, _request(max_new_tokens=5, n=1))
+    time.sleep(1.0)
+    assert waiting.is_alive() and not waiting.samples  # held while paused
+    rollout.Resume(rollout_pb2.ResumeRequest())
+    waiting.join(30)
+    assert len(waiting.samples) == 4 and all(len(s.response_token_ids) == 5 for s in waiting.samples)
+    after = _info(rollout)
+    assert not after.paused and after.num_samples_aborted - before.num_samples_aborted == 16
+
+
+def test_pause_wait_lets_in_flight_samples_finish(rollout):
+    running = Collect(rollout, _request(max_new_tokens=200))
+    _wait_in_flight(rollout, 16)
+    reply = rollout.Pause(rollout_pb2.PauseRequest(mode=rollout_pb2.PAUSE_MODE_WAIT), timeout=60)
+    assert reply.num_aborted == 0 and _info(rollout).num_samples_in_flight == 0
+    running.join(30)
+    rollout.Resume(rollout_pb2.ResumeRequest())
+    assert len(running.samples) == 16 and all(len(s.response_token_ids) == 200 for s in running.samples)
+
+
+def test_release_memory_refuses_generation_until_resumed(rollout, tiny_model_dir):
+    digest = rollout.WeightChecksum(rollout_pb2.WeightChecksumRequest()).checksum.digest
+    running = Collect(rollout, _request())
+    _wait_in_flight(rollout, 16)
+    with pytest.raises(grpc.RpcError) as busy:
+        rollout.ReleaseMemory(rollout_pb2.ReleaseMemoryRequest(tags=["weights"]))
+    assert busy.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "Pause" in busy.value.details()
+    rollout.Pause(rollout_pb2.PauseRequest())  # default mode: abort
+    running.join(30)
+    rollout.ReleaseMemory(rollout_pb2.ReleaseMemoryRequest())  # no tags: everything
+    rollout.Resume(rollout_pb2.ResumeRequest())
+    assert _info(rollout).memory_released
+    for call in (
+        lambda: list(rollout.Generate(_request(5, 1))),
+        lambda: rollout.WeightChecksum(rollout_pb2.WeightChecksumRequest()),
+    ):
+        with pytest.raises(grpc.RpcError) as released:
+            call()
+        assert released.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "ResumeMemory" in released.value.details()
+    rollout.ResumeMemory(rollout_pb2.ResumeMemoryRequest(tags=["weights"]))
+    assert not _info(rollout).memory_released
+    assert len(list(rollout.Generate(_request(5, 1)))) == 4
+    assert rollout.WeightChecksum(rollout_pb2.WeightChecksumRequest()).checksum.digest == digest
+
+
+def test_memory_tags_are_checked(rollout):
+    with pytest.raises(grpc.RpcError) as info:
+        rollout.ReleaseMemory(rollout_pb2.ReleaseMemoryRequest(tags=["weights", "gpu"]))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and info.value.details().startswith(
+        "tags[1]"
+    )
+
+
+def test_weight_checksum_matches_the_checkpoint_computed_here(rollout, tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    served = rollout.WeightChecksum(rollout_pb2.WeightChecksumRequest()).checksum
+    assert (served.digest, served.num_tensors) == weights_checksum(model.named_parameters(), torch.float32)
+    assert served.algorithm == "sha256" and served.weight_version == 0
+    as_bf16 = rollout.WeightChecksum(rollout_pb2.WeightChecksumRequest(dtype="bfloat16")).checksum
+    assert as_bf16.digest == weights_checksum(model.named_parameters(), torch.bfloat16)[0] != served.digest
+    with pytest.raises(grpc.RpcError) as info:
+        rollout.WeightChecksum(rollout_pb2.WeightChecksumRequest(dtype="float33"))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and info.value.details().startswith("dtype")
+
+
+def test_weight_sync_rpcs_are_not_implemented_yet(rollout):
+    for call, request in (
+        (rollout.InitWeightGroup, rollout_pb2.InitWeightGroupRequest()),
+        (rollout.UpdateWeights, rollout_pb2.UpdateWeightsRequest()),
+    ):
+        with pytest.raises(grpc.RpcError) as info:
+            call(request)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_info_describes_the_service(rollout, tiny_model_dir):
+    info = _info(rollout)
+    assert (info.model, info.engine, info.dtype, info.num_workers) == (
+        str(tiny_model_dir),
+        "hf",
+        "float32",
+        1,
+    )
+    assert list(info.rewards) == ["exact_match", "f1", "math"] and info.weight_version == 0

@@ -1,0 +1,65 @@
+"""GenerateRequest -> SampleRequests: defaults, per-sample seeds, context limits."""
+
+import pytest
+
+from rollway.common.errors import InvalidArgument, ResourceExhausted
+from rollway.common.v1 import common_pb2
+from rollway.rollout.config import RolloutConfig
+from rollway.rollout.engines.base import ModelInfo
+from rollway.rollout.request_validation import plan_generation
+from rollway.rollout.v1 import rollout_pb2
+
+INFO = ModelInfo(model="m", vocab_size=100, max_context_len=64, eos_token_ids=frozenset({2}), dtype="float32")
+CONFIG = RolloutConfig(
+    hf_checkpoint="m",
+    n_samples_per_prompt=2,
+    rollout_temperature=0.8,
+    rollout_top_p=0.95,
+    rollout_top_k=20,
+    rollout_max_response_len=50,
+    rollout_stop=["\n\n"],
+    rollout_stop_token_ids=[7],
+    sampling_seed=1000,
+)
+REWARDS = {"exact_match": object()}
+
+
+def _plan(prompts, **kw):
+    request = rollout_pb2.GenerateRequest(prompts=[rollout_pb2.Prompt(token_ids=p) for p in prompts], **kw)
+    return plan_generation(request, CONFIG, INFO, REWARDS)
+
+
+def test_service_defaults_apply_without_sampling_params():
+    plan = _plan([[1, 2, 3], [4] * 30])
+    assert plan.n_samples_per_prompt == 2 and plan.reward == "exact_match" and plan.group_indices == [0, 1]
+    first, last = plan.samples[0].params, plan.samples[-1].params
+    assert (first.temperature, first.top_p, first.top_k, first.stop, first.stop_token_ids) == (
+        0.8,
+        0.95,
+        20,
+        ("\n\n",),
+        frozenset({7}),
+    )
+    assert first.max_new_tokens == 50 and last.max_new_tokens == 64 - 30  # the default is cut to fit
+    assert [s.params.seed for s in plan.samples] == [1000, 1001, 1002, 1003]
+    assert [s.prompt_key for s in plan.samples] == [0, 0, 1, 1]
+
+
+def test_request_sampling_params_override_and_zero_means_default():
+    sp = common_pb2.SamplingParams(temperature=0.0, max_new_tokens=10, stop=["x"], stop_token_ids=[9], seed=5)
+    plan = _plan([[1, 2]], n_samples_per_prompt=3, sampling_params=sp, reward="none")
+    params = plan.samples[2].params
+    assert params.greedy and params.top_p == 0.95 and params.top_k == 20 and params.max_new_tokens == 10
+    assert params.stop == ("\n\n", "x") and params.stop_token_ids == frozenset({7, 9})
+    assert [s.params.seed for s in plan.samples] == [5, 6, 7] and plan.reward == "none"
+
+
+def test_limits():
+    with pytest.raises(
+        InvalidArgument, match=r"prompts\[0\].token_ids: prompt of 60 tokens \+ max_new_tokens 10"
+    ):
+        _plan([[1] * 60], sampling_params=common_pb2.SamplingParams(temperature=1, max_new_tokens=10))
+    with pytest.raises(InvalidArgument, match="fills the model context"):
+        _plan([[1] * 64])
+    with pytest.raises(ResourceExhausted, match="4096"):
+        _plan([[1]], n_samples_per_prompt=4097)
