@@ -20,20 +20,17 @@ from rollway.common.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
-    ResourceExhausted,
     Unimplemented,
 )
 from rollway.common.log import get_logger
 from rollway.trainer import checkpoint
 from rollway.trainer.batch import num_loss_tokens
 from rollway.trainer.config import STEP_SETTINGS, TRAINING_SETTINGS, TrainerConfig
-from rollway.trainer.engine import OptimizerStepPlan
-from rollway.trainer.losses import GlobalDenominators
 from rollway.trainer.manifest import CheckpointError
 from rollway.trainer.micro_batch import SequenceItem
-from rollway.trainer.packing import BudgetError, packing_efficiency, plan
 from rollway.trainer.runtime import RankRuntime
 from rollway.trainer.sharding import DTYPES
+from rollway.trainer.train_plan import plan_log_probs, plan_train_steps
 
 
 def _log():
@@ -70,26 +67,6 @@ def merge_settings(
         return from_dict(TrainerConfig, overrides, base=base)
     except ConfigError as exc:
         raise InvalidArgument(f"{field_prefix}.{exc.setting}", exc.problem) from None
-
-
-def check_lengths(items: list[SequenceItem], max_tokens: int) -> None:
-    """A sample longer than the per-rank token budget can never be trained: RESOURCE_EXHAUSTED."""
-    for item in items:
-        if len(item) > max_tokens:
-            raise ResourceExhausted(
-                f"samples[{item.index}]: {len(item)} tokens (prompt + response) exceed max_tokens_per_gpu={max_tokens}"
-            )
-
-
-def split_evenly(items: list[SequenceItem], parts: int) -> list[list[SequenceItem]]:
-    """`parts` consecutive chunks whose sizes differ by at most one."""
-    size, extra = divmod(len(items), parts)
-    chunks, start = [], 0
-    for k in range(parts):
-        end = start + size + (1 if k < extra else 0)
-        chunks.append(items[start:end])
-        start = end
-    return chunks
 
 
 class TrainerController:
@@ -141,46 +118,11 @@ class TrainerController:
         settings = self._require_init("TrainStep")
         return merge_settings(settings, overrides, STEP_SETTINGS, "header.overrides")
 
-    def plan_steps(
-        self, items: list[SequenceItem], settings: TrainerConfig
-    ) -> tuple[list[list[OptimizerStepPlan]], float]:
-        """Per rank, per optimizer step: micro-batches; plus the packing efficiency of the plan."""
-        if len(items) < settings.num_steps_per_rollout:
-            raise InvalidArgument(
-                "header.num_samples",
-                f"{len(items)} samples cannot make num_steps_per_rollout={settings.num_steps_per_rollout} steps",
-            )
-        check_lengths(items, settings.max_tokens_per_gpu)
-        per_rank: list[list[OptimizerStepPlan]] = [[] for _ in range(self.world_size)]
-        real = padded = 0.0
-        for chunk in split_evenly(items, settings.num_steps_per_rollout):
-            lengths = [len(item) for item in chunk]
-            try:
-                layout = plan(
-                    lengths,
-                    self.world_size,
-                    max_tokens=settings.max_tokens_per_gpu,
-                    micro_batch_size=settings.micro_batch_size,
-                    dynamic=settings.use_dynamic_batch_size,
-                    packing=settings.packing,
-                    balance=settings.balance_data,
-                )
-            except BudgetError as exc:
-                raise ResourceExhausted(str(exc)) from None
-            efficiency = packing_efficiency(layout, lengths, settings.packing, settings.pad_to_multiple)
-            real += sum(lengths)
-            padded += sum(lengths) / efficiency
-            denominators = GlobalDenominators(len(chunk), sum(num_loss_tokens(item) for item in chunk))
-            for rank, mbs in enumerate(layout):
-                micro_batches = [[chunk[i] for i in mb] for mb in mbs]
-                per_rank[rank].append(OptimizerStepPlan(micro_batches, denominators, to_dict(settings)))
-        return per_rank, real / padded
-
     def train_step(
         self, step_id: int, items: list[SequenceItem], settings: TrainerConfig
     ) -> tuple[StepResult, bool]:
         """Train on `items` (already validated); (result, already_applied)."""
-        per_rank, efficiency = self.plan_steps(items, settings)
+        per_rank, efficiency = plan_train_steps(items, settings, self.world_size)
         with self.lock:
             stored = self.results.get(step_id)
             if stored is not None:
@@ -226,27 +168,14 @@ class TrainerController:
             raise Unimplemented(
                 "header.use_reference: the reference model comes with the RL losses (issue #5)"
             )
-        settings = self.settings or self.startup
-        check_lengths(items, settings.max_tokens_per_gpu)
-        try:
-            layout = plan(
-                [len(item) for item in items],
-                self.world_size,
-                max_tokens=settings.max_tokens_per_gpu,
-                micro_batch_size=1,
-                dynamic=True,
-                packing=True,
-                balance=True,
-            )
-        except BudgetError as exc:
-            raise ResourceExhausted(str(exc)) from None
+        layout = plan_log_probs(items, self.settings or self.startup, self.world_size)
         payloads = [
             {
-                "micro_batches": [[items[i] for i in mb] for mb in mbs],
+                "micro_batches": micro_batches,
                 "temperature": temperature,
                 "with_entropy": with_entropy,
             }
-            for mbs in layout
+            for micro_batches in layout
         ]
         with self.lock:
             results = self.runtime.run("log_probs", payloads)

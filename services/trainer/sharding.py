@@ -38,12 +38,16 @@ def shard_model(loaded: LoadedModel, config: TrainerConfig, info: RankInfo) -> t
     """fully_shard the meta model, materialise it on the device and load rank 0's weights."""
     model = loaded.model
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     kwargs = {
         "mp_policy": MixedPrecisionPolicy(param_dtype=DTYPES[config.dtype], reduce_dtype=torch.float32),
     }
     if config.fsdp_cpu_offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
+        # Pinned host memory needs a GPU; on a CPU-only machine offloading is a no-op anyway.
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for layer in _decoder_layers(model):
         fully_shard(layer, **kwargs)
     if not _is_tied(model):
