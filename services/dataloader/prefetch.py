@@ -91,6 +91,12 @@ class Prefetcher:
             return len(self._buffer)
         return n if len(self._buffer) >= n else None
 
+    def give_back(self, entries: list[Entry]) -> None:
+        """Put entries returned by `take` back at the front, as if they had not been taken."""
+        with self._cond:
+            self._buffer.extendleft(reversed(entries))
+            self._cond.notify_all()
+
     def take(self, n: int, timeout: float) -> list[Entry]:
         """The next n item entries, or fewer followed by the end entry when the stream ends.
 

@@ -52,7 +52,8 @@ def read_rows(spec: SourceSpec, rules: RowRules) -> Iterator[RawRow]:
 
 def _open_parquet(spec: SourceSpec) -> pq.ParquetFile:
     try:
-        return pq.ParquetFile(spec.path)
+        # pre_buffer (pyarrow's default) would read every selected row group up front: the whole file.
+        return pq.ParquetFile(spec.path, pre_buffer=False, buffer_size=1 << 20)
     except (pa.ArrowException, OSError) as exc:
         raise SourceError(
             f"{spec.path}: not a readable parquet file (truncated or corrupt?): {exc}"

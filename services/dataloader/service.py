@@ -34,8 +34,9 @@ DEFAULT_TIMEOUT_SECONDS = 600.0
 class DataloaderService(dataloader_pb2_grpc.DataloaderServiceServicer):
     """Serves tokenised batches from the configured datasets."""
 
-    def __init__(self, config: DataloaderConfig):
+    def __init__(self, config: DataloaderConfig, max_message_mb: int = 64):
         self.config = config
+        self.max_message_bytes = max_message_mb * 2**20
         self.mode = "sft" if config.is_sft else "rl"
         self.stream: DataStream | None = None
         self.eval_sets: EvalSets | None = None
@@ -92,6 +93,7 @@ class DataloaderService(dataloader_pb2_grpc.DataloaderServiceServicer):
             max_len=config.rollout_max_prompt_len,
             skip_bad_rows=config.skip_bad_rows,
             prefetch_size=config.prefetch_size,
+            max_message_bytes=self.max_message_bytes,
         )
 
     def close(self) -> None:
@@ -194,7 +196,7 @@ def _struct(mapping: dict) -> struct_pb2.Struct:
 def serve(server_config: ServerConfig, config: DataloaderConfig) -> None:
     """Open the datasets, then serve until SIGTERM."""
     server = RollwayServer("dataloader", server_config)
-    servicer = DataloaderService(config)
+    servicer = DataloaderService(config, server_config.max_message_mb)
     server.add_service(
         dataloader_pb2_grpc.add_DataloaderServiceServicer_to_server,
         servicer,

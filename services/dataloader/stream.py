@@ -14,7 +14,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from rollway.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
+from rollway.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted
 from rollway.common.log import get_logger
 from rollway.dataloader.datasets import OpenedSource
 from rollway.dataloader.encoder import Encoder
@@ -40,6 +40,7 @@ class StreamSettings:
     max_len: int
     skip_bad_rows: bool
     prefetch_size: int
+    max_message_bytes: int = 64 * 2**20
 
 
 class DataStream:
@@ -125,18 +126,25 @@ class DataStream:
                 raise FailedPrecondition(str(exc)) from None
             except TimeoutError as exc:
                 raise DeadlineExceeded(f"{exc}; retry the same batch_id") from None
+        items = [entry.item for entry in entries if entry.item is not None]
+        size = sum(item.ByteSize() for item in items)
+        if size > self.settings.max_message_bytes * 0.9:  # leave room for framing and counters
+            self._prefetcher.give_back(entries)
+            raise ResourceExhausted(
+                f"batch_size {batch_size}: these items take {size / 2**20:.1f} MiB, over the "
+                f"{self.settings.max_message_bytes / 2**20:.0f} MiB message limit; ask for fewer items"
+            )
         for entry in entries:
             self._counters.update(entry.counts)
             self._cursor = entry.cursor
         self._num_batches += 1
-        response = dataloader_pb2.NextBatchResponse(
-            items=[entry.item for entry in entries if entry.item is not None],
+        return dataloader_pb2.NextBatchResponse(
+            items=items,
             prefetch_queue_depth=self._prefetcher.depth,
             epoch=self.epoch,
             exhausted=self.exhausted,
             counters=self.counters(),
         )
-        return response
 
     def fingerprint(self) -> dict[str, Any]:
         """What a state must have been taken with to be restored here."""

@@ -122,6 +122,8 @@ def test_rl_rows_from_parquet_and_jsonl_with_eval(tmp_path, tiny_model_dir, toke
         expected = tokenizer.apply_chat_template(chat[3]["prompt"], add_generation_prompt=True)["input_ids"]
         assert list(chat_item.prompt_token_ids) == expected and chat_item.label == "c3"
 
+        # The tokenizer is loaded without torch (a dataloader needs none): no libtorch in the process.
+        assert "libtorch" not in Path(f"/proc/{dl.process.pid}/maps").read_text()
         describe = dl.stub.Describe(pb.DescribeRequest())
         assert [(s.name, s.format, s.num_rows, s.num_usable_rows) for s in describe.sources] == [
             ("add", "parquet", 20, 20),

@@ -67,7 +67,11 @@ class DataloaderServiceServicer:
     """
 
     def NextBatch(self, request, context):
-        """Returns the next batch of items. A retry with the same batch_id returns the same batch.
+        """Returns the next batch of items. A retry with the same batch_id returns the same batch (the
+        last 4 batches are kept); a new batch_id must be larger than the last one. Fewer items than
+        asked (and exhausted) when --num-epoch ends the stream. FAILED_PRECONDITION naming file, row
+        and problem when the data cannot be served; DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED (over the
+        message limit) consume nothing, so the same batch_id can be retried.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -82,7 +86,9 @@ class DataloaderServiceServicer:
 
     def RestoreState(self, request, context):
         """Restores a cursor taken with GetState; the next batch equals the one the
-        uninterrupted stream would have served.
+        uninterrupted stream would have served. The state carries the cursor, seed, shuffle and
+        counters; it must come from a dataloader with the same sources, mode and weights
+        (FAILED_PRECONDITION otherwise). Clears the NextBatch retry cache: any batch_id is new after it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

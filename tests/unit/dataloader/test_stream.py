@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rollway.common.errors import FailedPrecondition, InvalidArgument
+from rollway.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted
 from rollway.dataloader.datasets import open_sources
 from rollway.dataloader.encoder import Encoder, load_tokenizer
 from rollway.dataloader.rows import RowRules
@@ -35,7 +35,15 @@ def make_stream(tmp_path, tokenizer):
     )
 
     def make(
-        weights=None, prefetch_size=8, num_epoch=2, max_len=0, skip=False, paths=(a, b), rules=RULES, tok=None
+        weights=None,
+        prefetch_size=8,
+        num_epoch=2,
+        max_len=0,
+        skip=False,
+        paths=(a, b),
+        rules=RULES,
+        tok=None,
+        max_message_bytes=2**26,
     ):
         specs = parse_sources(["a", paths[0], "b", paths[1]], weights)
         sources = open_sources(specs, rules, tmp_path / f"cache{len(streams)}", skip_bad_rows=skip)
@@ -48,6 +56,7 @@ def make_stream(tmp_path, tokenizer):
             max_len=max_len,
             skip_bad_rows=skip,
             prefetch_size=prefetch_size,
+            max_message_bytes=max_message_bytes,
         )
         stream = DataStream(sources, Encoder(tok or tokenizer, sft=False, apply_chat_template=True), settings)
         streams.append((stream, sources))
@@ -184,3 +193,14 @@ def test_restore_refuses_foreign_or_broken_states(make_stream):
     with pytest.raises(InvalidArgument, match="seed"):
         stream.restore(json.dumps({**state, "seed": "x"}))
     assert len(stream.next_batch(0, 3, timeout=30).items) == 3  # still serving
+
+
+def test_a_late_or_oversized_batch_consumes_nothing(make_stream):
+    reference = serve(make_stream(prefetch_size=0), [4, 4])
+    stream = make_stream(prefetch_size=0, max_message_bytes=4000)
+    with pytest.raises(DeadlineExceeded, match="retry the same batch_id"):
+        stream.next_batch(0, 4, timeout=0)
+    with pytest.raises(ResourceExhausted, match="over the 0 MiB message limit; ask for fewer items"):
+        stream.next_batch(0, 40, timeout=30)
+    assert stream.counters()["items_served"] == 0
+    assert serve(stream, [4, 4]) == reference
