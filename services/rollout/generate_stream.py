@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -100,6 +101,7 @@ class GenerateStream:
         on_cancel(lambda: self.ctx.engine.abort(handle))
         num_samples = len(self.plan.samples)
         pending_engine, pending_out = num_samples, num_samples
+        start, num_tokens = time.monotonic(), 0
         try:
             while pending_out:
                 event = self.events.get()
@@ -112,7 +114,11 @@ class GenerateStream:
                     ready = self._apply_rewards(event)
                 for sample in ready:
                     pending_out -= 1
+                    num_tokens += len(sample.response_token_ids)
                     yield rollout_pb2.GenerateResponse(sample=sample)
+            seconds = time.monotonic() - start
+            log.info("generate done", num_samples=num_samples, output_tokens=num_tokens,
+                     seconds=round(seconds, 3), output_tokens_per_s=round(num_tokens / max(seconds, 1e-9), 1))  # fmt: skip
         finally:
             if pending_engine:
                 self.ctx.engine.abort(handle)

@@ -62,21 +62,22 @@ def sample_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row of `logits` [B, V]; return (tokens [B], their log-probs [B] fp32)."""
     logits = logits.float()
-    temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params])
+    device = logits.device
+    temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
     scaled = logits / temperature.unsqueeze(-1)
     log_probs = torch.log_softmax(scaled, dim=-1)
     tokens = logits.argmax(dim=-1)
     sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
     if sampled_rows:
-        rows = torch.tensor(sampled_rows)
+        rows = torch.tensor(sampled_rows, device=device)
         row_logits = scaled[rows]
-        top_k = torch.tensor([params[i].top_k for i in sampled_rows])
-        top_p = torch.tensor([params[i].top_p for i in sampled_rows], dtype=torch.float32)
+        top_k = torch.tensor([params[i].top_k for i in sampled_rows], device=device)
+        top_p = torch.tensor([params[i].top_p for i in sampled_rows], dtype=torch.float32, device=device)
         if bool((top_k > 0).any() or (top_p < 1).any()):
             row_logits = row_logits.masked_fill(_top_k_top_p_mask(row_logits, top_k, top_p), float("-inf"))
         probs = row_logits.softmax(dim=-1)
         # Inverse-CDF sampling: one uniform per row from that row's own generator.
-        uniforms = torch.stack([torch.rand((), generator=generators[i]) for i in sampled_rows])
+        uniforms = torch.stack([torch.rand((), generator=generators[i]) for i in sampled_rows]).to(device)
         cdf = probs.cumsum(dim=-1)
         targets = (uniforms * cdf[:, -1]).unsqueeze(-1)
         drawn = torch.searchsorted(cdf, targets, right=True).squeeze(-1)

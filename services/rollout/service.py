@@ -9,9 +9,10 @@ they will use (load_weights, named_parameters, weights_checksum, weight_version)
 from __future__ import annotations
 
 import sys
+import threading
 
 from rollway.common.config import ConfigError
-from rollway.common.errors import FailedPrecondition, InvalidArgument, Unimplemented
+from rollway.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unimplemented
 from rollway.common.log import get_logger
 from rollway.common.server import RollwayServer, ServerConfig
 from rollway.common.v1 import common_pb2
@@ -42,8 +43,14 @@ def _busy() -> FailedPrecondition:
 class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
     """Generate, pause/resume, memory and weight-checksum RPCs over one engine."""
 
-    def __init__(self, config: RolloutConfig, engine: Engine, rewards, tokenizer):
+    def __init__(
+        self, config: RolloutConfig, engine: Engine, rewards, tokenizer, max_generate_calls: int = 12
+    ):
         self.config = config
+        # Each Generate call holds a server thread for its whole life (also while paused); keep
+        # threads free for Pause/Resume/GetInfo so a full house can never block a Resume.
+        self.max_generate_calls = max_generate_calls
+        self._generate_slots = threading.BoundedSemaphore(max_generate_calls)
         self.engine = engine
         self.gate = GenerationGate()
         self.runner = RewardRunner(config.num_reward_workers, config.reward_timeout)
@@ -57,9 +64,19 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
 
     def Generate(self, request, context):
         plan = plan_generation(request, self.config, self.engine.model_info, self.ctx.rewards)
-        log.info("generate", request_id=request.request_id, num_samples=len(plan.samples), reward=plan.reward)
-        stream = GenerateStream(self.ctx, request, plan)
-        yield from stream.run(context.is_active, context.add_callback)
+        if not self._generate_slots.acquire(blocking=False):
+            raise ResourceExhausted(
+                f"{self.max_generate_calls} Generate calls are already running; "
+                "send fewer at once or raise --max-workers"
+            )
+        try:
+            log.info(
+                "generate", request_id=request.request_id, num_samples=len(plan.samples), reward=plan.reward
+            )
+            stream = GenerateStream(self.ctx, request, plan)
+            yield from stream.run(context.is_active, context.add_callback)
+        finally:
+            self._generate_slots.release()
 
     def InitWeightGroup(self, request, context):
         raise Unimplemented("RolloutService.InitWeightGroup is not implemented yet (weight sync issue)")
@@ -160,7 +177,7 @@ def serve(server_config: ServerConfig, config: RolloutConfig) -> None:
     except (ConfigError, EngineError, OSError, ValueError) as exc:
         log.error("start-up failed", error=str(exc))
         sys.exit(f"rollout: {exc}")
-    servicer = RolloutService(config, engine, rewards, tokenizer)
+    servicer = RolloutService(config, engine, rewards, tokenizer, max(1, server_config.max_workers - 4))
     server.add_service(
         rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
         servicer,

@@ -158,3 +158,18 @@ def test_info_describes_the_service(rollout, tiny_model_dir):
         1,
     )
     assert list(info.rewards) == ["exact_match", "f1", "math"] and info.weight_version == 0
+
+
+def test_generate_calls_beyond_the_limit_are_refused_and_resume_still_gets_through(rollout):
+    rollout.Pause(rollout_pb2.PauseRequest())
+    waiting = [Collect(rollout, _request(max_new_tokens=3, n=1)) for _ in range(12)]  # 16 workers - 4
+    time.sleep(1.0)
+    extra = Collect(rollout, _request(max_new_tokens=3, n=1))
+    extra.join(30)
+    assert extra.error is not None and extra.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "12 Generate calls are already running" in extra.error.details()
+    assert all(call.is_alive() for call in waiting)
+    rollout.Resume(rollout_pb2.ResumeRequest(), timeout=10)
+    for call in waiting:
+        call.join(30)
+        assert call.error is None and len(call.samples) == 4

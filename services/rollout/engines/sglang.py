@@ -96,6 +96,7 @@ class SGLangEngine(Engine):
             startup_timeout=config.sglang_startup_timeout,
             interval=config.sglang_health_interval,
             max_restarts=config.sglang_max_restarts,
+            on_restart=self._on_restart,
         )
         self._pool = ThreadPoolExecutor(
             max_workers=min(1024, config.sglang_server_concurrency * len(self.servers))
@@ -145,6 +146,19 @@ class SGLangEngine(Engine):
         _ = self.model_info
         self.supervisor.start()
         log.info("sglang engine ready", servers=[s.url for s in self.servers])
+
+    def _on_restart(self, server: ServerProcess) -> None:
+        # A fresh server serves the checkpoint, not the last pushed weights.
+        log.warning("sglang server restarted; it serves the checkpoint's weights until the next update",
+                    url=server.url, weight_version=self.weight_version)  # fmt: skip
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "servers": [
+                {"url": s.url, "healthy": s.healthy, "restarts": s.num_restarts, "restarted": s.restarted}
+                for s in self.servers
+            ]
+        }
 
     def stop(self) -> None:
         self.abort_all()
