@@ -97,7 +97,6 @@ class CoordinatorConfig:
     trainer_addr: str = setting("", "address of a running trainer")
     rollout_addr: list[str] = setting([], "addresses of running rollout services")
     dataloader_addr: str = setting("", "address of a running dataloader")
-    eval_dataloader_addr: str = setting("", "address of the dataloader serving eval prompts")
     trainer_settings: dict = setting({}, "trainer settings sent with trainer.Init (lr, loss settings, ...)")
 
     @property

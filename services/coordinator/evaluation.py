@@ -1,13 +1,10 @@
 """Held-out evaluation: generate on every eval prompt, report eval/<source> accuracy and pass@k.
 
-Eval prompts come from a dataloader of their own (nothing but the dataloader reads data files).
-Its cursor is captured once and restored before each evaluation, so every evaluation sees the
-same prompts in the same order.
+Eval prompts come from the dataloader's --eval-prompt-data sources (nothing but the dataloader
+reads data files), paged with EvalBatch in file order, so every evaluation sees the same prompts.
 """
 
 from __future__ import annotations
-
-from collections import defaultdict
 
 import numpy as np
 
@@ -25,56 +22,53 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 class Evaluator:
-    """Runs evaluations against an eval dataloader and the rollout services."""
+    """Runs evaluations of the named eval sources against the rollout services."""
 
     def __init__(
         self,
-        eval_services: Services,
         services: Services,
+        names: list[str],
         *,
         n_samples: int,
         sampling: common_pb2.SamplingParams,
         reward: str,
-        batch_size: int = 64,
+        batch_size: int = 256,
     ):
-        self.eval_services = eval_services
         self.services = services
+        self.names = names
         self.n_samples = n_samples
         self.sampling = sampling
         self.reward = reward
         self.batch_size = batch_size
-        self._initial_cursor = eval_services.dataloader.GetState(dataloader_pb2.GetStateRequest()).state_json
-        self._batch_id = 0
 
-    def _items(self) -> list[dataloader_pb2.DataItem]:
-        self.eval_services.dataloader.RestoreState(
-            dataloader_pb2.RestoreStateRequest(state_json=self._initial_cursor)
-        )
+    def _items(self, name: str) -> list[dataloader_pb2.DataItem]:
         items: list[dataloader_pb2.DataItem] = []
+        offset = 0
         while True:
-            reply = self.eval_services.next_batch(self.batch_size, 1_000_000_000 + self._batch_id)
-            self._batch_id += 1
+            reply = self.services.dataloader.EvalBatch(
+                dataloader_pb2.EvalBatchRequest(name=name, offset=offset, batch_size=self.batch_size)
+            )
             items.extend(reply.items)
-            if reply.exhausted or not reply.items:
+            offset = reply.next_offset
+            if reply.done or not reply.items:
                 return items
 
     def evaluate(self, request_id: str) -> dict[str, float]:
-        items = self._items()
-        prompts = to_prompts(items, first_group_index=0)
-        samples = self.services.generate(prompts, self.n_samples, self.sampling, self.reward, request_id)
-        per_source: dict[str, list[list[common_pb2.Sample]]] = defaultdict(list)
-        for group in group_samples(samples):
-            per_source[group[0].source].append(group)
         metrics: dict[str, float] = {}
-        for source, groups in per_source.items():
+        everything: list[common_pb2.Sample] = []
+        for name in self.names:
+            prompts = to_prompts(self._items(name), first_group_index=0)
+            samples = self.services.generate(
+                prompts, self.n_samples, self.sampling, self.reward, f"{request_id}-{name}"
+            )
+            groups = group_samples(samples)
             correct = [sum(s.raw_reward > 0 for s in g) for g in groups]
-            metrics[f"eval/{source}"] = float(np.mean([s.raw_reward for g in groups for s in g]))
+            metrics[f"eval/{name}"] = float(np.mean([s.raw_reward for s in samples]))
             for k in sorted({1, self.n_samples}):
-                metrics[f"eval/{source}/pass@{k}"] = float(
+                metrics[f"eval/{name}/pass@{k}"] = float(
                     np.mean([pass_at_k(len(g), c, k) for g, c in zip(groups, correct, strict=True)])
                 )
-        all_samples = [s for groups in per_source.values() for g in groups for s in g]
-        if all_samples:
-            metrics["eval/accuracy"] = float(np.mean([s.raw_reward > 0 for s in all_samples]))
-            metrics["eval/num_prompts"] = float(len(items))
+            everything += samples
+        if everything:
+            metrics["eval/accuracy"] = float(np.mean([s.raw_reward > 0 for s in everything]))
         return metrics

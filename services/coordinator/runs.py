@@ -12,6 +12,7 @@ from pathlib import Path
 from rollway.common.config import ConfigError, from_dict, to_dict
 from rollway.common.errors import AlreadyExists, InvalidArgument, NotFound
 from rollway.common.log import get_logger
+from rollway.common.v1 import common_pb2
 from rollway.coordinator.config import CoordinatorConfig
 from rollway.coordinator.evaluation import Evaluator
 from rollway.coordinator.metrics import MetricsSink
@@ -55,7 +56,7 @@ def parse_run_config(mapping: dict) -> CoordinatorConfig:
 def execute(record: RunRecord, *, progress: bool = False) -> None:
     """Connect to the run's services and drive the run to its end (in the calling thread)."""
     c = record.config
-    services = eval_services = None
+    services = None
     try:
         services = Services.connect(
             dataloader=c.dataloader_addr if not c.load_debug_rollout_data else "",
@@ -63,21 +64,19 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
             rollouts=c.rollout_addr if not c.train_only else [],
         )
         evaluator = None
-        if c.eval_dataloader_addr and not c.train_only:
-            eval_services = Services.connect(dataloader=c.eval_dataloader_addr)
-            from rollway.common.v1 import common_pb2
-
+        if c.eval_prompt_data and not c.train_only:
+            sampling = common_pb2.SamplingParams(
+                temperature=c.eval_temperature,
+                top_p=1.0,
+                top_k=-1,
+                max_new_tokens=c.rollout_max_response_len,
+                seed=c.rollout_seed,
+            )
             evaluator = Evaluator(
-                eval_services,
                 services,
+                c.eval_prompt_data[::2],
                 n_samples=c.n_samples_per_eval_prompt,
-                sampling=common_pb2.SamplingParams(
-                    temperature=c.eval_temperature,
-                    top_p=1.0,
-                    top_k=-1,
-                    max_new_tokens=c.rollout_max_response_len,
-                    seed=c.rollout_seed,
-                ),
+                sampling=sampling,
                 reward=c.rm_type,
             )
         record.run = Run(
@@ -102,9 +101,8 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
         record.error = f"{type(exc).__name__}: {exc}"
         log.error("run failed", run_id=record.run_id, error=record.error, traceback=traceback.format_exc())
     finally:
-        for s in (services, eval_services):
-            if s is not None:
-                s.close()
+        if services is not None:
+            services.close()
 
 
 class RunManager:
