@@ -24,8 +24,6 @@ from rollway.common.log import get_logger
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines.base import (
     FINISH_ABORT,
-    FINISH_LENGTH,
-    FINISH_STOP,
     BatchHandle,
     Engine,
     EngineError,
@@ -35,51 +33,10 @@ from rollway.rollout.engines.base import (
     SampleResult,
 )
 from rollway.rollout.engines.hf_weights import eos_token_ids
-from rollway.rollout.engines.sglang_http import SGLangHTTPError
+from rollway.rollout.engines.sglang_http import SGLangHTTPError, parse_generate_reply, sampling_params_body
 from rollway.rollout.engines.sglang_server import ServerProcess, Supervisor, launch_command
-from rollway.rollout.sampling import SamplingParams
 
 log = get_logger("rollway.rollout.sglang")
-FINISH_TYPES = {"stop": FINISH_STOP, "length": FINISH_LENGTH, "abort": FINISH_ABORT}
-
-
-def sampling_params_body(params: SamplingParams) -> dict[str, Any]:
-    """SGLang's sampling_params for one sample (its per-sample seed is `sampling_seed`)."""
-    body: dict[str, Any] = {
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "top_k": params.top_k if params.top_k > 0 else -1,
-        "max_new_tokens": params.max_new_tokens,
-        "stop_token_ids": sorted(params.stop_token_ids),
-        "stop": list(params.stop),
-        "skip_special_tokens": True,
-    }
-    if params.seed is not None:
-        body["sampling_seed"] = params.seed
-    return body
-
-
-def parse_generate_reply(request: SampleRequest, reply: dict, default_version: int) -> SampleResult:
-    """A SampleResult from a /generate reply (tokens and log-probs from output_token_logprobs)."""
-    meta = reply.get("meta_info") or {}
-    entries = meta.get("output_token_logprobs") or []
-    finish = meta.get("finish_reason") or {}
-    finish_type = finish.get("type") if isinstance(finish, dict) else str(finish)
-    if finish_type not in FINISH_TYPES:
-        return SampleResult(request, error=f"sglang reply without a known finish_reason: {str(finish)[:200]}")
-    version = meta.get("weight_version", default_version)
-    try:
-        version = int(version)
-    except (TypeError, ValueError):
-        version = default_version
-    return SampleResult(
-        request=request,
-        token_ids=[int(entry[1]) for entry in entries],
-        log_probs=[float(entry[0]) for entry in entries],
-        finish_reason=FINISH_TYPES[finish_type],
-        text=str(reply.get("text", "")),
-        weight_version=version,
-    )
 
 
 class SGLangEngine(Engine):

@@ -1,4 +1,5 @@
-"""A small client for one SGLang server's native HTTP API (stdlib only).
+"""A small client for one SGLang server's native HTTP API (stdlib only), and the mapping of rollway
+samples to /generate bodies and back.
 
 Endpoints and bodies follow SGLang's http_server.py and io_struct.py:
   POST /generate                  {"input_ids", "sampling_params", "return_logprob", "rid"}
@@ -23,6 +24,9 @@ import json
 import urllib.error
 import urllib.request
 from typing import Any
+
+from rollway.rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, SampleRequest, SampleResult
+from rollway.rollout.sampling import SamplingParams
 
 # SGLang servers are reached directly, never through an HTTP proxy from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -178,3 +182,47 @@ class SGLangClient:
     def update_weights_from_disk(self, model_path: str, weight_version: int) -> str:
         body = {"model_path": model_path, "weight_version": str(weight_version)}
         return self._post_success("/update_weights_from_disk", body)
+
+
+# --- mapping rollway samples to and from SGLang bodies ---
+
+FINISH_TYPES = {"stop": FINISH_STOP, "length": FINISH_LENGTH, "abort": FINISH_ABORT}
+
+
+def sampling_params_body(params: SamplingParams) -> dict[str, Any]:
+    """SGLang's sampling_params for one sample (its per-sample seed is `sampling_seed`)."""
+    body: dict[str, Any] = {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "max_new_tokens": params.max_new_tokens,
+        "stop_token_ids": sorted(params.stop_token_ids),
+        "stop": list(params.stop),
+        "skip_special_tokens": True,
+    }
+    if params.seed is not None:
+        body["sampling_seed"] = params.seed
+    return body
+
+
+def parse_generate_reply(request: SampleRequest, reply: dict, default_version: int) -> SampleResult:
+    """A SampleResult from a /generate reply (tokens and log-probs from output_token_logprobs)."""
+    meta = reply.get("meta_info") or {}
+    entries = meta.get("output_token_logprobs") or []
+    finish = meta.get("finish_reason") or {}
+    finish_type = finish.get("type") if isinstance(finish, dict) else str(finish)
+    if finish_type not in FINISH_TYPES:
+        return SampleResult(request, error=f"sglang reply without a known finish_reason: {str(finish)[:200]}")
+    version = meta.get("weight_version", default_version)
+    try:
+        version = int(version)
+    except (TypeError, ValueError):
+        version = default_version
+    return SampleResult(
+        request=request,
+        token_ids=[int(entry[1]) for entry in entries],
+        log_probs=[float(entry[0]) for entry in entries],
+        finish_reason=FINISH_TYPES[finish_type],
+        text=str(reply.get("text", "")),
+        weight_version=version,
+    )

@@ -11,8 +11,13 @@ import pytest
 
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines.base import EngineError, SampleRequest
-from rollway.rollout.engines.sglang import SGLangEngine, parse_generate_reply, sampling_params_body
-from rollway.rollout.engines.sglang_http import SGLangClient, SGLangHTTPError
+from rollway.rollout.engines.sglang import SGLangEngine
+from rollway.rollout.engines.sglang_http import (
+    SGLangClient,
+    SGLangHTTPError,
+    parse_generate_reply,
+    sampling_params_body,
+)
 from rollway.rollout.engines.sglang_server import ServerProcess, Supervisor, launch_command
 from rollway.rollout.sampling import SamplingParams
 
