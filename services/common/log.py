@@ -51,9 +51,12 @@ def configure_logging(service: str, log_format: LogFormat = "auto", level: str =
 
 
 def get_logger(name: str | None = None) -> structlog.typing.FilteringBoundLogger:
-    """A structlog logger; `name` is added as the `logger` field."""
-    logger = structlog.get_logger()
-    return logger.bind(logger=name) if name else logger
+    """A structlog logger; `name` is added as the `logger` field.
+
+    The logger is a lazy proxy: module-level loggers created before configure_logging still
+    render with the configuration in force when they log.
+    """
+    return structlog.get_logger(logger=name) if name else structlog.get_logger()
 
 
 def bind_run_context(**fields: Any) -> None:
