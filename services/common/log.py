@@ -50,13 +50,26 @@ def configure_logging(service: str, log_format: LogFormat = "auto", level: str =
     logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 
 
-def get_logger(name: str | None = None) -> structlog.typing.FilteringBoundLogger:
+def get_logger(name: str | None = None) -> Any:
     """A structlog logger; `name` is added as the `logger` field.
 
     The logger is a lazy proxy: module-level loggers created before configure_logging still
     render with the configuration in force when they log.
     """
-    return structlog.get_logger(logger=name) if name else structlog.get_logger()
+    return _NamedLogger(name) if name else structlog.get_logger()
+
+
+class _NamedLogger:
+    """Binds `logger=name` on every call, against the configuration in force at that time."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def bind(self, **fields: Any):
+        return structlog.get_logger().bind(logger=self._name, **fields)
+
+    def __getattr__(self, method: str):
+        return getattr(structlog.get_logger().bind(logger=self._name), method)
 
 
 def bind_run_context(**fields: Any) -> None:
