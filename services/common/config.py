@@ -231,20 +231,22 @@ def parse(
 def check_shared_settings(classes: Sequence[type]) -> None:
     """A setting may be declared by several components (Miles' flags are one flat namespace:
     `hf_checkpoint` matters to the trainer, the rollout engine and the dataloader), but only with
-    one type and one default, so that a value means the same thing to each of them."""
-    seen: dict[str, tuple[type, Any, Any]] = {}
+    one default, so that an unset value means the same thing to each of them. The accepted
+    values may differ (the trainer knows flash_attention_2; the CPU engine does not): each
+    component validates the value for itself."""
+    seen: dict[str, tuple[type, Any]] = {}
     for cls in classes:
-        hints = _field_types(cls)
         for f in dataclasses.fields(cls):
             default = f.default
             if f.default_factory is not dataclasses.MISSING:
                 default = f.default_factory()
-            if f.name in seen and seen[f.name][1:] != (hints[f.name], default):
+            if f.name in seen and seen[f.name][1] != default:
                 other = seen[f.name][0]
                 raise TypeError(
-                    f"setting {f.name} is declared differently by {other.__name__} and {cls.__name__}"
+                    f"setting {f.name} has different defaults in {other.__name__} ({seen[f.name][1]!r}) "
+                    f"and {cls.__name__} ({default!r})"
                 )
-            seen.setdefault(f.name, (cls, hints[f.name], default))
+            seen.setdefault(f.name, (cls, default))
 
 
 def parse_components(

@@ -54,7 +54,10 @@ def weights_checksum(
 
 
 def dtype_from_name(name: str) -> torch.dtype:
-    """torch dtype from its name ("bfloat16", "float32", "torch.float16"); ValueError if unknown."""
+    """torch dtype from its name ("bfloat16", "float32", "torch.float16", or "auto": bfloat16 on
+    CUDA, float32 on CPU where bfloat16 is emulated); ValueError if unknown."""
+    if name == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
     dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {name!r}")

@@ -30,7 +30,9 @@ class RolloutConfig:
     hf_checkpoint: str = setting(
         "", "Hugging Face model directory served (weights, config, tokenizer); required"
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = setting("float32", "serving dtype of the weights")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = setting(
+        "auto", "dtype of the weights (auto: bfloat16 on CUDA, float32 on CPU)"
+    )
     device: str = setting("auto", "hf engine: torch device (auto: cuda if available, else cpu)")
     attn_implementation: Literal["eager", "sdpa"] = setting("sdpa", "hf engine: attention kernel")
     hf_batching: Literal["continuous", "static"] = setting(

@@ -72,7 +72,7 @@ class HFEngine(Engine):
             vocab_size=int(model.get_input_embeddings().weight.shape[0]),
             max_context_len=max_context,
             eos_token_ids=eos_token_ids(path, tokenizer),
-            dtype=self.config.dtype,
+            dtype=str(self.dtype).removeprefix("torch."),
         )
         self._batcher = Batcher(
             model,
@@ -87,7 +87,7 @@ class HFEngine(Engine):
             "hf engine ready",
             model=path,
             device=str(self.device),
-            dtype=self.config.dtype,
+            dtype=str(self.dtype).removeprefix("torch."),
             batching=self.config.hf_batching,
             eos_token_ids=sorted(self._info.eos_token_ids),
         )

@@ -116,5 +116,5 @@ def test_shared_settings_reach_every_component_and_aliases_work(tmp_path):
     assert rollout.async_mode is True
     (rollout,) = parse_components([Rollout], ["--async"])
     assert rollout.async_mode is True
-    with pytest.raises(TypeError, match="lr is declared differently"):
+    with pytest.raises(TypeError, match="lr has different defaults"):
         parse_components([Optim, Clash], [])
