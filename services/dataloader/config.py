@@ -24,7 +24,9 @@ class DataloaderConfig:
         [], "a jsonl/parquet path, or name path pairs; path@[start:end] slices rows"
     )
     prompt_data_weights: list[float] = setting(
-        [], "sampling weight per --prompt-data source (empty: every row once per epoch, sources mixed)"
+        [],
+        "sampling weight per --prompt-data source, each source cycling through its own epochs "
+        "(empty: every row of every source once per epoch)",
     )
     eval_prompt_data: list[str] = setting([], "eval sources as name path pairs (served by the dataloader)")
     input_key: str = setting(
@@ -56,7 +58,7 @@ class DataloaderConfig:
         False, "skip and count bad rows instead of failing with an error naming them"
     )
     data_cache_dir: str = setting(
-        "", "where opened datasets are indexed on disk (default: a temporary directory)"
+        "", "disk directory for the checked rows (~1 KB per conversation; default: the system temp dir)"
     )
 
     @property

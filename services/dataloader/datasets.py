@@ -16,6 +16,8 @@ from rollway.dataloader.row_store import RowStore
 from rollway.dataloader.rows import Row, RowProblem, RowRules, check_row
 from rollway.dataloader.sources import SourceSpec
 
+log = get_logger(__name__)
+
 LOGGED_BAD_ROWS = 5
 
 
@@ -58,7 +60,7 @@ def open_source(spec: SourceSpec, rules: RowRules, directory: Path, skip_bad_row
                     raise DataError(message + " (--skip-bad-rows skips and counts such rows)") from None
                 num_bad += 1
                 if num_bad <= LOGGED_BAD_ROWS:
-                    get_logger(__name__).warning("skipped bad row", source=spec.name, problem=message)
+                    log.warning("skipped bad row", source=spec.name, problem=message)
                 continue
             store.append(row.to_json())
     except SourceError as exc:
@@ -73,9 +75,7 @@ def open_source(spec: SourceSpec, rules: RowRules, directory: Path, skip_bad_row
         what = f"all {num_rows} rows are bad" if num_rows else "no rows (empty file or slice)"
         raise DataError(f"{spec.spec}: {what}; nothing to serve")
     if num_bad:
-        get_logger(__name__).warning(
-            "skipped bad rows", source=spec.name, num_bad_rows=num_bad, num_rows=num_rows
-        )
+        log.warning("skipped bad rows", source=spec.name, num_bad_rows=num_bad, num_rows=num_rows)
     return OpenedSource(spec, store, num_rows, num_bad)
 
 

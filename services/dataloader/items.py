@@ -18,6 +18,8 @@ from rollway.dataloader.order import ConcatOrder, WeightedOrder
 from rollway.dataloader.rows import Row, RowProblem
 from rollway.dataloader.v1 import dataloader_pb2
 
+log = get_logger(__name__)
+
 LOGGED_SKIPS = 5
 
 
@@ -101,4 +103,4 @@ class ItemFactory:
     def _log_skip(self, message: str) -> None:
         self._num_skips += 1
         if self._num_skips <= LOGGED_SKIPS:
-            get_logger(__name__).warning("skipped a row the tokenizer rejected", problem=message)
+            log.warning("skipped a row the tokenizer rejected", problem=message)

@@ -22,6 +22,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from rollway.dataloader.rows import RowProblem
 
 _GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -61,18 +63,13 @@ def mask_from_offsets(offsets: Sequence[tuple[int, int]], spans: list[tuple[int,
 
     A zero-width token (offsets trimmed to nothing) is masked when it sits strictly inside a span.
     """
-    mask = [0] * len(offsets)
-    if not spans:
-        return mask
-    span_index = 0
-    for t, (start, end) in enumerate(offsets):
-        while span_index < len(spans) and spans[span_index][1] <= start and start < end:
-            span_index += 1
-        if span_index == len(spans):
-            break
-        span_start, span_end = spans[span_index]
-        if start < end:
-            mask[t] = int(start < span_end and end > span_start)
-        else:
-            mask[t] = int(any(s < start < e for s, e in spans))
-    return mask
+    if not len(offsets):
+        return []
+    bounds = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    starts, ends = bounds[:, 0], bounds[:, 1]
+    wide = starts < ends
+    mask = np.zeros(len(bounds), dtype=bool)
+    for span_start, span_end in spans:
+        mask |= wide & (starts < span_end) & (ends > span_start)
+        mask |= ~wide & (starts > span_start) & (starts < span_end)
+    return mask.astype(np.int32).tolist()

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from rollway.common.log import get_logger
 from rollway.dataloader.items import Entry
 
+log = get_logger(__name__)
+
 
 class StreamError(Exception):
     """The next entries of the stream hold an error (a bad row): nothing can be served past it."""
@@ -71,7 +73,7 @@ class Prefetcher:
             try:
                 entry = self._make_entry()
             except Exception as exc:  # a bug, not bad data: report it instead of dying silently
-                get_logger(__name__).exception("prefetch failed")
+                log.exception("prefetch failed")
                 entry = Entry(
                     None, {}, error=f"internal error while preparing items: {type(exc).__name__}: {exc}"
                 )

@@ -27,6 +27,8 @@ from rollway.dataloader.rows import RowRules
 from rollway.dataloader.stream import DataStream, StreamSettings
 from rollway.dataloader.v1 import dataloader_pb2, dataloader_pb2_grpc
 
+log = get_logger(__name__)
+
 MAX_BATCH_SIZE = 1 << 20
 DEFAULT_TIMEOUT_SECONDS = 600.0
 
@@ -52,7 +54,7 @@ class DataloaderService(dataloader_pb2_grpc.DataloaderServiceServicer):
             self._open()
         except (DataError, TokenizerError) as exc:
             self.error = str(exc)
-            get_logger(__name__).error("cannot serve the configured data", error=self.error)
+            log.error("cannot serve the configured data", error=self.error)
         finally:
             self._opening = False
 
@@ -80,7 +82,7 @@ class DataloaderService(dataloader_pb2_grpc.DataloaderServiceServicer):
         self.eval_sets = EvalSets(eval_sources, encoder, config.rollout_max_prompt_len, config.skip_bad_rows)
         self.stream = DataStream(sources, encoder, self._settings())
         summary = [_source_summary(s) for s in sources + eval_sources]
-        get_logger(__name__).info("opened", mode=self.mode, sources=summary)
+        log.info("opened", mode=self.mode, sources=summary)
 
     def _settings(self) -> StreamSettings:
         config = self.config

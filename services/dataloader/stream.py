@@ -23,6 +23,8 @@ from rollway.dataloader.order import make_order
 from rollway.dataloader.prefetch import Prefetcher, StreamError
 from rollway.dataloader.v1 import dataloader_pb2
 
+log = get_logger(__name__)
+
 STATE_VERSION = 1
 CACHED_BATCHES = 4
 BASE_COUNTERS = ("items_served", "dropped_too_long", "skipped_bad_rows", "rejected_by_tokenizer")
@@ -188,7 +190,7 @@ class DataStream:
                 raise InvalidArgument("state_json", f"bad cursor: {exc}") from None
             self._batches.clear()
             self._last_batch_id = None
-            get_logger(__name__).info("restored", epoch=self.epoch, cursor=self._cursor, seed=self.seed)
+            log.info("restored", epoch=self.epoch, cursor=self._cursor, seed=self.seed)
             return self.epoch
 
 
