@@ -38,21 +38,20 @@ class Draw:
 
 
 class _Permutations:
-    """Epoch permutations (identity without shuffle), the latest few cached."""
+    """Epoch permutations (None without shuffle); only the current epoch's is kept (4 bytes a row)."""
 
     def __init__(self, seed: int, shuffle: bool, tag: tuple[int, ...]):
         self.seed, self.shuffle, self.tag = seed, shuffle, tag
-        self._cache: dict[int, np.ndarray] = {}
+        self._cached: tuple[int, np.ndarray] | None = None
 
     def get(self, epoch: int, size: int) -> np.ndarray | None:
         if not self.shuffle:
             return None
-        if epoch not in self._cache:
-            if len(self._cache) >= 2:
-                self._cache.pop(min(self._cache))
+        if self._cached is None or self._cached[0] != epoch:
             rng = np.random.default_rng([self.seed, *self.tag, epoch])
-            self._cache[epoch] = rng.permutation(size)
-        return self._cache[epoch]
+            permutation = rng.permutation(size)
+            self._cached = (epoch, permutation.astype(np.uint32) if size < 2**32 else permutation)
+        return self._cached[1]
 
 
 class ConcatOrder:

@@ -44,9 +44,7 @@ class DataloaderService(dataloader_pb2_grpc.DataloaderServiceServicer):
         self.eval_sets: EvalSets | None = None
         self.error: str | None = None
         self._opening = True
-        self._cache_dir = Path(
-            tempfile.mkdtemp(prefix="rollway-dataloader-", dir=config.data_cache_dir or None)
-        )
+        self._cache_dir: Path | None = None
 
     def open(self) -> None:
         """Load the tokenizer and open every source; on failure keep the error to report it."""
@@ -68,6 +66,14 @@ class DataloaderService(dataloader_pb2_grpc.DataloaderServiceServicer):
             sft=config.is_sft,
             apply_chat_template=config.apply_chat_template,
         )
+        try:
+            if config.data_cache_dir:
+                Path(config.data_cache_dir).mkdir(parents=True, exist_ok=True)
+            self._cache_dir = Path(
+                tempfile.mkdtemp(prefix="rollway-dataloader-", dir=config.data_cache_dir or None)
+            )
+        except OSError as exc:
+            raise DataError(f"data_cache_dir: cannot create a directory there: {exc}") from None
         tokenizer = load_tokenizer(config.hf_checkpoint, config.chat_template_path)
         encoder = Encoder(tokenizer, config.is_sft, config.apply_chat_template)
         sources = open_sources(config.sources(), rules, self._cache_dir / "train", config.skip_bad_rows)
@@ -105,7 +111,8 @@ class DataloaderService(dataloader_pb2_grpc.DataloaderServiceServicer):
                 source.close()
         for source in self.eval_sets.sources if self.eval_sets is not None else []:
             source.close()
-        shutil.rmtree(self._cache_dir, ignore_errors=True)
+        if self._cache_dir is not None:
+            shutil.rmtree(self._cache_dir, ignore_errors=True)
 
     def _ready(self) -> DataStream:
         if self._opening:

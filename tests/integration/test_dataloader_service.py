@@ -267,7 +267,10 @@ def test_restore_continues_the_stream_mid_epoch_and_at_the_boundary(tmp_path, ti
 
 def test_prefetch_queue_depth_and_bad_requests(tmp_path, tiny_model_dir):
     path = write_jsonl(tmp_path / "d.jsonl", [{"input": f"row {i}"} for i in range(200)])
-    with Dataloader(tmp_path, tiny_model_dir, ["--prompt-data", path, "--prefetch-size", "32"]) as dl:
+    cache = tmp_path / "cache"
+    args = ["--prompt-data", path, "--prefetch-size", "32", "--data-cache-dir", str(cache)]
+    with Dataloader(tmp_path, tiny_model_dir, args) as dl:
+        assert len(list(cache.glob("*/train/0/d.rows"))) == 1  # checked rows are indexed on disk
         batch_ids = itertools.count()
         deadline = time.monotonic() + 20
         while (depth := dl.batch(next(batch_ids), 1).prefetch_queue_depth) < 31:  # 32 ready, 1 taken
@@ -289,5 +292,6 @@ def test_prefetch_queue_depth_and_bad_requests(tmp_path, tiny_model_dir):
                 dl.stub.RestoreState(pb.RestoreStateRequest(state_json=state_json))
             assert info.value.code() == code and "state_json" in info.value.details()
         assert len(dl.batch(10**13, 3).items) == 3  # still serving
+    assert list(cache.iterdir()) == []  # removed on shutdown
     with Dataloader(tmp_path, tiny_model_dir, ["--prompt-data", path, "--prefetch-size", "0"]) as dl:
         assert [dl.batch(b, 5).prefetch_queue_depth for b in range(3)] == [0, 0, 0]

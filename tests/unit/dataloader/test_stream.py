@@ -85,17 +85,17 @@ def test_prefetch_size_does_not_change_the_stream(make_stream, weights):
     assert serve(make_stream(weights, prefetch_size=2), sizes) == reference
 
 
-@pytest.mark.parametrize(
-    "cut", [2, 4]
-)  # after 2 batches: mid-epoch; after 4 batches: exactly one epoch (20 rows)
-def test_restore_continues_exactly_despite_prefetched_items(make_stream, cut):
+# After 2 batches: mid-epoch; after 4 batches: exactly one epoch (20 rows).
+@pytest.mark.parametrize("weights", [None, [0.3, 0.7]])
+@pytest.mark.parametrize("cut", [2, 4])
+def test_restore_continues_exactly_despite_prefetched_items(make_stream, cut, weights):
     sizes = [5] * 8
-    full = serve(make_stream(prefetch_size=16), sizes)
-    first = make_stream(prefetch_size=16)
+    full = serve(make_stream(weights, prefetch_size=16), sizes)
+    first = make_stream(weights, prefetch_size=16)
     serve(first, sizes[:cut])
     state_json, num_batches, epoch = first.get_state()
     assert (num_batches, epoch) == (cut, 1 if cut == 4 else 0)
-    resumed = make_stream(prefetch_size=3)
+    resumed = make_stream(weights, prefetch_size=3)
     assert resumed.restore(state_json) == epoch
     assert serve(resumed, sizes[cut:], first_id=100) == full[cut:]
     assert resumed.counters()["items_served"] == 40
