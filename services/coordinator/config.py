@@ -23,7 +23,7 @@ class CoordinatorConfig:
 
     # Run
     run_id: str = setting("", "run id; generated (time-based) when empty")
-    run_dir: str = setting("runs", "directory holding one folder per run (metrics, checkpoints, summary)")
+    run_dir: str = setting("", "directory holding one folder per run (empty: the coordinator's --runs-root)")
     num_rollout: int = setting(
         10, "RL steps (rollouts) to run; for SFT, optimizer steps (0: num_epoch epochs)"
     )
