@@ -26,12 +26,14 @@ class TrainerConfig:
     """Trainer settings: model, ranks, precision, optimizer, schedule, batching."""
 
     # --- start-up: model, ranks, precision (Init cannot change these) ---
-    hf_checkpoint: str = setting(doc="Hugging Face model directory to train (required)")
+    hf_checkpoint: str = setting("", "Hugging Face model directory to train (required)")
     world_size: int = setting(
         1, "number of trainer ranks (processes); rank 0 serves gRPC and spawns the rest"
     )
-    dtype: Literal["bfloat16", "float16", "float32"] = setting(
-        "bfloat16", "parameter dtype for compute; master weights and gradient reduction stay fp32"
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = setting(
+        "auto",
+        "compute dtype of the parameters (auto: bfloat16 on CUDA, float32 on CPU); "
+        "master weights and gradient reduction stay fp32",
     )
     fsdp_cpu_offload: bool = setting(False, "keep FSDP2 parameter shards, gradients and optimizer on CPU")
     gradient_checkpointing: bool = setting(False, "recompute decoder-layer activations in backward")

@@ -29,7 +29,7 @@ from rollway.trainer.config import STEP_SETTINGS, TRAINING_SETTINGS, TrainerConf
 from rollway.trainer.manifest import CheckpointError
 from rollway.trainer.micro_batch import SequenceItem
 from rollway.trainer.runtime import RankRuntime
-from rollway.trainer.sharding import DTYPES
+from rollway.trainer.sharding import DTYPE_NAMES
 from rollway.trainer.train_plan import plan_log_probs, plan_train_steps
 
 
@@ -238,8 +238,8 @@ class TrainerController:
     def weight_checksum(self, dtype: str) -> tuple[str, int]:
         """sha256 of the full weights cast to `dtype` (default: the compute dtype)."""
         dtype = dtype or self.startup.dtype
-        if dtype not in DTYPES:
-            raise InvalidArgument("dtype", f"must be one of {', '.join(DTYPES)} (got {dtype!r})")
+        if dtype not in DTYPE_NAMES:
+            raise InvalidArgument("dtype", f"must be one of {', '.join(DTYPE_NAMES)} (got {dtype!r})")
         with self.lock:
             return self._broadcast("checksum", dtype=dtype)
 

@@ -26,8 +26,8 @@ from rollway.trainer.losses import GlobalDenominators, LossInputs, aggregate, ge
 from rollway.trainer.micro_batch import MicroBatch, SequenceItem, build_micro_batch
 from rollway.trainer.model_loading import load_model
 from rollway.trainer.optimizer import apply_settings, build_optimizer, clip_grad_norm
-from rollway.trainer.sharding import DTYPES, shard_model
-from rollway.trainer.weights import iter_full_weights, weights_checksum
+from rollway.trainer.sharding import resolve_dtype, shard_model
+from rollway.trainer.weights import full_weights_checksum
 
 
 @dataclass
@@ -50,7 +50,7 @@ class TrainerEngine:
         self.model = shard_model(loaded, config, info)
         self.optimizer: torch.optim.Optimizer | None = None
         self.global_step = 0
-        self.compute_dtype = DTYPES[config.dtype]
+        self.compute_dtype = resolve_dtype(config.dtype)
         self.pad_token_id = int(getattr(self.hf_config, "pad_token_id", None) or 0)
 
     @property
@@ -117,8 +117,8 @@ class TrainerEngine:
         dist.barrier()
 
     def checksum(self, dtype: str) -> tuple[str, int]:
-        """sha256 of the full weights cast to `dtype` (weights.py)."""
-        return weights_checksum(iter_full_weights(self.model, DTYPES[dtype]))
+        """sha256 of the full weights cast to `dtype` (weights.py), on rank 0."""
+        return full_weights_checksum(self.model, resolve_dtype(dtype))
 
     # --- internals ------------------------------------------------------------------------
     def _require_optimizer(self) -> torch.optim.Optimizer:

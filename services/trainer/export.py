@@ -15,7 +15,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 from transformers import PretrainedConfig
 
-from rollway.trainer.weights import iter_full_weights
+from rollway.trainer.weights import iter_full_tensors, weight_names
 
 # Files copied verbatim from the source checkpoint when present.
 SIDE_FILES = (
@@ -42,7 +42,9 @@ def export_dtype(hf_config: PretrainedConfig) -> torch.dtype:
 def export_hf(model: torch.nn.Module, hf_config: PretrainedConfig, source_dir: str, out_dir: Path) -> None:
     """Every rank: gather the weights; rank 0 writes `out_dir`."""
     dtype = export_dtype(hf_config)
-    tensors = {name: tensor.contiguous() for name, tensor in iter_full_weights(model, dtype)}
+    tensors = {
+        name: tensor.contiguous() for name, tensor in iter_full_tensors(model, weight_names(model), dtype)
+    }
     if dist.get_rank() != 0:
         return
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from rollway.common.config import to_dict
@@ -42,6 +43,8 @@ class WorkerRanks:
 
     def __init__(self, config: TrainerConfig, master_addr: str, master_port: int):
         self.procs: dict[int, subprocess.Popen] = {}
+        # Popen.poll() from two threads at once answers "still running" to one of them.
+        self._poll_lock = threading.Lock()
         for rank in range(1, config.world_size):
             env = {
                 **os.environ,
@@ -66,7 +69,8 @@ class WorkerRanks:
 
     def dead(self) -> dict[int, int]:
         """Ranks whose process has exited, with their exit codes."""
-        return {rank: proc.returncode for rank, proc in self.procs.items() if proc.poll() is not None}
+        with self._poll_lock:
+            return {rank: proc.returncode for rank, proc in self.procs.items() if proc.poll() is not None}
 
     def wait(self, timeout_s: float) -> bool:
         """Wait until every worker has exited; True if they all did within the timeout."""

@@ -14,11 +14,20 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from rollway.common.weights_checksum import dtype_from_name
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.distributed import RankInfo
 from rollway.trainer.model_loading import LoadedModel, broadcast_buffers
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# Names accepted for --dtype and WeightChecksum.dtype ("auto": bfloat16 on CUDA, float32 on CPU).
+DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32")
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a --dtype name."""
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"dtype: must be one of {', '.join(DTYPE_NAMES)} (got {name!r})")
+    return dtype_from_name(name)
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -43,7 +52,9 @@ def shard_model(loaded: LoadedModel, config: TrainerConfig, info: RankInfo) -> t
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     kwargs = {
-        "mp_policy": MixedPrecisionPolicy(param_dtype=DTYPES[config.dtype], reduce_dtype=torch.float32),
+        "mp_policy": MixedPrecisionPolicy(
+            param_dtype=resolve_dtype(config.dtype), reduce_dtype=torch.float32
+        ),
     }
     if config.fsdp_cpu_offload:
         # Pinned host memory needs a GPU; on a CPU-only machine offloading is a no-op anyway.

@@ -1,46 +1,47 @@
-"""Full (unsharded) weights in name order, and their checksum.
+"""Full (unsharded) weights in name order, for the HF export and the weights checksum.
 
-The weights are `model.named_parameters()` (tied weights once, under their first name, as
-transformers' own `named_parameters` lists them) plus persistent buffers, sorted by name, with
-Hugging Face names. Gathering a full tensor is a collective: every rank iterates in the same
-order, and only rank 0 keeps the values.
+Gathering a full tensor from FSDP2 shards is a collective: every rank iterates over the same
+names in the same order, and only rank 0 keeps the values (other ranks get empty tensors).
 
-Checksum (WeightChecksum, and the manifest of a weight push): sha256 over, for each tensor in
-that order, the UTF-8 name, one zero byte, and the tensor's raw little-endian bytes after a cast
-to the serving dtype (contiguous, row-major). A receiver computing the same over its engine's
-weights gets the same digest exactly when every value matches bit for bit.
+The checksum is rollway.common.weights_checksum (the function the rollout engines use too),
+over `named_parameters()` with Hugging Face names: tied weights once, under their first name.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from rollway.common.weights_checksum import weights_checksum
+
+
+def parameter_names(model: torch.nn.Module) -> list[str]:
+    """Names of the parameters, sorted (tied weights once)."""
+    return sorted(name for name, _ in model.named_parameters())
+
 
 def weight_names(model: torch.nn.Module) -> list[str]:
-    """Names of the tensors that make up the weights, sorted."""
+    """Parameters plus persistent buffers, sorted: what a state dict file must hold."""
     persistent = {
         f"{module_name}.{name}" if module_name else name
         for module_name, module in model.named_modules()
         for name in module._buffers
         if name not in module._non_persistent_buffers_set
     }
-    return sorted({name for name, _ in model.named_parameters()} | persistent)
+    return sorted(set(parameter_names(model)) | persistent)
 
 
-def iter_full_weights(
-    model: torch.nn.Module, dtype: torch.dtype | None = None
+def iter_full_tensors(
+    model: torch.nn.Module, names: list[str], dtype: torch.dtype | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor on CPU) in name order; every rank must iterate, rank 0 gets the values
-    (other ranks get empty tensors)."""
+    """(name, full tensor on CPU) for `names`, in order; every rank must iterate to the end."""
     tensors = dict(model.named_parameters())
     tensors.update(model.named_buffers())
     rank = dist.get_rank() if dist.is_initialized() else 0
-    for name in weight_names(model):
+    for name in names:
         tensor = tensors[name].detach()
         if isinstance(tensor, DTensor):
             tensor = tensor.full_tensor()
@@ -51,18 +52,11 @@ def iter_full_weights(
         yield name, tensor.to(device="cpu", dtype=dtype or tensor.dtype, copy=True)
 
 
-def tensor_bytes(tensor: torch.Tensor) -> bytes:
-    """Raw bytes of a tensor (any dtype, bfloat16 included), row-major."""
-    return tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
-def weights_checksum(named_tensors: Iterator[tuple[str, torch.Tensor]]) -> tuple[str, int]:
-    """(sha256 hex digest, number of tensors) as described in the module docstring."""
-    digest = hashlib.sha256()
-    count = 0
-    for name, tensor in named_tensors:
-        digest.update(name.encode())
-        digest.update(b"\x00")
-        digest.update(tensor_bytes(tensor))
-        count += 1
-    return digest.hexdigest(), count
+def full_weights_checksum(model: torch.nn.Module, dtype: torch.dtype) -> tuple[str, int]:
+    """(sha256 digest, number of tensors) on rank 0; ("", 0) on the other ranks."""
+    tensors = iter_full_tensors(model, parameter_names(model), dtype)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        for _ in tensors:  # take part in every gather
+            pass
+        return "", 0
+    return weights_checksum(tensors, dtype)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -145,8 +146,8 @@ def _rank_main(rank: int, world_size: int, store_path: str, scenarios: list, out
 
 def run_ranks(world_size: int, scenarios: list[tuple[str, dict]], tmp_path: Path) -> list[Any]:
     """Run `scenarios` on `world_size` spawned gloo ranks; rank 0's results, one per scenario."""
-    out_dir = Path(tmp_path) / f"ranks-{world_size}-{os.getpid()}"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(tmp_path) / f"ranks-{world_size}-{uuid.uuid4().hex[:8]}"
+    out_dir.mkdir(parents=True)  # a fresh FileStore per group: a reused store file breaks rendezvous
     store_path = str(out_dir / "store")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.start_processes(

@@ -38,9 +38,7 @@ def test_init_may_change_hyper_parameters_but_not_the_model():
     merged = merge_settings(base, {"lr": 3e-4, "lr-warmup-iters": 5.0}, TRAINING_SETTINGS, "config")
     assert (merged.lr, merged.lr_warmup_iters) == (3e-4, 5)
     # Repeating a start-up setting's current value is fine (a coordinator may send everything).
-    assert (
-        merge_settings(base, {"hf_checkpoint": "m", "dtype": "bfloat16"}, TRAINING_SETTINGS, "config") == base
-    )
+    assert merge_settings(base, {"hf_checkpoint": "m", "dtype": "auto"}, TRAINING_SETTINGS, "config") == base
     with pytest.raises(InvalidArgument, match=r"config\.dtype: cannot be changed here"):
         merge_settings(base, {"dtype": "float32"}, TRAINING_SETTINGS, "config")
     with pytest.raises(InvalidArgument, match=r"config\.lrr: unknown setting.*did you mean lr"):

@@ -1,0 +1,118 @@
+"""Trainer rank processes: no orphans after SIGTERM, a dead or hung rank is reported, never a hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.processes import ServiceProcess
+
+from rollway.common.client import open_channel
+from rollway.common.v1 import common_pb2
+from rollway.trainer.v1 import trainer_pb2 as pb
+from rollway.trainer.v1 import trainer_pb2_grpc
+
+pytestmark = pytest.mark.slow
+
+
+def children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def alive(pid: int) -> bool:
+    """Running and not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def wait_for(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+def start_trainer(tiny_model_dir, workdir: Path, *extra: str) -> ServiceProcess:
+    args = ["--hf-checkpoint", str(tiny_model_dir), "--world-size", "2", "--dtype", "float32", *extra]
+    return ServiceProcess("trainer", args, workdir).start()
+
+
+def train_step(stub, step_id: int, timeout: float = 60.0):
+    sample = common_pb2.Sample(prompt_token_ids=[1, 5], response_token_ids=[6, 7, 2], loss_mask=[1, 1, 1])
+    requests = [
+        pb.TrainStepRequest(header=pb.TrainStepHeader(step_id=step_id, num_samples=1)),
+        pb.TrainStepRequest(samples=pb.SampleChunk(samples=[sample])),
+    ]
+    return stub.TrainStep(iter(requests), timeout=timeout)
+
+
+def health(address: str) -> int:
+    with open_channel(address) as channel:
+        return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest()).status
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
+def test_sigterm_on_rank_0_stops_the_other_ranks(tiny_model_dir, tmp_path):
+    svc = start_trainer(tiny_model_dir, tmp_path)
+    try:
+        workers = children(svc.pid)
+        assert len(workers) == 1 and alive(workers[0])
+    finally:
+        code = svc.stop()
+    assert code == 0
+    assert wait_for(lambda: not alive(workers[0]), 10.0), "rank 1 outlived rank 0"
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
+def test_a_killed_rank_is_reported_and_health_goes_not_serving(tiny_model_dir, tmp_path):
+    svc = start_trainer(tiny_model_dir, tmp_path)
+    try:
+        with open_channel(svc.address) as channel:
+            stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+            stub.Init(pb.InitRequest())
+            assert train_step(stub, 0).global_step == 1
+            (worker,) = children(svc.pid)
+            os.kill(worker, signal.SIGKILL)
+            # Rank 0 notices on its own (it watches its workers) and stops advertising SERVING.
+            assert wait_for(lambda: health(svc.address) == health_pb2.HealthCheckResponse.NOT_SERVING, 10.0)
+            with pytest.raises(grpc.RpcError) as err:
+                train_step(stub, 1)
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "trainer rank 1 exited with code -9" in err.value.details()
+    finally:
+        assert svc.stop() == 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
+def test_a_hung_rank_times_out_instead_of_hanging(tiny_model_dir, tmp_path):
+    svc = start_trainer(tiny_model_dir, tmp_path, "--distributed-timeout-seconds", "8")
+    (worker,) = children(svc.pid)
+    try:
+        with open_channel(svc.address) as channel:
+            stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+            stub.Init(pb.InitRequest())
+            os.kill(worker, signal.SIGSTOP)
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as err:
+                train_step(stub, 0)
+            assert time.monotonic() - started < 30
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
+            assert "train failed" in err.value.details()
+            with pytest.raises(grpc.RpcError) as again:
+                train_step(stub, 1)
+            assert again.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        svc.stop()
+        os.kill(worker, signal.SIGCONT) if alive(worker) else None
+    assert wait_for(lambda: not alive(worker), 10.0)
