@@ -18,6 +18,7 @@ import torch.distributed as dist
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from transformers.utils import logging as hf_logging
 
+from rollway.trainer.attention import hf_attn_implementation
 from rollway.trainer.config import TrainerConfig
 
 
@@ -49,7 +50,9 @@ def build_meta_model(hf_config: PretrainedConfig, config: TrainerConfig) -> torc
     """The architecture with fp32 parameters on the meta device (no memory, no init cost)."""
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(
-            hf_config, attn_implementation=config.attn_implementation, dtype=torch.float32
+            hf_config,
+            attn_implementation=hf_attn_implementation(config.attn_implementation),
+            dtype=torch.float32,
         )
     return model
 
@@ -62,7 +65,9 @@ def load_model(config: TrainerConfig, rank: int) -> LoadedModel:
         hf_logging.disable_progress_bar()  # no progress bars in the service's JSON log
         try:
             source = AutoModelForCausalLM.from_pretrained(
-                config.hf_checkpoint, attn_implementation=config.attn_implementation, dtype=torch.float32
+                config.hf_checkpoint,
+                attn_implementation=hf_attn_implementation(config.attn_implementation),
+                dtype=torch.float32,
             )
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"hf_checkpoint: cannot load {config.hf_checkpoint}: {exc}") from None
