@@ -83,6 +83,9 @@ class CoordinatorConfig:
     save: str = setting("", "directory for run checkpoints (trainer, dataloader cursor, coordinator)")
     save_interval: int = setting(0, "checkpoint every N steps (0: only at the end when save is set)")
     load: str = setting("", "resume from this run checkpoint directory (default: latest under save)")
+    save_hf: str = setting(
+        "", "at the end, write a Hugging Face export of the trained model under this directory"
+    )
 
     # Debugging (Miles-compatible)
     debug_rollout_only: bool = setting(False, "generate and score only; no trainer")

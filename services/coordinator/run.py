@@ -87,6 +87,7 @@ class Run:
             disk_path=str(self.run_dir / "weights"),
         )
         self.final_metrics: dict[str, float] = {}
+        self.hf_export_dir = ""
 
     # --- setup ---
     def total_steps(self) -> int:
@@ -151,6 +152,9 @@ class Run:
                 self._sft_loop()
             else:
                 self._rl_loop()
+            if self.config.save_hf and self.uses_trainer:
+                request = trainer_pb2.SaveCheckpointRequest(path=self.config.save_hf, hf_export=True)
+                self.hf_export_dir = self.services.trainer.SaveCheckpoint(request).hf_dir
             return self.final_metrics
         finally:
             self.sink.close()

@@ -92,17 +92,29 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
         final = record.run.execute()
         record.state = "SUCCEEDED"
         (record.run_dir / "result.json").write_text(
-            json.dumps({"run_id": record.run_id, "final_metrics": final}, indent=1)
+            json.dumps(
+                {"run_id": record.run_id, "final_metrics": final, "hf_export_dir": record.run.hf_export_dir},
+                indent=1,
+            )
         )
     except RunStopped:
         record.state = "STOPPED"
     except Exception as exc:  # the run fails; the coordinator keeps serving
         record.state = "FAILED"
-        record.error = f"{type(exc).__name__}: {exc}"
+        record.error = describe_error(exc)
         log.error("run failed", run_id=record.run_id, error=record.error, traceback=traceback.format_exc())
     finally:
         if services is not None:
             services.close()
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a failed run: a service's status and message, or the exception."""
+    import grpc
+
+    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
+        return f"a service call failed: {exc.code().name}: {exc.details()}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 class RunManager:
