@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 
 # The demo: build the tiny model and data, start the services, run it (see README).
 run: setup
-	$(VENV)/bin/rollway up --workdir runs/demo
+	$(VENV)/bin/rollway demo --workdir runs/demo
 
 test: setup proto-check
 	$(PY) -m pytest -q

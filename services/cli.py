@@ -6,6 +6,7 @@
     rollway run CONFIG [flags]         run a job (starts the services it needs, or attaches)
     rollway plan CONFIG [flags]        print the batch arithmetic of a run config
     rollway plot RUN_DIR               write PNG charts of a run's metrics
+    rollway demo                       SFT then GRPO on the tiny model (what `make run` runs)
 
 Subcommands import their heavy dependencies only when they run, so `rollway --help` is instant.
 """
@@ -80,6 +81,12 @@ def _plot(argv: list[str]) -> int:
     return 0
 
 
+def _demo(argv: list[str]) -> int:
+    from rollway.demo import main as demo_main
+
+    return demo_main(argv)
+
+
 COMMANDS = {
     "serve": (_serve, "run one service"),
     "make-tiny-model": (_make_tiny_model, "write the tiny model, tokenizer and demo datasets"),
@@ -87,6 +94,7 @@ COMMANDS = {
     "run": (_run, "run a job from a config file"),
     "plan": (_plan, "print the batch arithmetic of a run config"),
     "plot": (_plot, "write PNG charts of a run's metrics"),
+    "demo": (_demo, "SFT then GRPO on the tiny model, on CPU"),
 }
 
 

@@ -1,0 +1,146 @@
+"""`rollway demo` (what `make run` runs): SFT then GRPO on the tiny model, on CPU.
+
+    tiny model + addition data ──> SFT run (sft_loss) ──> HF export
+        ──> GRPO run from the export: eval before RL, train, eval after RL ──> summary.json
+
+Both runs go through `rollway run` with config files written to DEMO_DIR/configs/, so each
+step can be rerun or changed by hand. The summary holds accuracy_before_rl, accuracy_after_rl,
+rl_steps and wall_seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import yaml
+
+from rollway.launcher import run as launch_run
+
+
+def sft_config(workdir: Path, model_dir: Path, data_dir: Path, steps: int, seed: int) -> dict:
+    return {
+        "run_id": "sft",
+        "run_dir": str(workdir / "runs"),
+        "hf_checkpoint": str(model_dir),
+        "loss_type": "sft_loss",
+        "prompt_data": [str(data_dir / "sft.parquet")],
+        "input_key": "messages",
+        "apply_chat_template": True,
+        "rollout_shuffle": True,
+        "num_epoch": 0,
+        "rollout_seed": seed,
+        "num_rollout": steps,
+        "rollout_batch_size": 64,
+        "global_batch_size": 64,
+        "lr": 3e-3,
+        "use_dynamic_batch_size": True,
+        "max_tokens_per_gpu": 4096,
+        "seed": seed,
+        "save_hf": str(workdir / "sft-export"),
+    }
+
+
+def grpo_config(workdir: Path, sft_model: Path, data_dir: Path, steps: int, seed: int) -> dict:
+    return {
+        "run_id": "grpo",
+        "run_dir": str(workdir / "runs"),
+        "hf_checkpoint": str(sft_model),
+        "loss_type": "policy_loss",
+        "advantage_estimator": "grpo",
+        "prompt_data": [str(data_dir / "rl.parquet")],
+        "input_key": "prompt",
+        "label_key": "label",
+        "apply_chat_template": True,
+        "rollout_shuffle": True,
+        "num_epoch": 0,
+        "rollout_seed": seed,
+        "eval_prompt_data": ["add", str(data_dir / "eval.parquet")],
+        "eval_interval": 10,
+        "num_rollout": steps,
+        "rollout_batch_size": 16,
+        "n_samples_per_prompt": 8,
+        "global_batch_size": 128,
+        "rollout_temperature": 1.0,
+        "rollout_max_response_len": 8,
+        "rm_type": "exact_match",
+        "lr": 1e-4,
+        "use_dynamic_batch_size": True,
+        "max_tokens_per_gpu": 8192,
+        "seed": seed,
+        "save": str(workdir / "runs" / "grpo" / "checkpoints"),
+        "save_hf": str(workdir / "grpo-export"),
+    }
+
+
+def _write(path: Path, config: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rollway demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", default="runs/demo", help="parent of the demo directory")
+    parser.add_argument("--seed", type=int, default=0, help="seed of model, data and sampling")
+    parser.add_argument("--sft-steps", type=int, default=500, help="SFT optimizer steps")
+    parser.add_argument("--rl-steps", type=int, default=30, help="GRPO rollouts")
+    args = parser.parse_args(argv)
+    start = time.monotonic()
+    workdir = (Path(args.workdir) / time.strftime("%Y%m%d-%H%M%S")).resolve()
+
+    from rollway.common.demo_data import make_demo_data
+    from rollway.common.tiny_model import make_tiny_model
+
+    model_dir = make_tiny_model(workdir / "tiny-model", seed=args.seed)
+    data_dir = workdir / "data"
+    make_demo_data(data_dir, seed=args.seed)
+    print(f"demo directory: {workdir}", flush=True)
+
+    print(f"== SFT: {args.sft_steps} steps on the addition conversations", flush=True)
+    sft = _write(
+        workdir / "configs" / "sft.yaml", sft_config(workdir, model_dir, data_dir, args.sft_steps, args.seed)
+    )
+    if launch_run([str(sft)]) != 0:
+        return 1
+    sft_result = json.loads((workdir / "runs" / "sft" / "result.json").read_text())
+
+    print(f"== GRPO: {args.rl_steps} rollouts from the SFT model", flush=True)
+    grpo = _write(
+        workdir / "configs" / "grpo.yaml",
+        grpo_config(workdir, Path(sft_result["hf_export_dir"]), data_dir, args.rl_steps, args.seed),
+    )
+    if launch_run([str(grpo)]) != 0:
+        return 1
+    grpo_dir = workdir / "runs" / "grpo"
+    evals = [r for r in _metrics(grpo_dir) if "eval/accuracy" in r]
+    from rollway.coordinator.plot import plot_run
+
+    plots = plot_run(grpo_dir) + plot_run(workdir / "runs" / "sft")
+    summary = {
+        "accuracy_before_rl": evals[0]["eval/accuracy"],
+        "accuracy_after_rl": evals[-1]["eval/accuracy"],
+        "rl_steps": args.rl_steps,
+        "sft_steps": args.sft_steps,
+        "sft_final_loss": sft_result["final_metrics"].get("sft/loss"),
+        "wall_seconds": round(time.monotonic() - start, 1),
+        "run_dir": str(workdir),
+        "checkpoint": str(grpo_dir / "checkpoints"),
+        "hf_export": json.loads((grpo_dir / "result.json").read_text())["hf_export_dir"],
+        "plots": [str(p) for p in plots],
+        "seed": args.seed,
+    }
+    summary_path = workdir / "summary.json"
+    summary_path.write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"held-out accuracy before RL: {summary['accuracy_before_rl']:.3f}")
+    print(f"held-out accuracy after RL:  {summary['accuracy_after_rl']:.3f}  ({args.rl_steps} GRPO steps)")
+    print(f"charts: {workdir / 'runs' / 'grpo' / 'plots'}, {workdir / 'runs' / 'sft' / 'plots'}")
+    print(f"checkpoint: {summary['checkpoint']}  (HF export: {summary['hf_export']})")
+    print(f"summary: {summary_path}")
+    return 0
