@@ -164,6 +164,7 @@ class TrainerEngine:
         started = time.perf_counter()
         settings = from_dict(TrainerConfig, step.settings)
         optimizer = self._require_optimizer()
+        optimizer.zero_grad(set_to_none=True)  # nothing left over from a step that failed half-way
         metrics = self.accumulate_gradients(step)
         grad_norm = clip_grad_norm(self.model, settings.clip_grad)
         lr = apply_settings(optimizer, settings, self.global_step)

@@ -116,3 +116,10 @@ def test_a_hung_rank_times_out_instead_of_hanging(tiny_model_dir, tmp_path):
         svc.stop()
         os.kill(worker, signal.SIGCONT) if alive(worker) else None
     assert wait_for(lambda: not alive(worker), 10.0)
+
+
+def test_a_missing_checkpoint_fails_start_up_with_a_clear_error(tmp_path):
+    with pytest.raises(RuntimeError) as err:
+        ServiceProcess("trainer", ["--hf-checkpoint", str(tmp_path / "nope")], tmp_path).start()
+    assert "exited with 2" in str(err.value)
+    assert f"hf_checkpoint: no config.json in {tmp_path / 'nope'}" in str(err.value)

@@ -284,3 +284,14 @@ def test_weight_sync_rpcs_are_not_implemented_yet(stub, trainer):
     with open_channel(trainer.address) as channel:
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
     assert health.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_num_steps_per_rollout_splits_the_batch_into_optimizer_steps(stub):
+    before = stub.TrainStep(train_stream(8, BATCH)).global_step
+    reply = stub.Init(
+        pb.InitRequest(config=struct({"lr": 2e-3, "clip_grad": 0.0, "num_steps_per_rollout": 3}))
+    )
+    assert not reply.already_initialized and reply.global_step == before
+    after = stub.TrainStep(train_stream(9, BATCH))
+    assert after.global_step == before + 3
+    assert after.metrics["train/num_samples"] == 3

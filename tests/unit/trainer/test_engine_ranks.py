@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from unit.trainer.rank_harness import make_config, run_ranks
 
+from rollway.common.tiny_model import make_tiny_model
 from rollway.trainer.micro_batch import SequenceItem
 
 pytestmark = pytest.mark.slow
@@ -73,9 +74,15 @@ def reference(model_dir, items, per_token: bool):
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tiny_model_dir, tmp_path_factory):
+def untied_model_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("untied"), seed=1, tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tiny_model_dir, untied_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("two-ranks")
     config = make_config(tiny_model_dir, lr=1e-3)
+    untied = make_config(untied_model_dir)
     return run_ranks(
         2,
         [
@@ -86,6 +93,10 @@ def two_ranks(tiny_model_dir, tmp_path_factory):
             (
                 "save_and_resume",
                 {"config": config, "batches": BATCHES, "root": str(tmp / "ckpt"), "probe": PROBE},
+            ),
+            (
+                "gradients",
+                {"config": untied, "items": BATCHES[0], "variants": {"mbs1": PER_SAMPLE_VARIANTS["mbs1"]}},
             ),
         ],
         tmp,
@@ -159,6 +170,14 @@ def test_loss_and_gradients_do_not_depend_on_split_ranks_or_packing(
 def test_eager_attention_checkpointing_and_offload_give_the_same_gradients(one_rank, tiny_model_dir):
     expected_loss, expected_grads = reference(tiny_model_dir, BATCHES[0], per_token=False)
     metrics, grads = one_rank[3]["dynamic"]
+    assert metrics["train/loss"] == pytest.approx(expected_loss, abs=1e-5)
+    assert_same_gradients(grads, {k: expected_grads[k] for k in grads})
+
+
+def test_untied_embeddings_are_sharded_on_their_own(two_ranks, untied_model_dir):
+    expected_loss, expected_grads = reference(untied_model_dir, BATCHES[0], per_token=False)
+    metrics, grads = two_ranks[2]["mbs1"]
+    assert "lm_head.weight" in grads and "model.embed_tokens.weight" in grads
     assert metrics["train/loss"] == pytest.approx(expected_loss, abs=1e-5)
     assert_same_gradients(grads, {k: expected_grads[k] for k in grads})
 
