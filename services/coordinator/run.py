@@ -14,6 +14,7 @@ k + 1 - max_weight_staleness (admission), so staleness is bounded without droppi
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import threading
@@ -88,6 +89,10 @@ class Run:
         )
         self.final_metrics: dict[str, float] = {}
         self.hf_export_dir = ""
+        # Data position (dataloader cursor, next batch id, next group index) to store with the next
+        # checkpoint. Taken before batches are fetched ahead for a later step (SFT prefetch, async
+        # generation), so a resume neither skips nor repeats data.
+        self._data_position: tuple[str | None, int, int] | None = None
 
     # --- setup ---
     def total_steps(self) -> int:
@@ -131,11 +136,21 @@ class Run:
             self.services.trainer.SaveCheckpoint(
                 trainer_pb2.SaveCheckpointRequest(path=str(directory / "trainer"))
             )
-        cursor = None
-        if self.services.dataloader is not None:
-            cursor = self.services.dataloader.GetState(dataloader_pb2.GetStateRequest()).state_json
-        run_state.write_checkpoint(directory, self.state, cursor)
+        state = dataclasses.replace(self.state)
+        cursor = self._data_cursor()
+        if self._data_position is not None:
+            cursor, state.next_batch_id, state.next_group_index = self._data_position
+        run_state.write_checkpoint(directory, state, cursor)
         log.info("checkpoint saved", path=str(directory))
+
+    def _mark_data_position(self) -> None:
+        if self.config.save:
+            self._data_position = (self._data_cursor(), self.state.next_batch_id, self.state.next_group_index)
+
+    def _data_cursor(self) -> str | None:
+        if self.services.dataloader is None or not self.config.save:
+            return None
+        return self.services.dataloader.GetState(dataloader_pb2.GetStateRequest()).state_json
 
     def _push_weights(self) -> dict[str, float]:
         self.state.weight_version += 1
@@ -187,6 +202,7 @@ class Run:
                 if not batch.items:
                     break
                 self.state.next_batch_id += 1
+                self._mark_data_position()
                 pending = prefetch.submit(fetch, self.state.next_batch_id)  # async prefetch of the next batch
                 samples = [
                     common_pb2.Sample(
@@ -293,12 +309,14 @@ class Run:
                     raise RunStopped()
                 bind_run_context(step=rollout_id, weight_version=self.state.weight_version)
                 step_start = time.perf_counter()
+                self._data_position = None
                 metrics: dict[str, float] = {}
                 if self.evaluator and (rollout_id == 0 or self._due(c.eval_interval, rollout_id - 1)):
                     metrics.update(self.evaluator.evaluate(f"eval-{rollout_id}"))
                 rollout = next_rollout.result() if next_rollout else self._generate(rollout_id)
                 next_rollout = None
                 if c.async_mode and rollout_id + 1 < self.total_steps() and self._admitted(rollout_id + 1):
+                    self._mark_data_position()
                     next_rollout = generator.submit(self._generate, rollout_id + 1)
                 metrics.update(rollout.metrics)
                 metrics["perf/rollout_time"] = rollout.generate_seconds

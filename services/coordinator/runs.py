@@ -166,6 +166,8 @@ class RunManager:
             yield from (r for r in MetricsSink.read(record.metrics_path) if r["step"] >= from_step)
             return
         yield from record.run.sink.follow(from_step)
+        if record.thread is not None:
+            record.thread.join(30)  # the stream ends once the run's final state is visible to GetRun
 
     def stop_all(self) -> None:
         for record in self.list():
