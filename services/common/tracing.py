@@ -175,3 +175,21 @@ def _with_metadata(details, metadata) -> _Details:
 def client_interceptor() -> TracingClientInterceptor:
     """gRPC client interceptor that opens a CLIENT span per call and propagates the trace context."""
     return TracingClientInterceptor()
+
+
+def in_current_context(fn):
+    """Wrap `fn` to run in a copy of the caller's context (trace span, log fields) on any thread.
+
+    Threads of a pool do not inherit contextvars; without this, calls made from them start new
+    traces instead of being children of the step's span.
+    """
+    import contextvars
+    import functools
+
+    parent = contextvars.copy_context()
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        return parent.copy().run(fn, *args, **kwargs)
+
+    return run

@@ -16,6 +16,7 @@ import grpc
 from google.protobuf import struct_pb2
 
 from rollway.common.client import ClientConfig, open_channel, wait_until_serving
+from rollway.common.tracing import in_current_context
 from rollway.common.v1 import common_pb2
 from rollway.dataloader.v1 import dataloader_pb2, dataloader_pb2_grpc
 from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
@@ -125,7 +126,7 @@ class Services:
             return samples
 
         with ThreadPoolExecutor(max(len(self.rollouts), 1)) as pool:
-            results = list(pool.map(run, self.rollouts, shards))
+            results = list(pool.map(in_current_context(run), self.rollouts, shards))
         return sorted((s for shard in results for s in shard), key=lambda s: (s.group_index, s.index))
 
     def rollout_info(self) -> list[rollout_pb2.GetInfoResponse]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollway.common.log import bind_run_context, get_logger
+from rollway.common.tracing import in_current_context, tracer
 from rollway.common.v1 import common_pb2
 from rollway.coordinator import debug_data, run_state
 from rollway.coordinator.config import CoordinatorConfig
@@ -191,8 +192,11 @@ class Run:
     # --- SFT ---
     def _sft_loop(self) -> None:
         prefetch = ThreadPoolExecutor(1, thread_name_prefix="prefetch")
-        fetch = lambda batch_id: self.services.next_batch(self.config.rollout_batch_size, batch_id)  # noqa: E731
-        pending: Future = prefetch.submit(fetch, self.state.next_batch_id)
+
+        def fetch(batch_id: int):
+            return self.services.next_batch(self.config.rollout_batch_size, batch_id)
+
+        pending: Future = prefetch.submit(in_current_context(fetch), self.state.next_batch_id)
         try:
             for step in range(self.state.next_rollout_id, self.total_steps() or 1 << 62):
                 if self.stop.is_set():
@@ -203,39 +207,44 @@ class Run:
                     break
                 self.state.next_batch_id += 1
                 self._mark_data_position()
-                pending = prefetch.submit(fetch, self.state.next_batch_id)  # async prefetch of the next batch
-                samples = [
-                    common_pb2.Sample(
-                        index=i,
-                        response_token_ids=item.token_ids,
-                        loss_mask=item.loss_mask,
-                        source=item.source,
-                    )
-                    for i, item in enumerate(batch.items)
-                ]
-                start = time.perf_counter()
-                reply = self.services.train_step(step, samples, {"loss_type": "sft_loss"})
-                self.state.tokens_seen += sum(len(s.response_token_ids) for s in samples)
-                self.state.epoch = batch.epoch
-                metrics = {
-                    f"sft/{k.split('/', 1)[1]}" if k.startswith("train/") else k: v
-                    for k, v in reply.metrics.items()
-                }
-                metrics.update(
-                    {
-                        "sft/tokens_seen": float(self.state.tokens_seen),
-                        "sft/epoch": float(batch.epoch),
-                        "data/prefetch_queue_depth": float(batch.prefetch_queue_depth),
-                        "perf/train_time": time.perf_counter() - start,
-                        "perf/step_time": time.perf_counter() - start,
-                    }
-                )
-                self._determinism(step, samples, metrics)
-                self._after_step(step, metrics)
+                pending = prefetch.submit(
+                    in_current_context(fetch), self.state.next_batch_id
+                )  # overlap the next fetch
+                with tracer("rollway.coordinator").start_as_current_span(
+                    "sft_step", attributes={"step": step}
+                ):
+                    self._sft_step(step, batch)
                 if batch.exhausted:
                     break
         finally:
             prefetch.shutdown(wait=False, cancel_futures=True)
+
+    def _sft_step(self, step: int, batch: dataloader_pb2.NextBatchResponse) -> None:
+        samples = [
+            common_pb2.Sample(
+                index=i, response_token_ids=item.token_ids, loss_mask=item.loss_mask, source=item.source
+            )
+            for i, item in enumerate(batch.items)
+        ]
+        start = time.perf_counter()
+        reply = self.services.train_step(step, samples, {"loss_type": "sft_loss"})
+        self.state.tokens_seen += sum(len(s.response_token_ids) for s in samples)
+        self.state.epoch = batch.epoch
+        # The trainer reports train/*; an SFT run reports them as sft/* (Miles' SFT names).
+        metrics = {
+            f"sft/{k.split('/', 1)[1]}" if k.startswith("train/") else k: v for k, v in reply.metrics.items()
+        }
+        metrics.update(
+            {
+                "sft/tokens_seen": float(self.state.tokens_seen),
+                "sft/epoch": float(batch.epoch),
+                "data/prefetch_queue_depth": float(batch.prefetch_queue_depth),
+                "perf/train_time": time.perf_counter() - start,
+                "perf/step_time": time.perf_counter() - start,
+            }
+        )
+        self._determinism(step, samples, metrics)
+        self._after_step(step, metrics)
 
     # --- RL ---
     def _sampling(self) -> common_pb2.SamplingParams:
@@ -308,35 +317,50 @@ class Run:
                 if self.stop.is_set():
                     raise RunStopped()
                 bind_run_context(step=rollout_id, weight_version=self.state.weight_version)
-                step_start = time.perf_counter()
-                self._data_position = None
-                metrics: dict[str, float] = {}
-                if self.evaluator and (rollout_id == 0 or self._due(c.eval_interval, rollout_id - 1)):
-                    metrics.update(self.evaluator.evaluate(f"eval-{rollout_id}"))
-                rollout = next_rollout.result() if next_rollout else self._generate(rollout_id)
-                next_rollout = None
-                if c.async_mode and rollout_id + 1 < self.total_steps() and self._admitted(rollout_id + 1):
-                    self._mark_data_position()
-                    next_rollout = generator.submit(self._generate, rollout_id + 1)
-                metrics.update(rollout.metrics)
-                metrics["perf/rollout_time"] = rollout.generate_seconds
-                if c.save_debug_rollout_data:
-                    debug_data.save_rollout(c.save_debug_rollout_data, rollout_id, rollout.samples)
-                if self.uses_trainer:
-                    metrics.update(self._train(rollout))
-                    if self.uses_rollout and self._due(c.update_weights_interval, rollout_id):
-                        # An async generation in flight is paused (WAIT) around the sync, not dropped.
-                        metrics.update(self._push_weights())
-                metrics["rollout/weight_version"] = float(self.state.weight_version)
-                metrics["perf/step_time"] = time.perf_counter() - step_start
-                self._determinism(rollout_id, rollout.samples, metrics)
-                self._after_step(rollout_id, metrics)
+                # One trace per step: every service call below is a child span of this one.
+                with tracer("rollway.coordinator").start_as_current_span(
+                    "rl_step", attributes={"step": rollout_id}
+                ):
+                    next_rollout = self._rl_step(rollout_id, next_rollout, generator)
             if self.evaluator and self.total_steps() > 0:
                 final = self.evaluator.evaluate("eval-final")
                 self.sink.log(self.total_steps(), final)
                 self.final_metrics.update(final)
         finally:
             generator.shutdown(wait=True, cancel_futures=True)
+
+    def _rl_step(
+        self, rollout_id: int, prefetched: Future | None, generator: ThreadPoolExecutor
+    ) -> Future | None:
+        """Rollout `rollout_id` (generated now, or earlier in the background), train, sync.
+
+        Returns the background generation of the next rollout (async mode), if started.
+        """
+        c = self.config
+        step_start = time.perf_counter()
+        self._data_position = None
+        metrics: dict[str, float] = {}
+        if self.evaluator and (rollout_id == 0 or self._due(c.eval_interval, rollout_id - 1)):
+            metrics.update(self.evaluator.evaluate(f"eval-{rollout_id}"))
+        rollout = prefetched.result() if prefetched else self._generate(rollout_id)
+        next_rollout = None
+        if c.async_mode and rollout_id + 1 < self.total_steps() and self._admitted(rollout_id + 1):
+            self._mark_data_position()
+            next_rollout = generator.submit(in_current_context(self._generate), rollout_id + 1)
+        metrics.update(rollout.metrics)
+        metrics["perf/rollout_time"] = rollout.generate_seconds
+        if c.save_debug_rollout_data:
+            debug_data.save_rollout(c.save_debug_rollout_data, rollout_id, rollout.samples)
+        if self.uses_trainer:
+            metrics.update(self._train(rollout))
+            if self.uses_rollout and self._due(c.update_weights_interval, rollout_id):
+                # An async generation in flight is paused (WAIT) around the sync, not dropped.
+                metrics.update(self._push_weights())
+        metrics["rollout/weight_version"] = float(self.state.weight_version)
+        metrics["perf/step_time"] = time.perf_counter() - step_start
+        self._determinism(rollout_id, rollout.samples, metrics)
+        self._after_step(rollout_id, metrics)
+        return next_rollout
 
     def _admitted(self, rollout_id: int) -> bool:
         """Async admission: the engines' weights may lag the rollout id by max_weight_staleness."""
