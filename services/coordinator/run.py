@@ -207,12 +207,11 @@ class Run:
                     break
                 self.state.next_batch_id += 1
                 self._mark_data_position()
-                pending = prefetch.submit(
-                    in_current_context(fetch), self.state.next_batch_id
-                )  # overlap the next fetch
+                # One trace per step: the next batch's fetch (overlapping training) and TrainStep.
                 with tracer("rollway.coordinator").start_as_current_span(
                     "sft_step", attributes={"step": step}
                 ):
+                    pending = prefetch.submit(in_current_context(fetch), self.state.next_batch_id)
                     self._sft_step(step, batch)
                 if batch.exhausted:
                     break

@@ -38,7 +38,10 @@ def trainer_checksum(service: ServiceProcess) -> str:
     return stub.WeightChecksum(trainer_pb2.WeightChecksumRequest(dtype="float32")).checksum.digest
 
 
-def test_sft_run_lowers_loss_and_streams_metrics_over_the_grpc_api(tiny_model_dir, demo_data_dir, tmp_path):
+def test_sft_run_lowers_loss_and_streams_metrics_over_the_grpc_api(
+    tiny_model_dir, demo_data_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("ROLLWAY_TRACE_FILE", str(tmp_path / "spans.jsonl"))  # every service appends its spans
     with ExitStack() as stack:
         services = start_services(stack, tmp_path, sft_service_args(tiny_model_dir, demo_data_dir))
         stub = coordinator_stub(services["coordinator"])
@@ -65,6 +68,22 @@ def test_sft_run_lowers_loss_and_streams_metrics_over_the_grpc_api(tiny_model_di
         with pytest.raises(grpc.RpcError) as unknown:
             stub.GetRun(coordinator_pb2.GetRunRequest(run_id="nope"))
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+    # One trace per step, spanning the coordinator, the dataloader and the trainer.
+    spans = [json.loads(line) for line in (tmp_path / "spans.jsonl").read_text().splitlines()]
+    steps = [s for s in spans if s["name"] == "sft_step"]
+    assert sorted(s["attributes"]["step"] for s in steps) == list(range(12))
+    step_3 = next(s for s in steps if s["attributes"]["step"] == 3)
+    in_trace = [s for s in spans if s["trace_id"] == step_3["trace_id"]]
+    assert {s["service"] for s in in_trace} == {
+        "rollway-coordinator",
+        "rollway-dataloader",
+        "rollway-trainer",
+    }
+    assert {s["name"] for s in in_trace if s["kind"] == "SERVER"} >= {
+        "/rollway.trainer.v1.TrainerService/TrainStep",
+        "/rollway.dataloader.v1.DataloaderService/NextBatch",
+    }
 
 
 def _run_to_end(
