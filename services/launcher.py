@@ -137,7 +137,7 @@ def run(argv: list[str]) -> int:
     from rollway.coordinator.runs import new_run_id
 
     run_id = c.run_id or new_run_id()
-    run_dir = (Path(c.run_dir) / run_id).resolve()
+    run_dir = (Path(c.run_dir or "runs") / run_id).resolve()
     workdir = run_dir / "services"
     started: list[ServiceProcess] = []
     interrupted = threading.Event()
