@@ -55,8 +55,9 @@ def leave_one_out(rewards: Sequence[float], group_size: int) -> np.ndarray:
     return (g - others_mean).reshape(-1)
 
 
-def sequence_advantages(estimator: str, rewards: Sequence[float], group_size: int, *,
-                        disable_grpo_std_normalization: bool = False) -> np.ndarray:
+def sequence_advantages(
+    estimator: str, rewards: Sequence[float], group_size: int, *, disable_grpo_std_normalization: bool = False
+) -> np.ndarray:
     """One scalar per sample, in sample order (groups contiguous), for `estimator`."""
     if estimator in ("grpo", "gspo"):
         return group_normalised(rewards, group_size, use_std=not disable_grpo_std_normalization)

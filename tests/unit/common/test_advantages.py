@@ -30,7 +30,9 @@ def test_rloo_leaves_one_out():
 
 def test_reinforce_variants():
     np.testing.assert_allclose(sequence_advantages("reinforce_plus_plus", [1, 0], 2), [1, 0])
-    np.testing.assert_allclose(sequence_advantages("reinforce_plus_plus_baseline", [1, 0, 4, 4], 2), [0.5, -0.5, 0, 0])
+    np.testing.assert_allclose(
+        sequence_advantages("reinforce_plus_plus_baseline", [1, 0, 4, 4], 2), [0.5, -0.5, 0, 0]
+    )
 
 
 def test_zero_std_groups_and_errors():
