@@ -16,7 +16,7 @@ import dataclasses
 import difflib
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -255,11 +255,17 @@ def parse_components(
     *,
     prog: str | None = None,
     description: str | None = None,
+    run_config_keys: Callable[[], set[str]] | None = None,
 ) -> list[Any]:
     """Like `parse` for several component dataclasses sharing one flat namespace of flags and keys.
 
     Each YAML key or flag goes to every component that declares it (see check_shared_settings).
     Returns one instance per class, in order.
+
+    With `run_config_keys` (the keys of every component of a run), `--run-config FILE` is added:
+    a whole run's flat config, of which these components take the keys they declare and ignore
+    the keys only other components declare; a key that no component declares is still an error.
+    `--config FILE` stays strict and overrides it; flags override both.
     """
     owners: dict[str, list[type]] = {}
     for cls in classes:
@@ -270,14 +276,22 @@ def parse_components(
     check_shared_settings(classes)
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", help="YAML file with settings (flags override it)")
+    if run_config_keys is not None:
+        parser.add_argument(
+            "--run-config",
+            help="YAML run config holding every component's settings; only this service's are taken "
+            "(--config and flags override it)",
+        )
     for cls in classes:
         add_flags(parser, cls)
     args = vars(parser.parse_args(argv))
     config_path = args.pop("config", None)
+    run_config_path = args.pop("run_config", None)
     try:
-        data = {
-            str(k).replace("-", "_"): v for k, v in (load_yaml(config_path) if config_path else {}).items()
-        }
+        data = _run_config_part(run_config_path, owners, run_config_keys) if run_config_path else {}
+        data.update(
+            {str(k).replace("-", "_"): v for k, v in (load_yaml(config_path) if config_path else {}).items()}
+        )
         data.update(args)
         for key in data:
             if key not in owners:
@@ -287,6 +301,28 @@ def parse_components(
     except ConfigError as exc:
         parser.error(str(exc))
         raise
+
+
+def _run_config_part(
+    path: str, owners: Mapping[str, Any], run_config_keys: Callable[[], set[str]]
+) -> dict[str, Any]:
+    """The keys of a run config that `owners` declare; keys of other run components are dropped.
+
+    Only run settings count: a process setting (port, host, ...) in a run config is an error here
+    as it is for `rollway run`, so one run config never gives every service the same port.
+    """
+    known = run_config_keys()
+    part = {}
+    for raw_key, value in load_yaml(path).items():
+        key = str(raw_key).replace("-", "_")
+        if key in known:
+            if key in owners:
+                part[key] = value
+        else:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ConfigError(key, f"unknown setting in run config {path} (no component declares it){hint}")
+    return part
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -2,15 +2,38 @@
 
 Configuration is parsed before the service module is imported, so `--help` and configuration
 errors are instant even for services that import torch.
+
+    python -m rollway.trainer --config trainer.yaml          # only trainer settings (strict)
+    python -m rollway.trainer --run-config run.yaml          # a whole run's config: the trainer's keys
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Sequence
 
 from rollway.common.config import parse_components
 from rollway.common.server import ServerConfig
+
+# The components whose settings make up one run config (the flat namespace of `rollway run`),
+# as (module, dataclass); their config modules import no torch.
+RUN_COMPONENTS = {
+    "coordinator": ("rollway.coordinator.config", "CoordinatorConfig"),
+    "dataloader": ("rollway.dataloader.config", "DataloaderConfig"),
+    "rollout": ("rollway.rollout.config", "RolloutConfig"),
+    "trainer": ("rollway.trainer.config", "TrainerConfig"),
+}
+
+
+def run_config_keys() -> set[str]:
+    """Every key a run config may hold: the fields (and aliases) of every run component."""
+    keys: set[str] = set()
+    for module, name in RUN_COMPONENTS.values():
+        for f in dataclasses.fields(getattr(importlib.import_module(module), name)):
+            keys.add(f.name)
+            keys.update(alias.replace("-", "_") for alias in f.metadata.get("aliases", ()))
+    return keys
 
 
 def run_service(service: str, config_classes: Sequence[type], argv: Sequence[str] | None = None) -> None:
@@ -20,6 +43,7 @@ def run_service(service: str, config_classes: Sequence[type], argv: Sequence[str
         argv,
         prog=f"python -m rollway.{service}",
         description=f"Run the rollway {service} service.",
+        run_config_keys=run_config_keys,
     )
     module = importlib.import_module(f"rollway.{service}.service")
     module.serve(server_config, *service_configs)

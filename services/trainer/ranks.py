@@ -4,6 +4,10 @@ Each worker is `python -m rollway.trainer.worker` with torchrun's environment (R
 LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and the trainer's configuration as JSON. No orphans: on
 Linux a worker gets SIGKILL when rank 0 dies (PR_SET_PDEATHSIG), and its command loop exits as
 soon as rank 0's store stops answering; a normal stop sends `shutdown`, then kills by pid.
+
+With `spawn_workers` false nothing is spawned: a launcher (Ray) starts the same workers itself
+and rank 0 only waits for them in its store; it then sees a dead worker as a failed collective
+rather than by its pid, and the launcher watches the worker processes.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ class WorkerRanks:
         self.procs: dict[int, subprocess.Popen] = {}
         # Popen.poll() from two threads at once answers "still running" to one of them.
         self._poll_lock = threading.Lock()
+        if not config.spawn_workers:  # ranks 1..N-1 are started elsewhere (Ray) and join the store
+            _log().info("waiting for ranks started elsewhere", world_size=config.world_size)
+            return
         for rank in range(1, config.world_size):
             env = {
                 **os.environ,
