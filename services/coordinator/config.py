@@ -43,7 +43,6 @@ class CoordinatorConfig:
     dynamic_sampling_filter_path: str = setting(
         "", "group filter, e.g. check_reward_nonzero_std (drop zero-std groups)"
     )
-    partial_rollout: bool = setting(False, "keep samples aborted by a weight update and finish them later")
 
     # Sampling
     rollout_temperature: float = setting(1.0, "sampling temperature (also divides logits for log-probs)")
