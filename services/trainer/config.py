@@ -49,6 +49,11 @@ class TrainerConfig:
         "rank 0 starts ranks 1..N-1 as child processes; false: they are started elsewhere (Ray actors "
         "running python -m rollway.trainer.worker) and join rank 0's store at master_addr:master_port",
     )
+    spawn_workers: bool = setting(
+        True,
+        "rank 0 starts ranks 1..N-1 as child processes; false: they are started elsewhere (Ray actors "
+        "running python -m rollway.trainer.worker) and join rank 0's store at master_addr:master_port",
+    )
     master_addr: str = setting("127.0.0.1", "address of rank 0's rendezvous store")
     master_port: int = setting(0, "port of rank 0's rendezvous store; 0 picks a free one")
     distributed_timeout_seconds: float = setting(
@@ -120,6 +125,10 @@ class TrainerConfig:
         if self.attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
             raise ConfigError(
                 "attn_implementation", "flash_attention_2 needs the flash-attn package (not installed)"
+            )
+        if not self.spawn_workers and self.world_size > 1 and self.master_port == 0:
+            raise ConfigError(
+                "master_port", "must be set with spawn_workers false: ranks started elsewhere dial it"
             )
         if not self.spawn_workers and self.world_size > 1 and self.master_port == 0:
             raise ConfigError(
