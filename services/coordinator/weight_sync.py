@@ -1,22 +1,29 @@
 """The weight-sync sequence the coordinator drives (control over gRPC, bytes over torch.distributed).
 
-    init_weight_group:  trainer.InitWeightGroup (rank 0, hosts the store)  ||  rollout_i.InitWeightGroup
-    sync_weights(v):    rollout_i.Pause -> trainer.PushWeights(v) streams the manifest
+    init_weight_group:  rollout_i.GetInfo (all alive?) -> trainer.InitWeightGroup (rank 0, hosts
+                        the store)  ||  rollout_i.InitWeightGroup (ranks 1..), all at once
+    sync_weights(v):    rollout_i.GetInfo: all at v already -> no-op (a retry)
+                        rollout_i.Pause(WAIT) -> trainer.PushWeights(v) streams the manifest
                         -> rollout_i.UpdateWeights(manifest) while the trainer broadcasts buckets
-                        -> each receiver verifies checksums and commits v -> rollout_i.Resume
+                        -> each receiver verifies its checksums [and acknowledges] and commits v
+                        -> rollout_i.Resume (also after a failure)
 
 The trainer and every receiver must be inside their collectives at the same time, so the calls
 of one phase run concurrently. Versions only move forward; a retry of a committed version is a
-no-op on both sides. On failure the receivers keep the old version and the caller may rebuild
-the group (init_weight_group again) and retry.
+no-op. On a failed transfer the receivers keep their old version; sync_weights then rebuilds the
+group under a new name (every member destroys its old group first) and retries, up to
+`max_attempts` in all, before raising WeightSyncError. The disk transport needs no group.
 """
 
 from __future__ import annotations
 
 import socket
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+
+import grpc
 
 from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
@@ -25,10 +32,19 @@ from rollway.rollout.v1 import rollout_pb2
 from rollway.trainer.v1 import trainer_pb2
 
 log = get_logger("rollway.coordinator.weight_sync")
+# Seconds added to the group timeout for the RPC deadlines (the services time out first).
+DEADLINE_MARGIN = 30.0
 
 
 class WeightSyncError(RuntimeError):
-    """A weight update failed; receivers still serve their previous version."""
+    """A weight update failed; receivers still serve their previous version.
+
+    `retryable`: the transfer itself failed (a member died or timed out): rebuilding the group
+    may help; otherwise (a refusal, a checksum mismatch) the same request would fail again."""
+
+    def __init__(self, message: str, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
 
 
 @dataclass
@@ -37,12 +53,14 @@ class WeightSyncSettings:
 
     transport: str = "distributed"
     bucket_size_bytes: int = 512 * 1024 * 1024
-    dtype: str = ""
+    dtype: str = ""  # empty: the engines' serving dtype (GetInfo.dtype)
     disk_path: str = ""
     timeout_seconds: float = 300.0
-    backend: str = "gloo"
+    backend: str = "auto"  # auto: nccl when every engine is sglang (GPU only), else gloo
     master_address: str = "127.0.0.1"
-    master_port: int = 0
+    master_port: int = 0  # 0: a free port, new for every group
+    group_name_prefix: str = "rollway"
+    max_attempts: int = 2  # sync attempts; between two, the group is rebuilt
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -51,104 +69,188 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _describe(exc: grpc.RpcError) -> str:
+    return f"{exc.code().name}: {exc.details()}"
+
+
+def _rollout_infos(services: Services) -> list[rollout_pb2.GetInfoResponse]:
+    infos = []
+    for i, stub in enumerate(services.rollouts):
+        try:
+            infos.append(stub.GetInfo(rollout_pb2.GetInfoRequest()))
+        except grpc.RpcError as exc:
+            address = services.addresses.get("rollout", ["?"] * (i + 1))[i]
+            raise WeightSyncError(f"rollout {i} ({address}) does not answer: {_describe(exc)}") from None
+    return infos
+
+
+def _backend(settings: WeightSyncSettings, infos: list[rollout_pb2.GetInfoResponse]) -> str:
+    if settings.backend != "auto":
+        return settings.backend
+    return "nccl" if infos and all(info.engine == "sglang" for info in infos) else "gloo"
+
+
 def init_weight_group(
-    services: Services, settings: WeightSyncSettings, group_name: str = "rollway"
-) -> common_pb2.WeightGroupSpec:
-    """Create the group: trainer rank 0 plus one rank per engine worker of every rollout service."""
-    infos = services.rollout_info()
-    port = settings.master_port or free_port(settings.master_address)
-    world_size = 1 + sum(max(info.num_workers, 1) for info in infos)
+    services: Services, settings: WeightSyncSettings, group_name: str | None = None
+) -> common_pb2.WeightGroupSpec | None:
+    """Form the group: trainer rank 0 plus one rank per engine worker of every rollout service.
+
+    Every call uses a new group name (and, with master_port 0, a new port), so every member
+    rebuilds: a member that restarted can never meet a stale group. None for the disk transport."""
+    if settings.transport == "disk":
+        return None
+    infos = _rollout_infos(services)  # a dead service fails here, before anyone blocks in a rendezvous
     base = common_pb2.WeightGroupSpec(
-        group_name=group_name,
+        group_name=group_name or f"{settings.group_name_prefix}-{uuid.uuid4().hex[:8]}",
         master_address=settings.master_address,
-        master_port=port,
-        world_size=world_size,
-        backend=settings.backend,
+        master_port=settings.master_port or free_port(settings.master_address),
+        world_size=1 + sum(max(info.num_workers, 1) for info in infos),
+        backend=_backend(settings, infos),
         timeout_seconds=settings.timeout_seconds,
     )
+    deadline = settings.timeout_seconds + DEADLINE_MARGIN
     with ThreadPoolExecutor(1 + len(services.rollouts)) as pool:
-        calls = [
-            pool.submit(
-                services.trainer.InitWeightGroup,
-                trainer_pb2.InitWeightGroupRequest(group=base),
-                timeout=settings.timeout_seconds + 30,
-            )
-        ]
+        calls = [("trainer", pool.submit(services.trainer.InitWeightGroup, trainer_pb2.InitWeightGroupRequest(group=base), timeout=deadline))]  # fmt: skip
         rank = 1
-        for stub, info in zip(services.rollouts, infos, strict=True):
+        for i, (stub, info) in enumerate(zip(services.rollouts, infos, strict=True)):
             spec = common_pb2.WeightGroupSpec()
             spec.CopyFrom(base)
             spec.rank_offset = rank
             rank += max(info.num_workers, 1)
-            calls.append(
-                pool.submit(
-                    stub.InitWeightGroup,
-                    rollout_pb2.InitWeightGroupRequest(group=spec),
-                    timeout=settings.timeout_seconds + 30,
-                )
-            )
-        for call in calls:
-            call.result()
-    log.info("weight group ready", world_size=world_size, port=port)
+            request = rollout_pb2.InitWeightGroupRequest(group=spec)
+            calls.append((f"rollout {i}", pool.submit(stub.InitWeightGroup, request, timeout=deadline)))
+        errors = []
+        for who, call in calls:
+            try:
+                call.result()
+            except grpc.RpcError as exc:
+                errors.append(f"{who}: {_describe(exc)}")
+    if errors:
+        raise WeightSyncError(
+            f"weight group {base.group_name} not formed: " + "; ".join(errors), retryable=True
+        )
+    log.info("weight group ready", group=base.group_name, world_size=base.world_size, backend=base.backend)
     return base
 
 
 def sync_weights(services: Services, weight_version: int, settings: WeightSyncSettings) -> dict[str, float]:
-    """Pause, push version `weight_version`, verify, commit, resume. Returns perf/weight_sync_* seconds."""
+    """Pause, push `weight_version`, verify, commit, resume; perf/weight_sync_* seconds.
+
+    A version every engine already serves is a no-op. Raises WeightSyncError when the update
+    did not reach every engine after `max_attempts` (each engine then serves its old version)."""
+    for attempt in range(1, settings.max_attempts + 1):
+        try:
+            return _sync_once(services, weight_version, settings)
+        except WeightSyncError as exc:
+            if not exc.retryable or attempt == settings.max_attempts:
+                raise
+            log.warning("weight sync failed; rebuilding the group", error=str(exc), attempt=attempt)
+            init_weight_group(services, settings)
+    raise AssertionError("unreachable")
+
+
+def _sync_once(services: Services, weight_version: int, settings: WeightSyncSettings) -> dict[str, float]:
     start = time.perf_counter()
-    for stub in services.rollouts:
-        stub.Pause(rollout_pb2.PauseRequest(mode=rollout_pb2.PAUSE_MODE_WAIT))
-    pause_seconds = time.perf_counter() - start
+    infos = _rollout_infos(services)
+    versions = [info.weight_version for info in infos]
+    ahead = [(i, v) for i, v in enumerate(versions) if v > weight_version]
+    if ahead:
+        raise WeightSyncError(
+            f"rollout(s) {ahead} serve versions above {weight_version}: versions only move forward"
+        )
+    if versions and all(v == weight_version for v in versions):
+        log.info("weights already synced", weight_version=weight_version)
+        return _metrics(None, [], 0.0, time.perf_counter() - start)
+    paused = []
     try:
-        receiver_timings = _push_and_receive(services, weight_version, settings)
-    finally:
         for stub in services.rollouts:
-            stub.Resume(rollout_pb2.ResumeRequest())
-    sender, receivers = receiver_timings
-    total = time.perf_counter() - start
-    metrics = {
-        "perf/weight_sync_gather_time": sender.gather_seconds,
-        "perf/weight_sync_pause_time": pause_seconds,
-        "perf/weight_sync_wire_time": max(
-            [sender.wire_seconds, *(r.timings.wire_seconds for r in receivers)]
-        ),
-        "perf/weight_sync_load_time": max((r.timings.load_seconds for r in receivers), default=0.0),
-        "perf/weight_sync_verify_time": max((r.timings.verify_seconds for r in receivers), default=0.0),
-        "perf/weight_sync_time": total,
-    }
-    log.info("weights synced", weight_version=weight_version, seconds=round(total, 3))
+            stub.Pause(
+                rollout_pb2.PauseRequest(mode=rollout_pb2.PAUSE_MODE_WAIT), timeout=settings.timeout_seconds
+            )
+            paused.append(stub)
+        pause_seconds = time.perf_counter() - start
+        sender, receivers = _push_and_receive(services, weight_version, settings, infos)
+    except grpc.RpcError as exc:  # Pause
+        raise WeightSyncError(f"pause before the weight update failed: {_describe(exc)}") from None
+    finally:
+        for stub in paused:
+            try:
+                stub.Resume(rollout_pb2.ResumeRequest())
+            except grpc.RpcError as exc:
+                log.error("resume after the weight update failed", error=_describe(exc))
+    metrics = _metrics(sender, receivers, pause_seconds, time.perf_counter() - start)
+    log.info(
+        "weights synced", weight_version=weight_version, seconds=round(metrics["perf/weight_sync_time"], 3)
+    )
     return metrics
 
 
-def _push_and_receive(services: Services, weight_version: int, settings: WeightSyncSettings):
+def _metrics(sender, receivers, pause_seconds: float, total: float) -> dict[str, float]:
+    timings = [r.timings for r in receivers]
+    return {
+        "perf/weight_sync_gather_time": sender.gather_seconds if sender else 0.0,
+        "perf/weight_sync_pause_time": pause_seconds,
+        "perf/weight_sync_wire_time": max(
+            [sender.wire_seconds if sender else 0.0, *(t.wire_seconds for t in timings)]
+        ),
+        "perf/weight_sync_load_time": max((t.load_seconds for t in timings), default=0.0),
+        "perf/weight_sync_verify_time": max((t.verify_seconds for t in timings), default=0.0),
+        "perf/weight_sync_time": total,
+    }
+
+
+def _push_and_receive(services: Services, weight_version: int, settings: WeightSyncSettings, infos):
+    distributed = settings.transport == "distributed"
+    acknowledge = distributed and all(info.acknowledges_weight_updates for info in infos)
+    dtypes = {info.dtype for info in infos}
+    if not settings.dtype and len(dtypes) > 1:
+        raise WeightSyncError(
+            f"the rollout services serve different dtypes {sorted(dtypes)}: set the sync dtype"
+        )
     request = trainer_pb2.PushWeightsRequest(
         weight_version=weight_version,
         bucket_size_bytes=settings.bucket_size_bytes,
         transport=settings.transport,
         disk_path=settings.disk_path,
-        dtype=settings.dtype,
+        dtype=settings.dtype or (dtypes.pop() if dtypes else ""),
+        acknowledge=acknowledge,
     )
-    stream = services.trainer.PushWeights(request, timeout=settings.timeout_seconds)
-    first = next(stream)
+    deadline = 2 * settings.timeout_seconds + DEADLINE_MARGIN
+    stream = services.trainer.PushWeights(request, timeout=deadline)
+    try:
+        first = next(stream)
+    except grpc.RpcError as exc:
+        raise WeightSyncError(f"trainer.PushWeights: {_describe(exc)}", _retryable(exc)) from None
     if first.WhichOneof("payload") != "manifest":
         raise WeightSyncError("trainer.PushWeights did not start with a manifest")
+    update = rollout_pb2.UpdateWeightsRequest(manifest=first.manifest, acknowledge=acknowledge)
     with ThreadPoolExecutor(max(len(services.rollouts), 1)) as pool:
-        updates = [
-            pool.submit(
-                stub.UpdateWeights,
-                rollout_pb2.UpdateWeightsRequest(manifest=first.manifest),
-                timeout=settings.timeout_seconds,
-            )
-            for stub in services.rollouts
-        ]
-        sender = None
-        for message in stream:
-            if message.WhichOneof("payload") == "timings":
-                sender = message.timings
-        receivers = [u.result() for u in updates]
+        updates = [pool.submit(stub.UpdateWeights, update, timeout=deadline) for stub in services.rollouts]
+        sender, errors, retryable = None, [], False
+        try:
+            for message in stream:
+                if message.WhichOneof("payload") == "timings":
+                    sender = message.timings
+        except grpc.RpcError as exc:
+            errors.append(f"trainer: {_describe(exc)}")
+            retryable = _retryable(exc)
+        receivers = []
+        for i, future in enumerate(updates):
+            try:
+                receivers.append(future.result())
+            except grpc.RpcError as exc:
+                errors.append(f"rollout {i}: {_describe(exc)}")
+                retryable = retryable or _retryable(exc)
+    if errors:
+        raise WeightSyncError(f"weight version {weight_version} not synced: " + "; ".join(errors), retryable)
     if sender is None:
         raise WeightSyncError("trainer.PushWeights ended without timings")
     stale = [r.weight_version for r in receivers if r.weight_version != weight_version]
     if stale:
         raise WeightSyncError(f"receivers report versions {stale} after pushing {weight_version}")
     return sender, receivers
+
+
+def _retryable(exc: grpc.RpcError) -> bool:
+    """A failed or timed-out transfer (a rebuilt group may succeed), not a refusal."""
+    return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)

@@ -2,8 +2,7 @@
 
 The servicer validates requests, owns the pause gate and the reward runner, and delegates
 generation to the engine chosen by --rollout-engine. InitWeightGroup and UpdateWeights (the
-receive side of weight sync) come with a later issue and answer UNIMPLEMENTED; the engine hooks
-they will use (load_weights, named_parameters, weights_checksum, weight_version) exist.
+receive side of weight sync) go to the WeightReceiver (weight_receive.py).
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import sys
 import threading
 
 from rollway.common.config import ConfigError
-from rollway.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unimplemented
+from rollway.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from rollway.common.log import get_logger
 from rollway.common.server import RollwayServer, ServerConfig
 from rollway.common.v1 import common_pb2
@@ -25,6 +24,7 @@ from rollway.rollout.generation_gate import GenerationGate
 from rollway.rollout.request_validation import plan_generation
 from rollway.rollout.rewards import RewardRunner, build_rewards
 from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from rollway.rollout.weight_receive import WeightReceiver
 
 log = get_logger("rollway.rollout")
 
@@ -52,6 +52,7 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
         self.max_generate_calls = max_generate_calls
         self._generate_slots = threading.BoundedSemaphore(max_generate_calls)
         self.engine = engine
+        self.weights = WeightReceiver(engine)
         self.gate = GenerationGate()
         self.runner = RewardRunner(config.num_reward_workers, config.reward_timeout)
         self.ctx = StreamContext(
@@ -79,10 +80,21 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
             self._generate_slots.release()
 
     def InitWeightGroup(self, request, context):
-        raise Unimplemented("RolloutService.InitWeightGroup is not implemented yet (weight sync issue)")
+        if not request.HasField("group"):
+            raise InvalidArgument("group", "is required")
+        ranks, already = self.weights.init_group(request.group)
+        return rollout_pb2.InitWeightGroupResponse(ranks=ranks, already_initialized=already)
 
     def UpdateWeights(self, request, context):
-        raise Unimplemented("RolloutService.UpdateWeights is not implemented yet (weight sync issue)")
+        return self.weights.update(request)
+
+    def ScrambleWeights(self, request, context):
+        try:
+            num_tensors = self.engine.scramble_weights(request.seed)
+        except EngineError as exc:
+            raise engine_error_status(exc) from None
+        log.warning("weights scrambled (debug hook)", seed=request.seed, weight_version=self.engine.weight_version)
+        return rollout_pb2.ScrambleWeightsResponse(num_tensors=num_tensors)
 
     def Pause(self, request, context):
         if request.mode == rollout_pb2.PAUSE_MODE_WAIT:
@@ -107,6 +119,8 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
             self.gate.run_if_idle(lambda: self.engine.release_memory(tags), _busy)
         except EngineError as exc:
             raise engine_error_status(exc) from None
+        if "weights" in tags:
+            self.weights.release_staging()
         log.info("memory released", tags=tags)
         return rollout_pb2.ReleaseMemoryResponse()
 
@@ -157,6 +171,7 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
             num_reward_errors=self.runner.num_errors,
             num_reward_timeouts=self.runner.num_timeouts,
             num_samples_in_flight=self.engine.num_in_flight,
+            acknowledges_weight_updates=self.engine.receives_weights_in_process,
         )
 
 
@@ -183,6 +198,7 @@ def serve(server_config: ServerConfig, config: RolloutConfig) -> None:
         servicer,
         rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"],
     )
+    server.on_stop(servicer.weights.close)
     server.on_stop(engine.stop)
     server.on_stop(servicer.runner.shutdown)
     server.start()

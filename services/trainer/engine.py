@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from rollway.common.config import from_dict
-from rollway.trainer import checkpoint, export
+from rollway.trainer import checkpoint, export, weight_send
 from rollway.trainer.attention import model_inputs
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.distributed import RankInfo
@@ -119,6 +119,10 @@ class TrainerEngine:
     def checksum(self, dtype: str) -> tuple[str, int]:
         """sha256 of the full weights cast to `dtype` (weights.py), on rank 0."""
         return full_weights_checksum(self.model, resolve_dtype(dtype))
+
+    def weight_push(self, phase: str, **kwargs: Any) -> Any:
+        """One pass of a weight update ("plan", "broadcast", "write"; weight_send.py)."""
+        return weight_send.run_phase(self, phase, **kwargs)
 
     # --- internals ------------------------------------------------------------------------
     def _require_optimizer(self) -> torch.optim.Optimizer:

@@ -10,7 +10,7 @@ import sys
 
 from google.protobuf import json_format, struct_pb2
 
-from rollway.common.errors import FailedPrecondition, InvalidArgument, Unavailable, Unimplemented
+from rollway.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from rollway.common.log import bind_run_context, get_logger
 from rollway.common.server import RollwayServer, ServerConfig
 from rollway.common.v1 import common_pb2
@@ -21,6 +21,7 @@ from rollway.trainer.losses import get_loss
 from rollway.trainer.model_loading import ModelLoadError, read_hf_config
 from rollway.trainer.runtime import RankRuntime
 from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+from rollway.trainer.weight_push import WeightPusher
 
 
 def _log():
@@ -64,6 +65,7 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
 
     def __init__(self, controller: TrainerController):
         self.controller = controller
+        self.pusher = WeightPusher(controller)
 
     def _engine(self):
         engine = self.controller.engine
@@ -151,10 +153,15 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
         )
 
     def InitWeightGroup(self, request, context):
-        raise Unimplemented("TrainerService.InitWeightGroup comes with weight sync (issue #5)")
+        self._engine()
+        if not request.HasField("group"):
+            raise InvalidArgument("group", "is required")
+        already = self.pusher.init_group(request.group)
+        return trainer_pb2.InitWeightGroupResponse(already_initialized=already)
 
     def PushWeights(self, request, context):
-        raise Unimplemented("TrainerService.PushWeights comes with weight sync (issue #5)")
+        self._engine()
+        yield from self.pusher.push(request)
 
     def WeightChecksum(self, request, context):
         self._engine()
@@ -179,11 +186,13 @@ def serve(server_config: ServerConfig, config: TrainerConfig) -> None:
         sys.exit(2)
     runtime = RankRuntime(config, on_broken=lambda reason: server.set_serving(False))
     controller = TrainerController(config, runtime)
+    servicer = TrainerService(controller)
     server.add_service(
         trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
-        TrainerService(controller),
+        servicer,
         trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"],
     )
+    server.on_stop(servicer.pusher.close)
     server.on_stop(runtime.shutdown)
     try:
         server.start()

@@ -5,8 +5,9 @@ returns at once; each finished sample is handed to the batch's `on_finish` callb
 engine thread, so the callback must only hand it over, e.g. put it on a queue). The service
 owns pausing, rewards and streaming; the engine owns the model and the decoding.
 
-Weight hooks (`load_weights`, `named_parameters`, `weights_checksum`, `weight_version`) are what
-the weight-sync receiver builds on; engines that cannot offer one raise EngineUnsupported.
+Weight hooks (`load_weights`, `swap_weights`, `weight_tensors`, `named_parameters`,
+`weights_checksum`, `scramble_weights`, `weight_version`) are what the weight-sync receiver
+(weight_receive.py) builds on; engines that cannot offer one raise EngineUnsupported.
 """
 
 from __future__ import annotations
@@ -109,6 +110,9 @@ class Engine(ABC):
     """An inference engine: generation, pause/abort, memory release, weight hooks."""
 
     name = "base"
+    # True: the rollout service process joins the weight group and loads tensors through the hooks
+    # below; False: the engine's own workers join it (sglang's HTTP weight endpoints).
+    receives_weights_in_process = True
 
     def __init__(self) -> None:
         self.weight_version = 0
@@ -170,6 +174,21 @@ class Engine(ABC):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy named tensors into the served weights in place; return how many were loaded."""
         raise EngineUnsupported(f"the {self.name} engine cannot load weights in process")
+
+    def swap_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Make the named tensors the served weights without copying (the engine keeps them);
+        all names, shapes and dtypes are checked before anything changes. Default: load_weights."""
+        return self.load_weights(named_tensors)
+
+    def weight_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor a weight update may replace, by Hugging Face name (tied aliases included);
+        for checking a manifest, not for writing."""
+        raise EngineUnsupported(f"the {self.name} engine cannot list its weights")
+
+    def scramble_weights(self, seed: int) -> int:
+        """Debug hook (--check-weight-update-equal): overwrite every served weight with random
+        values in place, keeping the weight version; return how many tensors changed."""
+        raise EngineUnsupported(f"the {self.name} engine cannot scramble its weights")
 
     def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The served weights, by Hugging Face name (tied weights once)."""

@@ -32,7 +32,9 @@ from rollway.rollout.engines.hf_weights import (
     load_model,
     load_named_tensors,
     load_tokenizer,
+    loadable_tensors,
     resolve_device,
+    swap_named_tensors,
 )
 
 log = get_logger("rollway.rollout.hf")
@@ -163,6 +165,21 @@ class HFEngine(Engine):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         with self.batcher.model_lock:
             return load_named_tensors(self._model(), named_tensors)
+
+    def swap_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        with self.batcher.model_lock:
+            return swap_named_tensors(self._model(), named_tensors)
+
+    def weight_tensors(self) -> dict[str, torch.Tensor]:
+        return loadable_tensors(self._model())
+
+    def scramble_weights(self, seed: int) -> int:
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        with self.batcher.model_lock, torch.no_grad():
+            params = list(self._model().parameters())
+            for param in params:
+                param.normal_(generator=generator)
+        return len(params)
 
     def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self._model().named_parameters()

@@ -86,3 +86,30 @@ def load_named_tensors(model: torch.nn.Module, named_tensors: Iterable[tuple[str
             target.copy_(tensor)
             count += 1
     return count
+
+
+def swap_named_tensors(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """Make each tensor the storage of the parameter or buffer of that name, without copying.
+
+    Everything is checked before the first swap, so a bad name leaves the model untouched. A tied
+    weight is one Parameter under two names: swapping it under either name updates both."""
+    targets = loadable_tensors(model)
+    pairs = list(named_tensors)
+    for name, tensor in pairs:
+        target = targets.get(name)
+        if target is None:
+            raise WeightLoadError(f"swap_weights: unknown tensor {name!r} (not a parameter of the served model)")
+        if tuple(tensor.shape) != tuple(target.shape) or tensor.dtype != target.dtype or tensor.device != target.device:
+            raise WeightLoadError(
+                f"swap_weights: {name} is {tensor.dtype} {tuple(tensor.shape)} on {tensor.device}, the served "
+                f"model has {target.dtype} {tuple(target.shape)} on {target.device}"
+            )
+    buffers = {name for name, _ in model.named_buffers()}
+    with torch.no_grad():
+        for name, tensor in pairs:
+            if name in buffers:
+                module_name, _, attr = name.rpartition(".")
+                model.get_submodule(module_name)._buffers[attr] = tensor
+            else:
+                targets[name].data = tensor
+    return len(pairs)

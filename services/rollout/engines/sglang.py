@@ -9,7 +9,6 @@ rollout_num_gpus / rollout_num_gpus_per_engine servers are launched and supervis
 
 from __future__ import annotations
 
-import itertools
 import tempfile
 import threading
 import uuid
@@ -43,6 +42,7 @@ class SGLangEngine(Engine):
     """One or more SGLang servers behind a thread pool."""
 
     name = "sglang"
+    receives_weights_in_process = False  # the SGLang servers join the weight group themselves
 
     def __init__(self, config: RolloutConfig):
         super().__init__()
@@ -234,6 +234,20 @@ class SGLangEngine(Engine):
     def flush_cache(self) -> None:
         self._each_server(lambda s: s.client.flush_cache())
 
+    def _each_server_at_once(self, call) -> None:
+        """`call(server)` on every server concurrently: weight collectives need every rank inside at
+        the same time (a loop over servers would block in the first server's broadcast)."""
+        with ThreadPoolExecutor(len(self.servers)) as pool:
+            futures = [pool.submit(call, server) for server in self.servers]
+        errors = []
+        for future in futures:
+            try:
+                future.result()
+            except SGLangHTTPError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise EngineError("; ".join(errors), retryable=any("no answer" in e for e in errors))
+
     def init_weights_update_group(
         self,
         master_address: str,
@@ -244,9 +258,9 @@ class SGLangEngine(Engine):
         backend: str,
     ) -> None:
         tp = self.config.rollout_num_gpus_per_engine
-        offsets = itertools.count(rank_offset, tp)
-        self._each_server(lambda s: s.client.init_weights_update_group(
-            master_address, master_port, next(offsets), world_size, group_name, backend))  # fmt: skip
+        offsets = {id(s): rank_offset + i * tp for i, s in enumerate(self.servers)}
+        self._each_server_at_once(lambda s: s.client.init_weights_update_group(
+            master_address, master_port, offsets[id(s)], world_size, group_name, backend))  # fmt: skip
 
     def update_weights_from_distributed(
         self,
@@ -255,12 +269,13 @@ class SGLangEngine(Engine):
         shapes: list[list[int]],
         group_name: str,
         weight_version: int,
+        load_format: str | None = None,
     ) -> None:
-        self._each_server(
+        self._each_server_at_once(
             lambda s: s.client.update_weights_from_distributed(
-                names, dtypes, shapes, group_name, weight_version
+                names, dtypes, shapes, group_name, weight_version, load_format=load_format
             )
         )
 
     def update_weights_from_disk(self, model_path: str, weight_version: int) -> None:
-        self._each_server(lambda s: s.client.update_weights_from_disk(model_path, weight_version))
+        self._each_server_at_once(lambda s: s.client.update_weights_from_disk(model_path, weight_version))

@@ -11,7 +11,7 @@ Endpoints and bodies follow SGLang's http_server.py and io_struct.py:
   POST /release_memory_occupation, /resume_memory_occupation {"tags"}
   POST /init_weights_update_group {"master_address", "master_port", "rank_offset", "world_size",
        "group_name", "backend"}, /update_weights_from_distributed {"names", "dtypes", "shapes",
-       "group_name", "flush_cache", "weight_version"}, /update_weights_from_disk {"model_path",
+       "group_name", "flush_cache", "weight_version", "load_format"}, /update_weights_from_disk {"model_path",
        "weight_version"}                -> {"success": bool, "message": str}, 400 when not successful
 Errors: 400 with {"error": {"message"}} (ValueError in a handler), {"object": "error", "message",
 "code"} (validation), or {"success": false, "message"} (weight endpoints).
@@ -168,6 +168,7 @@ class SGLangClient:
         group_name: str,
         weight_version: int,
         flush_cache: bool = True,
+        load_format: str | None = None,
     ) -> str:
         body = dict(
             names=names,
@@ -177,6 +178,8 @@ class SGLangClient:
             flush_cache=flush_cache,
             weight_version=str(weight_version),
         )
+        if load_format:  # "flattened_bucket": one broadcast of the packed tensors (rollway's buckets)
+            body["load_format"] = load_format
         return self._post_success("/update_weights_from_distributed", body)
 
     def update_weights_from_disk(self, model_path: str, weight_version: int) -> str:

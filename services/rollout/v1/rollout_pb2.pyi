@@ -67,10 +67,12 @@ class InitWeightGroupResponse(_message.Message):
     def __init__(self, ranks: _Optional[_Iterable[int]] = ..., already_initialized: _Optional[bool] = ...) -> None: ...
 
 class UpdateWeightsRequest(_message.Message):
-    __slots__ = ("manifest",)
+    __slots__ = ("manifest", "acknowledge")
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGE_FIELD_NUMBER: _ClassVar[int]
     manifest: _common_pb2.WeightManifest
-    def __init__(self, manifest: _Optional[_Union[_common_pb2.WeightManifest, _Mapping]] = ...) -> None: ...
+    acknowledge: bool
+    def __init__(self, manifest: _Optional[_Union[_common_pb2.WeightManifest, _Mapping]] = ..., acknowledge: _Optional[bool] = ...) -> None: ...
 
 class UpdateWeightsResponse(_message.Message):
     __slots__ = ("weight_version", "already_applied", "timings")
@@ -134,12 +136,24 @@ class WeightChecksumResponse(_message.Message):
     checksum: _common_pb2.WeightsChecksum
     def __init__(self, checksum: _Optional[_Union[_common_pb2.WeightsChecksum, _Mapping]] = ...) -> None: ...
 
+class ScrambleWeightsRequest(_message.Message):
+    __slots__ = ("seed",)
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    seed: int
+    def __init__(self, seed: _Optional[int] = ...) -> None: ...
+
+class ScrambleWeightsResponse(_message.Message):
+    __slots__ = ("num_tensors",)
+    NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    num_tensors: int
+    def __init__(self, num_tensors: _Optional[int] = ...) -> None: ...
+
 class GetInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("model", "engine", "weight_version", "paused", "num_workers", "dtype", "rewards", "memory_released", "max_context_len", "vocab_size", "eos_token_ids", "default_reward", "num_samples_generated", "num_samples_aborted", "num_reward_errors", "num_reward_timeouts", "num_samples_in_flight")
+    __slots__ = ("model", "engine", "weight_version", "paused", "num_workers", "dtype", "rewards", "memory_released", "max_context_len", "vocab_size", "eos_token_ids", "default_reward", "num_samples_generated", "num_samples_aborted", "num_reward_errors", "num_reward_timeouts", "num_samples_in_flight", "acknowledges_weight_updates")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +171,7 @@ class GetInfoResponse(_message.Message):
     NUM_REWARD_ERRORS_FIELD_NUMBER: _ClassVar[int]
     NUM_REWARD_TIMEOUTS_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGES_WEIGHT_UPDATES_FIELD_NUMBER: _ClassVar[int]
     model: str
     engine: str
     weight_version: int
@@ -174,4 +189,5 @@ class GetInfoResponse(_message.Message):
     num_reward_errors: int
     num_reward_timeouts: int
     num_samples_in_flight: int
-    def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., weight_version: _Optional[int] = ..., paused: _Optional[bool] = ..., num_workers: _Optional[int] = ..., dtype: _Optional[str] = ..., rewards: _Optional[_Iterable[str]] = ..., memory_released: _Optional[bool] = ..., max_context_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., default_reward: _Optional[str] = ..., num_samples_generated: _Optional[int] = ..., num_samples_aborted: _Optional[int] = ..., num_reward_errors: _Optional[int] = ..., num_reward_timeouts: _Optional[int] = ..., num_samples_in_flight: _Optional[int] = ...) -> None: ...
+    acknowledges_weight_updates: bool
+    def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., weight_version: _Optional[int] = ..., paused: _Optional[bool] = ..., num_workers: _Optional[int] = ..., dtype: _Optional[str] = ..., rewards: _Optional[_Iterable[str]] = ..., memory_released: _Optional[bool] = ..., max_context_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., default_reward: _Optional[str] = ..., num_samples_generated: _Optional[int] = ..., num_samples_aborted: _Optional[int] = ..., num_reward_errors: _Optional[int] = ..., num_reward_timeouts: _Optional[int] = ..., num_samples_in_flight: _Optional[int] = ..., acknowledges_weight_updates: _Optional[bool] = ...) -> None: ...

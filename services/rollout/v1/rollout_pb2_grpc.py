@@ -50,6 +50,11 @@ class RolloutServiceStub:
                 request_serializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsRequest.SerializeToString,
                 response_deserializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.FromString,
                 _registered_method=True)
+        self.ScrambleWeights = channel.unary_unary(
+                '/rollway.rollout.v1.RolloutService/ScrambleWeights',
+                request_serializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.ScrambleWeightsRequest.SerializeToString,
+                response_deserializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.ScrambleWeightsResponse.FromString,
+                _registered_method=True)
         self.Pause = channel.unary_unary(
                 '/rollway.rollout.v1.RolloutService/Pause',
                 request_serializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.PauseRequest.SerializeToString,
@@ -97,14 +102,32 @@ class RolloutServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def InitWeightGroup(self, request, context):
-        """Joins the weight-sync process group (idempotent for the same group spec).
+        """Joins the weight-sync process group as ranks rank_offset .. rank_offset + num_workers - 1
+        (idempotent for the same group spec; any other spec destroys the old group first). Blocks
+        until every member joined; DEADLINE_EXCEEDED after timeout_seconds.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def UpdateWeights(self, request, context):
-        """Receives one weight update described by a manifest, verifies it, then commits the version.
+        """Receives one weight update described by a manifest (forwarded from trainer.PushWeights):
+        the buckets arrive in staging buffers while the engine keeps serving the old weights; only
+        when every bucket matches its checksum are they swapped in and the version committed.
+        A manifest version equal to the served one takes part in the transfer and drops it
+        (already_applied: retries are no-ops); a lower one is received and refused
+        (FAILED_PRECONDITION). INVALID_ARGUMENT: the manifest is inconsistent or does not fit the
+        served model; DATA_LOSS: a checksum mismatch (not committed); UNAVAILABLE: the transfer
+        failed or timed out (not committed; call InitWeightGroup again).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScrambleWeights(self, request, context):
+        """Debug hook for --check-weight-update-equal: overwrites every served weight with random
+        values in place (the weight version is unchanged), so that a following weight sync is
+        proven by the checksums to replace every byte. UNIMPLEMENTED for engines that cannot (sglang).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -173,6 +196,11 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.UpdateWeights,
                     request_deserializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsRequest.FromString,
                     response_serializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.SerializeToString,
+            ),
+            'ScrambleWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScrambleWeights,
+                    request_deserializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.ScrambleWeightsRequest.FromString,
+                    response_serializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.ScrambleWeightsResponse.SerializeToString,
             ),
             'Pause': grpc.unary_unary_rpc_method_handler(
                     servicer.Pause,
@@ -287,6 +315,33 @@ class RolloutService:
             '/rollway.rollout.v1.RolloutService/UpdateWeights',
             rollway_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsRequest.SerializeToString,
             rollway_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScrambleWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollway.rollout.v1.RolloutService/ScrambleWeights',
+            rollway_dot_rollout_dot_v1_dot_rollout__pb2.ScrambleWeightsRequest.SerializeToString,
+            rollway_dot_rollout_dot_v1_dot_rollout__pb2.ScrambleWeightsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -156,18 +156,20 @@ class InitWeightGroupResponse(_message.Message):
     def __init__(self, already_initialized: _Optional[bool] = ...) -> None: ...
 
 class PushWeightsRequest(_message.Message):
-    __slots__ = ("weight_version", "bucket_size_bytes", "transport", "disk_path", "dtype")
+    __slots__ = ("weight_version", "bucket_size_bytes", "transport", "disk_path", "dtype", "acknowledge")
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     BUCKET_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     DISK_PATH_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGE_FIELD_NUMBER: _ClassVar[int]
     weight_version: int
     bucket_size_bytes: int
     transport: str
     disk_path: str
     dtype: str
-    def __init__(self, weight_version: _Optional[int] = ..., bucket_size_bytes: _Optional[int] = ..., transport: _Optional[str] = ..., disk_path: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
+    acknowledge: bool
+    def __init__(self, weight_version: _Optional[int] = ..., bucket_size_bytes: _Optional[int] = ..., transport: _Optional[str] = ..., disk_path: _Optional[str] = ..., dtype: _Optional[str] = ..., acknowledge: _Optional[bool] = ...) -> None: ...
 
 class PushWeightsResponse(_message.Message):
     __slots__ = ("manifest", "timings")

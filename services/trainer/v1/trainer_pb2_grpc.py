@@ -121,15 +121,25 @@ class TrainerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def InitWeightGroup(self, request, context):
-        """Creates the weight-sync process group as rank 0 (the sender).
+        """Creates the weight-sync process group as rank 0 (the sender; hosts the group's TCPStore at
+        master_port). The same spec as the live, healthy group is a no-op (already_initialized);
+        any other spec, or a group broken by a failed push, destroys the old group first. Blocks
+        until every member joined; DEADLINE_EXCEEDED after timeout_seconds.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PushWeights(self, request, context):
-        """Gathers the full weights and sends them. Streams the manifest first (to be forwarded to
-        the receivers' UpdateWeights) and the result with timings last.
+        """Gathers the full weights from the FSDP shards (every rank), casts them to the serving dtype
+        and sends them: streams the manifest first (layout and per-bucket checksums, to be
+        forwarded to every receiver's UpdateWeights), then broadcasts the buckets over the weight
+        group (or writes safetensors files for the disk transport), then streams the timings.
+        weight_version must be above the last pushed version, or equal to it while the model has
+        not trained since (a retry re-sends the same weights); FAILED_PRECONDITION otherwise or
+        without a group. A failed transfer answers UNAVAILABLE, destroys the group and leaves the
+        pushed version unchanged; a receiver that acknowledged a checksum mismatch or a refusal
+        answers FAILED_PRECONDITION naming its rank.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,250 @@
+"""The rollout service's side of weight sync: join the group, receive, verify, commit.
+
+    InitWeightGroup(spec):   same spec as the live group -> no-op; else destroy it, join as rank_offset
+    UpdateWeights(manifest): check it against the served model -> receive every bucket into
+                             staging (weight_staging.py) -> [acknowledge to the sender] ->
+                             every checksum matched: swap the staged tensors in, commit the version
+
+The engine serves the old version until the commit. Versions only move forward: a manifest for
+the served version still takes part in the transfer (the sender broadcasts to the whole group)
+and is dropped (already_applied); a lower one is received and refused. Engines whose own
+workers join the group (sglang) go through weight_receive_sglang.py instead.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+
+from rollway.common.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    RollwayError,
+    Unavailable,
+)
+from rollway.common.log import get_logger
+from rollway.common.v1 import common_pb2
+from rollway.common.weight_buckets import Bucket, ManifestError, bucket_views, manifest_layout
+from rollway.common.weight_group import (
+    STATUS_ALREADY_APPLIED,
+    STATUS_CHECKSUM_MISMATCH,
+    STATUS_OK,
+    STATUS_REFUSED,
+    GroupSpec,
+    WeightGroup,
+    WeightGroupError,
+)
+from rollway.rollout.engines.base import Engine, EngineError
+from rollway.rollout.v1 import rollout_pb2
+from rollway.rollout.weight_receive_sglang import SGLangReceiver
+from rollway.rollout.weight_staging import (
+    ReceiveResult,
+    StagingPool,
+    WeightsCorrupt,
+    check_against_model,
+    read_disk_buckets,
+    receive_buckets,
+)
+
+log = get_logger("rollway.rollout.weights")
+
+
+def parse_group_spec(spec_pb: common_pb2.WeightGroupSpec, num_workers: int) -> GroupSpec:
+    try:
+        spec = GroupSpec.from_proto(spec_pb)
+    except ValueError as exc:
+        field, _, problem = str(exc).partition(": ")
+        raise InvalidArgument(field, problem) from None
+    if spec.rank_offset < 1:
+        raise InvalidArgument("group.rank_offset", "must be at least 1 (rank 0 is the trainer)")
+    if spec.rank_offset + num_workers > spec.world_size:
+        raise InvalidArgument(
+            "group.world_size",
+            f"{spec.world_size} has no room for {num_workers} worker(s) from rank {spec.rank_offset}",
+        )
+    return spec
+
+
+def group_error(exc: WeightGroupError) -> RollwayError:
+    # Not UNAVAILABLE: clients retry that, and a lone retry of a collective join cannot succeed.
+    return (DeadlineExceeded if "timeout" in str(exc).lower() else FailedPrecondition)(str(exc))
+
+
+class WeightReceiver:
+    """InitWeightGroup and UpdateWeights over one engine; one update or group change at a time."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.group: WeightGroup | None = None
+        self.spec: GroupSpec | None = None
+        self.pool = StagingPool()
+        self.sglang = None if engine.receives_weights_in_process else SGLangReceiver(engine)
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def _exclusive(self, timeout: float):
+        if not self._lock.acquire(timeout=timeout):
+            raise FailedPrecondition("another weight update or group change is in progress")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    # --- InitWeightGroup ------------------------------------------------------------------
+    def init_group(self, spec_pb: common_pb2.WeightGroupSpec) -> tuple[list[int], bool]:
+        """(ranks of this service, already_initialized)."""
+        spec = parse_group_spec(spec_pb, self.engine.num_workers)
+        ranks = list(range(spec.rank_offset, spec.rank_offset + self.engine.num_workers))
+        with self._exclusive(spec.timeout_seconds):
+            healthy = self.sglang is not None or (self.group is not None and not self.group.broken)
+            if spec == self.spec and healthy:
+                return ranks, True
+            self.close()
+            if self.sglang is not None:
+                self.sglang.init_group(spec)
+            else:
+                try:
+                    self.group = WeightGroup(spec, rank=spec.rank_offset)
+                except WeightGroupError as exc:
+                    raise group_error(exc) from None
+            self.spec = spec
+        log.info("joined weight group", group=spec.group_name, ranks=ranks, world_size=spec.world_size)
+        return ranks, False
+
+    def close(self) -> None:
+        """Leave the group (the next update needs InitWeightGroup again)."""
+        group, self.group, self.spec = self.group, None, None
+        if group is not None:
+            group.destroy()
+
+    def release_staging(self) -> None:
+        """Free the staging buffers (ReleaseMemory)."""
+        with self._lock:
+            self.pool.clear()
+
+    # --- UpdateWeights --------------------------------------------------------------------
+    def update(self, request: rollout_pb2.UpdateWeightsRequest) -> rollout_pb2.UpdateWeightsResponse:
+        if not request.HasField("manifest"):
+            raise InvalidArgument("manifest", "is required")
+        manifest = request.manifest
+        try:
+            buckets = manifest_layout(manifest)
+        except ManifestError as exc:
+            raise InvalidArgument(exc.field, exc.problem) from None
+        if request.acknowledge and (manifest.transport != "distributed" or self.sglang is not None):
+            raise InvalidArgument(
+                "acknowledge",
+                f"needs the distributed transport and an in-process engine (not {self.engine.name})",
+            )
+        timeout = self.spec.timeout_seconds if self.spec else 60.0
+        with self._exclusive(timeout):
+            if self.sglang is not None:
+                return self.sglang.update(manifest, buckets, self.spec)
+            return self._update_in_process(manifest, buckets, request.acknowledge)
+
+    def _require_group(self) -> WeightGroup:
+        if self.group is None:
+            raise FailedPrecondition("no weight group: call InitWeightGroup first")
+        if self.group.broken:
+            raise FailedPrecondition(
+                f"the weight group is broken ({self.group.broken}); call InitWeightGroup again"
+            )
+        return self.group
+
+    def _status(self, version: int, buckets: list[Bucket]) -> tuple[int, str]:
+        """What this update will do before any byte arrives: (status code, problem)."""
+        try:
+            served = self.engine.weight_tensors()
+            required = {name for name, _ in self.engine.named_parameters()}
+        except EngineError as exc:
+            return STATUS_REFUSED, str(exc)
+        problem = check_against_model(buckets, served, required)
+        if problem:
+            return STATUS_REFUSED, f"manifest does not fit the served model: {problem}"
+        current = self.engine.weight_version
+        if version < current:
+            return STATUS_REFUSED, f"weight_version {version} is older than the served version {current}"
+        return (STATUS_ALREADY_APPLIED if version == current else STATUS_OK), ""
+
+    def _update_in_process(self, manifest, buckets: list[Bucket], acknowledge: bool):
+        started = time.perf_counter()
+        version, current = manifest.weight_version, self.engine.weight_version
+        status, problem = self._status(version, buckets)
+        pool_index = None
+        if manifest.transport == "distributed":
+            group = self._require_group()
+            pool_index, buffers = self.pool.take(buckets, group.device)
+            received = self._receive(group, buckets, buffers, status == STATUS_OK, version)
+            named = [view for bucket in buckets for view in bucket_views(buffers[bucket.index], bucket)]
+        else:
+            received, named = ReceiveResult(bad_buckets=[]), []
+            if status == STATUS_OK:
+                named, received = self._read_disk(manifest.disk_path, buckets)
+        if status == STATUS_OK and received.bad_buckets:
+            status = STATUS_CHECKSUM_MISMATCH
+        if acknowledge:
+            try:
+                group.exchange_status(status)
+            except WeightGroupError as exc:
+                self.close()
+                raise group_error(exc) from None
+        timings = common_pb2.WeightSyncTimings(
+            wire_seconds=received.wire_seconds, verify_seconds=received.verify_seconds
+        )
+        self._raise_unless_ok(status, problem, received, version, current)
+        if status == STATUS_ALREADY_APPLIED:
+            timings.total_seconds = time.perf_counter() - started
+            return rollout_pb2.UpdateWeightsResponse(
+                weight_version=current, already_applied=True, timings=timings
+            )
+        tick = time.perf_counter()
+        self._load(named, pool_index)
+        self.engine.weight_version = version
+        timings.load_seconds = time.perf_counter() - tick
+        timings.total_seconds = time.perf_counter() - started
+        log.info("weights updated", weight_version=version, transport=manifest.transport,
+                 num_buckets=len(buckets), seconds=round(timings.total_seconds, 3))  # fmt: skip
+        return rollout_pb2.UpdateWeightsResponse(weight_version=version, timings=timings)
+
+    def _receive(self, group: WeightGroup, buckets, buffers, verify: bool, version: int) -> ReceiveResult:
+        try:
+            return receive_buckets(group, buckets, buffers, verify)
+        except WeightGroupError as exc:
+            self.close()
+            raise Unavailable(
+                f"weight version {version} was not received ({exc}); still serving version "
+                f"{self.engine.weight_version}: call InitWeightGroup again"
+            ) from None
+
+    def _read_disk(self, directory: str, buckets: list[Bucket]):
+        try:
+            return read_disk_buckets(directory, buckets)
+        except (OSError, ValueError) as exc:
+            raise FailedPrecondition(f"manifest.disk_path: {exc}") from None
+
+    @staticmethod
+    def _raise_unless_ok(
+        status: int, problem: str, received: ReceiveResult, version: int, current: int
+    ) -> None:
+        if status == STATUS_REFUSED:
+            if "older than" in problem:
+                raise FailedPrecondition(f"manifest.weight_version: {problem} (versions only move forward)")
+            raise InvalidArgument("manifest", problem)
+        if status == STATUS_CHECKSUM_MISMATCH:
+            raise WeightsCorrupt(
+                f"weight version {version}: checksum mismatch in bucket(s) {received.bad_buckets}; "
+                f"not committed, still serving version {current}"
+            )
+
+    def _load(self, named, pool_index: int | None) -> None:
+        """Swap the staged tensors in (copied first only where the engine's device differs)."""
+        served = self.engine.weight_tensors()
+        on_device = [(name, tensor.to(served[name].device)) for name, tensor in named]
+        try:
+            self.engine.swap_weights(on_device)
+        except EngineError as exc:  # checked before receiving; only a concurrent ReleaseMemory gets here
+            raise FailedPrecondition(f"cannot load the weights: {exc}") from None
+        same_device = all(a is b for (_, a), (_, b) in zip(named, on_device, strict=True))
+        self.pool.live = pool_index if same_device else None

@@ -1,0 +1,176 @@
+"""In-process receiving of a weight update: staging buffers, the receive loop, disk reads, checks.
+
+    post recv(bucket 0) ─> wait(0) ─> post recv(1) ─> verify(0) ─> wait(1) ─> post recv(2) ─> verify(1) ...
+
+Buckets land in staging buffers that the served model does not use, so the engine keeps serving
+the old weights until every checksum matched. The pool holds two sets of buffers: after a
+verified update the engine swaps its parameters onto views of the set just received (no copy),
+and the other set receives the next update. Memory: two copies of the weights, as with a
+separate staging copy.
+
+Test hooks (environment variables, read on every update; tests set them on the service process):
+    ROLLWAY_TEST_SLOW_RECEIVE_SECONDS  sleep this long before receiving each bucket (a slow
+                                       receiver, so a test can kill it mid-transfer)
+    ROLLWAY_TEST_CORRUPT_RECEIVE       "1": flip one byte of bucket 0 after it arrived (the
+                                       checksum must catch it)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import torch
+from safetensors import safe_open
+
+from rollway.common.bucket_checksum import BucketChecksum, as_bytes, bucket_checksum
+from rollway.common.errors import RollwayError
+from rollway.common.weight_buckets import Bucket, bucket_file_name
+from rollway.common.weight_group import WeightGroup, WeightGroupError
+
+SLOW_RECEIVE_ENV = "ROLLWAY_TEST_SLOW_RECEIVE_SECONDS"
+CORRUPT_RECEIVE_ENV = "ROLLWAY_TEST_CORRUPT_RECEIVE"
+
+
+class WeightsCorrupt(RollwayError):
+    """A received bucket does not match its checksum (the update is not committed)."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+
+@dataclass
+class ReceiveResult:
+    """Per-phase seconds and the indices of buckets whose checksum did not match."""
+
+    wire_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    bad_buckets: list[int] | None = None
+
+
+class StagingPool:
+    """Two sets of bucket buffers; the `live` one may back the served weights after a swap."""
+
+    def __init__(self) -> None:
+        self._sets: list[list[torch.Tensor]] = []
+        self.live: int | None = None
+
+    def take(self, buckets: list[Bucket], device: torch.device) -> tuple[int, list[torch.Tensor]]:
+        """A set of zeroed-tail buffers for `buckets` that the served model does not use."""
+        sizes = [b.padded_size for b in buckets]
+        for i, buffers in enumerate(self._sets):
+            if i != self.live and [b.numel() for b in buffers] == sizes and buffers[0].device == device:
+                return i, buffers
+        spare = [i for i in range(len(self._sets)) if i != self.live]
+        fresh = [torch.zeros(size, dtype=torch.uint8, device=device) for size in sizes]
+        if len(self._sets) < 2:
+            self._sets.append(fresh)
+            return len(self._sets) - 1, fresh
+        self._sets[spare[0]] = []  # drop the old set before the new one counts
+        self._sets[spare[0]] = fresh
+        return spare[0], fresh
+
+    def clear(self) -> None:
+        """Free every buffer (ReleaseMemory: the engine's weights are gone as well)."""
+        self._sets, self.live = [], None
+
+
+def flip_byte_for_test(buffer: torch.Tensor, num_bytes: int) -> None:
+    buffer[num_bytes // 2] ^= 0x10
+
+
+def receive_buckets(
+    group: WeightGroup, buckets: list[Bucket], buffers: list[torch.Tensor], verify: bool
+) -> ReceiveResult:
+    """Receive every bucket from rank 0 into `buffers`; verify each one while the next arrives.
+
+    Raises WeightGroupError (the group is then broken) if a transfer fails or times out."""
+    slow = float(os.environ.get(SLOW_RECEIVE_ENV) or 0)
+    corrupt = os.environ.get(CORRUPT_RECEIVE_ENV) == "1"
+    result = ReceiveResult(bad_buckets=[])
+    started = time.perf_counter()
+
+    def post(i: int):
+        if slow:
+            time.sleep(slow)
+        return group.broadcast(buffers[i][: buckets[i].num_bytes], src=0)
+
+    work = post(0)
+    for i, bucket in enumerate(buckets):
+        try:
+            work.wait()
+            work = post(i + 1) if i + 1 < len(buckets) else None
+        except RuntimeError as exc:
+            group.mark_broken(str(exc))
+            raise WeightGroupError(f"bucket {i} of {len(buckets)}: {str(exc).splitlines()[0]}") from None
+        if corrupt and i == 0:
+            flip_byte_for_test(buffers[0], bucket.num_bytes)
+        if verify:
+            tick = time.perf_counter()
+            if bucket_checksum(buffers[i][: bucket.padded_size]) != bucket.checksum:
+                result.bad_buckets.append(i)
+            result.verify_seconds += time.perf_counter() - tick
+    result.wire_seconds = time.perf_counter() - started - result.verify_seconds
+    return result
+
+
+def read_disk_buckets(
+    directory: str, buckets: list[Bucket], keep: bool = True
+) -> tuple[list[tuple[str, torch.Tensor]], ReceiveResult]:
+    """Read the safetensors files of a disk update and verify each bucket's checksum.
+
+    Raises FileNotFoundError / ValueError naming the file or tensor that does not match."""
+    result = ReceiveResult(bad_buckets=[])
+    tensors: list[tuple[str, torch.Tensor]] = []
+    corrupt = os.environ.get(CORRUPT_RECEIVE_ENV) == "1"
+    for bucket in buckets:
+        path = Path(directory, bucket_file_name(bucket.index, len(buckets)))
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: missing (bucket {bucket.index} of the manifest)")
+        tick = time.perf_counter()
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            available = set(f.keys())
+            loaded = []
+            for entry in bucket.entries:
+                if entry.name not in available:
+                    raise ValueError(f"{path}: has no tensor {entry.name!r}")
+                tensor = f.get_tensor(entry.name)
+                if tensor.dtype != entry.torch_dtype or tuple(tensor.shape) != entry.shape:
+                    raise ValueError(f"{path}: {entry.name} is {tensor.dtype} {tuple(tensor.shape)}, the manifest says "
+                                     f"{entry.dtype} {entry.shape}")  # fmt: skip
+                loaded.append((entry.name, tensor.contiguous()))
+        if corrupt and bucket.index == 0:
+            loaded[0] = (loaded[0][0], loaded[0][1].clone())
+            flip_byte_for_test(as_bytes(loaded[0][1]), loaded[0][1].nbytes)
+        result.wire_seconds += time.perf_counter() - tick
+        tick = time.perf_counter()
+        accumulator = BucketChecksum()
+        for _, tensor in loaded:
+            accumulator.update(as_bytes(tensor))
+        if accumulator.hexdigest() != bucket.checksum:
+            result.bad_buckets.append(bucket.index)
+        result.verify_seconds += time.perf_counter() - tick
+        if keep:
+            tensors += loaded
+    return tensors, result
+
+
+def check_against_model(buckets: list[Bucket], served: dict[str, torch.Tensor], required: set[str]) -> str:
+    """ "" if every manifest tensor fits the served model and every `required` name is covered;
+    else the first problem."""
+    names = set()
+    for bucket in buckets:
+        for entry in bucket.entries:
+            names.add(entry.name)
+            target = served.get(entry.name)
+            if target is None:
+                return f"{entry.name!r} is not a parameter or buffer of the served model"
+            if tuple(target.shape) != entry.shape or target.dtype != entry.torch_dtype:
+                return (f"{entry.name} is {entry.dtype} {list(entry.shape)}, the served model has "
+                        f"{str(target.dtype).removeprefix('torch.')} {list(target.shape)}")  # fmt: skip
+    missing = sorted(required - names)
+    if missing:
+        return f"misses {len(missing)} parameter(s) of the served model, e.g. {missing[0]!r}"
+    return ""

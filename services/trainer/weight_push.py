@@ -1,0 +1,222 @@
+"""Rank 0's weight sync: the weight group, the pushed version, and the PushWeights sequence.
+
+    InitWeightGroup(spec):  same spec as the live group -> no-op; otherwise destroy it, then form a
+                            new group as rank 0 (hosting its TCPStore at master_port)
+    PushWeights(v):         check v -> "plan" on every rank (gather + per-bucket checksums)
+                            -> yield the manifest (the coordinator forwards it to the receivers)
+                            -> "broadcast" on every rank (rank 0 sends) or "write" (disk path)
+                            -> record v as pushed -> yield the timings
+
+Versions only move forward: v below the last pushed version is refused; v equal to it re-sends
+the same weights (a retry after some receiver failed) unless the model has trained since, in
+which case the caller must push a new version. A failed broadcast destroys the group (every
+receiver's collective fails at once), leaves the version unchanged and answers UNAVAILABLE; the
+coordinator then rebuilds the group and retries. The trainer's own ranks stay in step.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from rollway.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
+from rollway.common.log import get_logger
+from rollway.common.v1 import common_pb2
+from rollway.common.weight_buckets import DEFAULT_BUCKET_SIZE_BYTES, TRANSPORTS, to_manifest
+from rollway.common.weight_group import (
+    STATUS_ALREADY_APPLIED,
+    STATUS_NAMES,
+    STATUS_OK,
+    GroupSpec,
+    WeightGroup,
+    WeightGroupError,
+)
+from rollway.common.weights_checksum import dtype_from_name
+from rollway.trainer.manifest import fsync_tree
+from rollway.trainer.sharding import DTYPE_NAMES
+from rollway.trainer.v1 import trainer_pb2
+from rollway.trainer.weight_send import SenderState, SendResult
+
+DISK_PREFIX = "weights-v"
+
+
+def _log():
+    """The logger, bound at call time: logging is configured by the server after this import."""
+    return get_logger("rollway.trainer.weight_push")
+
+
+class WeightPusher:
+    """The trainer's half of the weight-sync protocol (the servicer delegates to it)."""
+
+    def __init__(self, controller):
+        self.controller = controller
+        self.sender = SenderState(None)
+        self.pushed_at: tuple[int, int] | None = None  # (version, global_step) of the last push
+        self._lock = threading.Lock()
+
+    @property
+    def group(self) -> WeightGroup | None:
+        return self.sender.group
+
+    # --- InitWeightGroup ------------------------------------------------------------------
+    def init_group(self, spec_pb: common_pb2.WeightGroupSpec) -> bool:
+        """Form the group as rank 0; True if an identical healthy group already exists."""
+        try:
+            spec = GroupSpec.from_proto(spec_pb)
+        except ValueError as exc:
+            field, _, problem = str(exc).partition(": ")
+            raise InvalidArgument(field, problem) from None
+        if spec.rank_offset != 0:
+            raise InvalidArgument(
+                "group.rank_offset", f"the trainer is always rank 0 (got {spec.rank_offset})"
+            )
+        with self._lock:
+            if self.group is not None and not self.group.broken and self.group.spec == spec:
+                return True
+            self.close()
+            try:
+                self.sender.group = WeightGroup(spec, rank=0)
+            except WeightGroupError as exc:
+                # Not UNAVAILABLE: clients retry that, and a lone retry of a collective join cannot succeed.
+                error = DeadlineExceeded if "timeout" in str(exc).lower() else FailedPrecondition
+                raise error(str(exc)) from None
+        _log().info(
+            "weight group formed", group=spec.group_name, world_size=spec.world_size, backend=spec.backend
+        )
+        return False
+
+    def close(self) -> None:
+        """Destroy the group (if any); members blocked in a collective on it fail at once."""
+        group, self.sender.group = self.sender.group, None
+        if group is not None:
+            group.destroy()
+
+    # --- PushWeights ----------------------------------------------------------------------
+    def _check_request(self, request: trainer_pb2.PushWeightsRequest) -> tuple[str, str, int]:
+        if request.weight_version <= 0:
+            raise InvalidArgument("weight_version", f"must be positive (got {request.weight_version})")
+        transport = request.transport or "distributed"
+        if transport not in TRANSPORTS:
+            raise InvalidArgument("transport", f"must be one of {', '.join(TRANSPORTS)} (got {transport!r})")
+        if transport == "disk" and not request.disk_path:
+            raise InvalidArgument("disk_path", "is required for the disk transport")
+        if request.bucket_size_bytes < 0:
+            raise InvalidArgument(
+                "bucket_size_bytes", f"must not be negative (got {request.bucket_size_bytes})"
+            )
+        dtype = request.dtype or self.controller.startup.dtype
+        if dtype not in DTYPE_NAMES:
+            raise InvalidArgument("dtype", f"must be one of {', '.join(DTYPE_NAMES)} (got {dtype!r})")
+        return transport, str(dtype_from_name(dtype)).removeprefix("torch."), request.bucket_size_bytes
+
+    def _check_version(self, version: int) -> None:
+        last = self.controller.weight_version
+        if version < last:
+            raise FailedPrecondition(
+                f"weight_version: versions only move forward (last pushed {last}, got {version})"
+            )
+        step = self.controller.engine.global_step
+        if version == last and self.pushed_at != (version, step):
+            raise FailedPrecondition(
+                f"weight_version: version {version} was pushed before the weights changed "
+                f"(now at step {step}); push a new version"
+            )
+
+    def push(self, request: trainer_pb2.PushWeightsRequest) -> Iterator[trainer_pb2.PushWeightsResponse]:
+        """PushWeights: the manifest first, the timings last (see the module doc)."""
+        transport, dtype, bucket_size = self._check_request(request)
+        bucket_size = bucket_size or DEFAULT_BUCKET_SIZE_BYTES
+        version = request.weight_version
+        started = time.perf_counter()
+        with self._lock, self.controller.lock:
+            self._check_version(version)
+            if transport == "distributed":
+                self._require_group()
+                plan = self._run("plan", dtype=dtype, bucket_size_bytes=bucket_size)
+                yield trainer_pb2.PushWeightsResponse(manifest=to_manifest(plan.buckets, version, transport))
+                sent = self._run(
+                    "broadcast",
+                    dtype=dtype,
+                    bucket_size_bytes=bucket_size,
+                    sender=self.sender,
+                    acknowledge=request.acknowledge,
+                )
+                self._check_delivery(version, sent)
+            else:
+                plan, sent, directory = self._write(request.disk_path, version, dtype, bucket_size)
+                yield trainer_pb2.PushWeightsResponse(
+                    manifest=to_manifest(sent.buckets, version, transport, str(directory))
+                )
+            self.controller.weight_version = version
+            self.pushed_at = (version, self.controller.engine.global_step)
+        timings = common_pb2.WeightSyncTimings(
+            gather_seconds=plan.gather_seconds + sent.gather_seconds,
+            wire_seconds=sent.wire_seconds,
+            verify_seconds=plan.checksum_seconds,
+            total_seconds=time.perf_counter() - started,
+        )
+        _log().info("weights pushed", weight_version=version, transport=transport, num_bytes=sent.num_bytes,
+                    seconds=round(timings.total_seconds, 3))  # fmt: skip
+        yield trainer_pb2.PushWeightsResponse(timings=timings)
+
+    def _check_delivery(self, version: int, sent: SendResult) -> None:
+        if sent.error:
+            self.close()
+            raise Unavailable(
+                f"weight version {version} was not delivered ({sent.error}); receivers keep their "
+                "version: call InitWeightGroup again, then retry"
+            )
+        refused = {rank: STATUS_NAMES.get(code, str(code)) for rank, code in enumerate(sent.receiver_status, 1)
+                   if code not in (STATUS_OK, STATUS_ALREADY_APPLIED)}  # fmt: skip
+        if refused:
+            ranks = ", ".join(f"rank {rank}: {name}" for rank, name in refused.items())
+            raise FailedPrecondition(
+                f"weight version {version} was not committed by every receiver ({ranks})"
+            )
+
+    def _require_group(self) -> None:
+        if self.group is None:
+            raise FailedPrecondition("no weight group: call InitWeightGroup first")
+        if self.group.broken:
+            raise FailedPrecondition(
+                f"the weight group is broken ({self.group.broken}); call InitWeightGroup again"
+            )
+
+    def _run(self, phase: str, sender: SenderState | None = None, **kwargs) -> SendResult:
+        payload = {"phase": phase, **kwargs}
+        # Rank 0's payload is handed to its engine directly (never pickled): it may carry the group.
+        payloads = [{**payload, "sender": sender}] + [payload] * (self.controller.world_size - 1)
+        return self.controller.runtime.run("weight_push", payloads)
+
+    def _write(self, disk_path: str, version: int, dtype: str, bucket_size: int):
+        """Disk path: write into a temporary directory, fsync, rename into place atomically."""
+        root = Path(disk_path)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = root / f".{DISK_PREFIX}{version:08d}.tmp-{os.getpid()}-{time.monotonic_ns()}"
+            tmp.mkdir()
+        except OSError as exc:
+            raise InvalidArgument("disk_path", f"cannot write under {root}: {exc}") from None
+        sent = self._run("write", dtype=dtype, bucket_size_bytes=bucket_size, directory=str(tmp))
+        if sent.error:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise Unavailable(f"weight version {version} was not written: {sent.error}")
+        fsync_tree(tmp)
+        final = root / f"{DISK_PREFIX}{version:08d}"
+        if final.exists():  # a retry of the same version: replace the earlier copy
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _remove_old_versions(root, keep_from=version - 1)
+        return SendResult(), sent, final
+
+
+def _remove_old_versions(root: Path, keep_from: int) -> None:
+    """Delete versions older than `keep_from` (the previous one stays for a receiver still reading it)."""
+    for path in root.glob(f"{DISK_PREFIX}*"):
+        suffix = path.name.removeprefix(DISK_PREFIX)
+        if suffix.isdigit() and int(suffix) < keep_from:
+            shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,243 @@
+"""The trainer's side of a weight update, run on every rank (TrainerEngine.weight_push -> here).
+
+    plan:       every rank gathers each full tensor (FSDP2 all-gather) in bucket order; rank 0
+                casts it to the serving dtype and adds its bytes to its bucket's checksum
+                -> the manifest (layout + checksums) goes to the receivers before any byte moves
+    broadcast:  every rank gathers again; rank 0 packs bucket i into one of two buffers, starts
+                its broadcast on the weight group and gathers bucket i+1 while i is on the wire
+    write:      every rank gathers; rank 0 writes one safetensors file per bucket (disk path)
+
+Two passes because the receivers need the per-bucket checksums in the manifest before the first
+broadcast, and the alternative (holding the whole model in the serving dtype on rank 0) does not
+fit on an accelerator. The plan pass reads each tensor once with a vectorised sum and copies
+nothing (bucket_checksum.py).
+
+Ranks other than 0 only take part in the gathers, in the same order. A failed broadcast (a
+receiver died, the group timed out) never raises here: rank 0 stops sending but keeps gathering
+to the end, so the trainer's ranks stay in step, and reports the error in its result.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch.distributed.tensor import DTensor
+
+from rollway.common.bucket_checksum import BucketChecksum, as_bytes
+from rollway.common.weight_buckets import Bucket, TensorEntry, bucket_file_name, dtype_name, plan_buckets
+from rollway.common.weight_group import STATUS_OK, WeightGroup, WeightGroupError
+from rollway.common.weights_checksum import dtype_from_name
+from rollway.trainer.weights import weight_names
+
+
+@dataclass
+class SendResult:
+    """What rank 0 reports after a pass (other ranks return None)."""
+
+    buckets: list[Bucket] = field(default_factory=list)
+    gather_seconds: float = 0.0
+    checksum_seconds: float = 0.0
+    wire_seconds: float = 0.0
+    num_bytes: int = 0
+    error: str = ""
+    receiver_status: list[int] = field(default_factory=list)  # acknowledgements of ranks 1..N-1
+
+
+class SenderState:
+    """Rank 0's weight group and its two reusable bucket buffers (kept between pushes on CPU)."""
+
+    def __init__(self, group: WeightGroup | None):
+        self.group = group
+        self._buffers: list[torch.Tensor] = []
+
+    def buffers(self, size: int, device: torch.device) -> list[torch.Tensor]:
+        if not self._buffers or self._buffers[0].numel() < size or self._buffers[0].device != device:
+            self._buffers = []  # free the old pair first
+            self._buffers = [torch.zeros(size, dtype=torch.uint8, device=device) for _ in range(2)]
+        return self._buffers
+
+    def release_device_buffers(self) -> None:
+        """Accelerator memory is scarce: keep buffers between pushes only on the host."""
+        if self._buffers and self._buffers[0].device.type != "cpu":
+            self._buffers = []
+
+
+def _tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    tensors = dict(model.named_parameters())
+    tensors.update(model.named_buffers())
+    return tensors
+
+
+def plan_layout(model: torch.nn.Module, dtype: torch.dtype, bucket_size_bytes: int) -> list[Bucket]:
+    """Buckets of the model's weights (parameters and persistent buffers, sorted, tied ones once).
+
+    Floating-point tensors travel in `dtype`; others keep theirs. Same result on every rank."""
+    tensors = _tensors(model)
+    specs = []
+    for name in weight_names(model):
+        tensor = tensors[name]
+        specs.append(
+            TensorEntry(
+                name, dtype_name(dtype if tensor.is_floating_point() else tensor.dtype), tuple(tensor.shape)
+            )
+        )
+    return plan_buckets(specs, bucket_size_bytes)
+
+
+def _gathered(model: torch.nn.Module, buckets: list[Bucket], keep: bool):
+    """(bucket, entry, full tensor in the entry's dtype or None) in order; every rank iterates it all."""
+    tensors = _tensors(model)
+    for bucket in buckets:
+        for entry in bucket.entries:
+            tensor = tensors[entry.name].detach()
+            if isinstance(tensor, DTensor):
+                tensor = tensor.to_local() if tensor.device_mesh.size() == 1 else tensor.full_tensor()
+            yield bucket, entry, (tensor.to(entry.torch_dtype).contiguous() if keep else None)
+
+
+def checksum_pass(model: torch.nn.Module, buckets: list[Bucket], rank: int) -> SendResult | None:
+    """Fill each bucket's checksum (rank 0) from the gathered tensors, without packing them."""
+    result = SendResult(buckets=buckets)
+    accumulators = {b.index: BucketChecksum() for b in buckets}
+    started = time.perf_counter()
+    for bucket, _, full in _gathered(model, buckets, keep=rank == 0):
+        if full is not None:
+            tick = time.perf_counter()
+            accumulators[bucket.index].update(as_bytes(full))
+            result.checksum_seconds += time.perf_counter() - tick
+    for bucket in buckets:
+        bucket.checksum = accumulators[bucket.index].hexdigest()
+    result.gather_seconds = time.perf_counter() - started - result.checksum_seconds
+    result.num_bytes = sum(b.num_bytes for b in buckets)
+    return result if rank == 0 else None
+
+
+def broadcast_pass(
+    model: torch.nn.Module, buckets: list[Bucket], rank: int, sender: SenderState | None, acknowledge: bool
+) -> SendResult | None:
+    """Gather and broadcast every bucket (rank 0 sends, double-buffered); never raises on a send error."""
+    if rank != 0:
+        for _ in _gathered(model, buckets, keep=False):
+            pass
+        return None
+    result = SendResult(buckets=buckets, num_bytes=sum(b.num_bytes for b in buckets))
+    group = sender.group
+    buffers = sender.buffers(max(b.padded_size for b in buckets), group.device)
+    pending, wire_start = None, None
+    gathered = _gathered(model, buckets, keep=True)
+    for bucket in buckets:
+        buffer = buffers[bucket.index % 2]
+        tick = time.perf_counter()
+        for _ in bucket.entries:
+            _, entry, full = next(gathered)
+            if not result.error:
+                buffer[entry.offset : entry.offset + entry.num_bytes].view(entry.torch_dtype).view(
+                    entry.shape
+                ).copy_(full)
+        result.gather_seconds += time.perf_counter() - tick
+        if pending is not None:  # bucket i-1 must be on the other side before its buffer is refilled
+            result.error = result.error or _wait(pending, group)
+            pending = None
+        if not result.error:
+            wire_start = wire_start or time.perf_counter()
+            pending, result.error = _start(group, buffer[: bucket.num_bytes])
+    if pending is not None:
+        result.error = result.error or _wait(pending, group)
+    if acknowledge and not result.error:
+        try:
+            result.receiver_status = group.exchange_status(STATUS_OK)[1:]
+        except WeightGroupError as exc:
+            result.error = str(exc)
+    result.wire_seconds = time.perf_counter() - wire_start if wire_start else 0.0
+    sender.release_device_buffers()
+    return result
+
+
+def _start(group: WeightGroup, tensor: torch.Tensor):
+    """(work, "") or (None, error)."""
+    try:
+        return group.broadcast(tensor), ""
+    except RuntimeError as exc:
+        group.mark_broken(str(exc))
+        return None, f"broadcast failed: {str(exc).splitlines()[0]}"
+
+
+def _wait(work, group: WeightGroup) -> str:
+    try:
+        work.wait()
+        return ""
+    except RuntimeError as exc:  # DistBackendError and gloo's errors are RuntimeErrors
+        group.mark_broken(str(exc))
+        return f"broadcast failed: {str(exc).splitlines()[0]}"
+
+
+def write_pass(
+    model: torch.nn.Module, buckets: list[Bucket], rank: int, directory: str, hf_config
+) -> SendResult | None:
+    """Gather and write one safetensors file per bucket into `directory` (rank 0), with checksums.
+
+    A write error (disk full, permissions) is reported in the result, never raised: the other
+    ranks are still gathering."""
+    result = SendResult(buckets=buckets, num_bytes=sum(b.num_bytes for b in buckets))
+    tensors: dict[str, torch.Tensor] = {}
+    accumulator = BucketChecksum()
+    started = time.perf_counter()
+    for bucket, entry, full in _gathered(model, buckets, keep=rank == 0):
+        if full is None or result.error:
+            continue
+        tensors[entry.name] = full = full.cpu()
+        accumulator.update(as_bytes(full))
+        if entry is bucket.entries[-1]:
+            bucket.checksum = accumulator.hexdigest()
+            tick = time.perf_counter()
+            path = Path(directory, bucket_file_name(bucket.index, len(buckets)))
+            try:
+                save_file(tensors, str(path), {"format": "pt"})
+            except OSError as exc:
+                result.error = f"cannot write {path}: {exc}"
+            result.wire_seconds += time.perf_counter() - tick
+            tensors, accumulator = {}, BucketChecksum()
+    if rank != 0:
+        return None
+    if not result.error:
+        try:
+            _write_index(Path(directory), buckets)
+            hf_config.save_pretrained(directory)
+        except OSError as exc:
+            result.error = f"cannot write {directory}: {exc}"
+    result.gather_seconds = time.perf_counter() - started - result.wire_seconds
+    return result
+
+
+def _write_index(directory: Path, buckets: list[Bucket]) -> None:
+    """model.safetensors.index.json, so the directory loads like a sharded HF checkpoint."""
+    weight_map = {e.name: bucket_file_name(b.index, len(buckets)) for b in buckets for e in b.entries}
+    index = {"metadata": {"total_size": sum(b.num_bytes for b in buckets)}, "weight_map": weight_map}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=1, sort_keys=True))
+
+
+def run_phase(
+    engine,
+    phase: str,
+    dtype: str,
+    bucket_size_bytes: int,
+    sender: SenderState | None = None,
+    directory: str = "",
+    acknowledge: bool = False,
+) -> SendResult | None:
+    """One pass ("plan", "broadcast" or "write") of a weight update on this rank."""
+    buckets = plan_layout(engine.model, dtype_from_name(dtype), bucket_size_bytes)
+    rank = engine.info.rank
+    with torch.no_grad():
+        if phase == "plan":
+            return checksum_pass(engine.model, buckets, rank)
+        if phase == "broadcast":
+            return broadcast_pass(engine.model, buckets, rank, sender, acknowledge)
+        if phase == "write":
+            return write_pass(engine.model, buckets, rank, directory, engine.hf_config)
+    raise ValueError(f"unknown weight push phase {phase!r}")
