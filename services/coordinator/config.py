@@ -68,6 +68,14 @@ class CoordinatorConfig:
     update_weight_buffer_size: int = setting(512 * 1024 * 1024, "bytes per weight-sync bucket")
     update_weight_transport: Literal["distributed", "disk"] = setting("distributed", "weight-sync transport")
     update_weight_timeout: float = setting(300.0, "seconds a weight update may take")
+    update_weight_master_addr: str = setting(
+        "",
+        "address of the weight group's store at trainer rank 0, as engines reach it (empty: trainer_addr's host)",
+    )
+    update_weight_master_port: int = setting(
+        0,
+        "port of that store (0: a free port of the coordinator's host; set it when the trainer runs elsewhere)",
+    )
     check_weight_update_equal: bool = setting(False, "scramble engine weights, sync, compare checksums")
 
     # Evaluation
@@ -145,8 +153,18 @@ class CoordinatorConfig:
             raise ConfigError("max_weight_staleness", "must be at least 1 (async overlaps one step)")
         if self.dynamic_sampling_filter_path not in ("", "check_reward_nonzero_std"):
             raise ConfigError("dynamic_sampling_filter_path", "supported filters: check_reward_nonzero_std")
+        if not 0 <= self.update_weight_master_port < 65536:
+            raise ConfigError("update_weight_master_port", "must be in [0, 65535]")
         if self.rollout_temperature < 0:
             raise ConfigError("rollout_temperature", "must not be negative")
+
+    @property
+    def weight_master_address(self) -> str:
+        """Where trainer rank 0 hosts the weight group: the setting, else the trainer's host."""
+        if self.update_weight_master_addr:
+            return self.update_weight_master_addr
+        host = self.trainer_addr.rpartition(":")[0].strip("[]") if ":" in self.trainer_addr else ""
+        return host or "127.0.0.1"
 
     @property
     def train_only(self) -> bool:

@@ -87,6 +87,8 @@ class Run:
             bucket_size_bytes=config.update_weight_buffer_size,
             timeout_seconds=config.update_weight_timeout,
             disk_path=str(self.run_dir / "weights"),
+            master_address=config.weight_master_address,
+            master_port=config.update_weight_master_port,
         )
         self.final_metrics: dict[str, float] = {}
         self.hf_export_dir = ""

@@ -64,8 +64,12 @@ class WeightSyncSettings:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A free port on `host`; for a host that is not this machine's, a free port here (a guess)."""
     with socket.socket() as s:
-        s.bind((host, 0))
+        try:
+            s.bind((host, 0))
+        except OSError:  # the trainer is on another host: set update_weight_master_port there
+            s.bind(("", 0))
         return s.getsockname()[1]
 
 
