@@ -2,6 +2,8 @@
 
     rollway run CONFIG [--flag value ...]                 embedded: local processes on loopback
     rollway run CONFIG --trainer-addr A --rollout-addr B ...   attach to running services
+    rollway run CONFIG ... --coordinator-addr C           ... and to a running coordinator
+    rollway run CONFIG --launcher ray [--ray-address R]   services as Ray actors (rollway.deploy)
     rollway plan CONFIG                                   print the batch arithmetic and exit
 
 The run config is one flat namespace (Miles' flags). Every component's settings dataclass is
@@ -14,6 +16,7 @@ service's log, and every process is stopped (by pid) on exit or Ctrl-C.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import signal
 import sys
@@ -23,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from rollway.common.client import wait_until_serving
 from rollway.common.config import parse_components
 from rollway.common.local_launch import ServiceProcess
 
@@ -50,6 +54,31 @@ def parse_run_config(argv: list[str], prog: str = "rollway run") -> dict[str, ob
         argv = ["--config", argv[0], *argv[1:]]
     classes = component_classes()
     return dict(zip(classes, parse_components(list(classes.values()), argv, prog=prog), strict=True))
+
+
+def parse_launcher_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Where the run goes (not run settings): --launcher, --ray-address, --coordinator-addr; and the rest."""
+    parser = argparse.ArgumentParser(prog="rollway run", add_help=False, allow_abbrev=False)
+    parser.add_argument("--launcher", choices=("local", "ray"), default="local")
+    parser.add_argument(
+        "--ray-address", default="", help="Ray cluster to join (default: RAY_ADDRESS or local)"
+    )
+    parser.add_argument("--coordinator-addr", default="", help="a running coordinator to start the run on")
+    return parser.parse_known_args(argv)
+
+
+def run_settings(c, run_id: str, run_dir: str, addresses: dict[str, str | list[str]]) -> dict:
+    """The StartRun config: the run's coordinator settings plus the services' addresses."""
+    settings = non_default_settings(c)
+    rollouts = addresses.get("rollout", [])
+    settings.update(
+        run_id=run_id,
+        run_dir=run_dir,
+        dataloader_addr=c.dataloader_addr or addresses.get("dataloader", ""),
+        trainer_addr=c.trainer_addr or addresses.get("trainer", ""),
+        rollout_addr=c.rollout_addr or ([rollouts] if isinstance(rollouts, str) else list(rollouts)),
+    )
+    return settings
 
 
 def non_default_settings(config) -> dict:
@@ -132,7 +161,12 @@ class Supervisor:
 
 
 def run(argv: list[str]) -> int:
+    options, argv = parse_launcher_options(argv)
     configs = parse_run_config(argv)
+    if options.launcher == "ray":
+        from rollway.deploy.ray_launcher import run_on_ray
+
+        return run_on_ray(configs, options.ray_address)
     c = configs["coordinator"]
     from rollway.coordinator.runs import new_run_id
 
@@ -149,19 +183,23 @@ def run(argv: list[str]) -> int:
             print(f"starting {name} ...", flush=True)
             started.append(ServiceProcess(name, ["--config", str(settings)], workdir).start())
             addresses[name] = started[-1].address
-        coordinator = ServiceProcess("coordinator", ["--runs-root", str(run_dir.parent)], workdir).start()
-        started.append(coordinator)
+        coordinator_address = options.coordinator_addr
+        if coordinator_address:
+            wait_until_serving(coordinator_address, 120.0)
+        else:
+            started.append(
+                ServiceProcess("coordinator", ["--runs-root", str(run_dir.parent)], workdir).start()
+            )
+            coordinator_address = started[-1].address
         supervisor = Supervisor(started)
-        run_settings = non_default_settings(c)
-        run_settings.update(
-            run_id=run_id,
-            run_dir=str(run_dir.parent),
-            dataloader_addr=c.dataloader_addr or addresses.get("dataloader", ""),
-            trainer_addr=c.trainer_addr or addresses.get("trainer", ""),
-            rollout_addr=c.rollout_addr or ([addresses["rollout"]] if "rollout" in addresses else []),
+        # A coordinator elsewhere writes under its own --runs-root unless the config names a run_dir.
+        remote_default = options.coordinator_addr and not c.run_dir
+        settings = run_settings(c, run_id, "" if remote_default else str(run_dir.parent), addresses)
+        print(
+            f"run {run_id}: {'(coordinator ' + coordinator_address + ')' if remote_default else run_dir}",
+            flush=True,
         )
-        print(f"run {run_id}: {run_dir}", flush=True)
-        return _drive(coordinator.address, run_id, run_settings, c.num_rollout, supervisor, interrupted)
+        return _drive(coordinator_address, run_id, settings, c.num_rollout, supervisor, interrupted)
     finally:
         signal.signal(signal.SIGINT, previous)
         for p in reversed(started):
