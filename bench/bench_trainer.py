@@ -98,6 +98,7 @@ def run_config(model_dir: Path, ranks: int, packing: bool, batch: dict, steps: i
                 "use_dynamic_batch_size": True,
                 "max_tokens_per_gpu": max_tokens,
                 "lr": 1e-4,
+                "loss_type": "sft_loss",
             },
             "batch": batch,
             "steps": steps,

@@ -67,6 +67,7 @@ def to_item(
         response_start=int(prompt.size),
         loss_mask=loss_mask,
         extras=extras,
+        source=sample.source,
     )
 
 

@@ -14,10 +14,14 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Literal
 
+from rollway.common.advantages import ESTIMATORS, TRAINER_COMPLETED
 from rollway.common.config import ConfigError, setting
 
 # Loss types the trainer knows (the registry in losses.py must hold exactly these; a unit test checks).
-LOSS_TYPES = ("sft_loss",)
+LOSS_TYPES = ("sft_loss", "policy_loss")
+KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
+# Estimators whose token-level returns the trainer computes (KL reward shaping applies to them).
+TOKEN_LEVEL_ESTIMATORS = TRAINER_COMPLETED
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
 
 
@@ -50,6 +54,16 @@ class TrainerConfig:
     distributed_timeout_seconds: float = setting(
         600.0, "timeout of a collective between ranks: a rank that stops answering is reported after it"
     )
+    ref_load: str = setting(
+        "", "Hugging Face directory of the reference model for KL (default: the starting checkpoint)"
+    )
+    lora_rank: int = setting(0, "LoRA rank (0: full fine-tuning); only the adapters train")
+    lora_alpha: float = setting(16.0, "LoRA alpha: adapters are scaled by lora_alpha / lora_rank")
+    lora_target_modules: list[str] = setting(
+        ["all-linear"], "modules that get LoRA adapters (peft names; all-linear: every linear but lm_head)"
+    )
+    tiled_mlp: bool = setting(False, "compute each decoder MLP over sequence tiles (less activation memory)")
+    tiled_mlp_shards: int = setting(0, "tiles per MLP call (0: ceil(tokens / hidden_size), as ALST)")
     # --- training hyper-parameters (Init may override) ---
     seed: int = setting(1234, "random seed (rank r uses seed + r)")
     lr: float = setting(1e-5, "peak learning rate of AdamW")
@@ -71,10 +85,32 @@ class TrainerConfig:
     pad_to_multiple: int = setting(16, "packed rows are padded to a multiple of this many tokens")
     log_probs_chunk_size: int = setting(1024, "positions per chunk of the fp32 log-softmax")
     # --- loss (TrainStep headers may override) ---
-    loss_type: str = setting("sft_loss", "loss of a train step", choices=LOSS_TYPES)
+    loss_type: str = setting("policy_loss", "loss of a train step", choices=LOSS_TYPES)
     calculate_per_token_loss: bool = setting(
         False, "token-sum loss over the global number of loss tokens (default: per-sample mean)"
     )
+    # --- RL (policy_loss; see policy_loss.py) ---
+    advantage_estimator: str = setting(
+        "grpo", "grpo, gspo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline", choices=ESTIMATORS
+    )
+    rollout_temperature: float = setting(1.0, "logits are divided by it before the log-softmax (policy_loss)")
+    eps_clip: float = setting(0.2, "PPO clip: ratio is clipped to [1 - eps_clip, 1 + eps_clip_high]")
+    eps_clip_high: float | None = setting(None, "upper PPO clip (DAPO clip-higher); default: eps_clip")
+    eps_clip_c: float | None = setting(
+        None, "dual-clip constant (> 1) bounding the loss of negative advantages"
+    )
+    use_rollout_logprobs: bool = setting(False, "use the rollout's log-probs as the old policy's")
+    use_kl_loss: bool = setting(False, "add kl_loss_coef * KL(policy || reference) to the loss")
+    kl_loss_coef: float = setting(0.0, "weight of the KL loss (with use_kl_loss)")
+    kl_loss_type: str = setting("k1", "KL estimator: k1, k2, k3 or low_var_kl (k3 clamped)", choices=KL_TYPES)
+    kl_coef: float = setting(
+        0.0, "KL reward shaping of reinforce_plus_plus(_baseline): -kl_coef * kl per token"
+    )
+    gamma: float = setting(1.0, "discount of reinforce_plus_plus returns")
+    entropy_coef: float = setting(0.0, "subtract entropy_coef * entropy from the loss")
+    use_tis: bool = setting(False, "truncated importance sampling: weight the pg loss by exp(old - rollout)")
+    tis_clip: float = setting(2.0, "upper clip of the TIS weight")
+    tis_clip_low: float = setting(0.0, "lower clip of the TIS weight")
 
     def validate(self) -> None:
         if not self.hf_checkpoint:
@@ -105,6 +141,38 @@ class TrainerConfig:
                 "lr_decay_iters",
                 f"must exceed lr_warmup_iters ({self.lr_warmup_iters}) for lr_decay_style={self.lr_decay_style}",
             )
+        _validate_rl(self)
+        _non_negative(self, "lora_rank", "tiled_mlp_shards")
+        if self.lora_rank and (self.lora_alpha <= 0 or not self.lora_target_modules):
+            raise ConfigError("lora_alpha" if self.lora_alpha <= 0 else "lora_target_modules", "must be set")
+
+
+def _validate_rl(config: TrainerConfig) -> None:
+    """RL loss settings: ranges, and KL as a loss or as a reward penalty, never both."""
+    _non_negative(config, "rollout_temperature")
+    if config.loss_type == "policy_loss" and config.rollout_temperature == 0:
+        raise ConfigError("rollout_temperature", "must be positive for policy_loss (log-probs divide by it)")
+    _non_negative(config, "eps_clip", "kl_loss_coef", "tis_clip_low", "entropy_coef")
+    if config.eps_clip_high is not None and config.eps_clip_high < 0:
+        raise ConfigError("eps_clip_high", f"must not be negative (got {config.eps_clip_high})")
+    if config.eps_clip_c is not None and config.eps_clip_c <= 1.0:
+        raise ConfigError("eps_clip_c", f"must be greater than 1 (got {config.eps_clip_c})")
+    if not 0.0 <= config.gamma <= 1.0:
+        raise ConfigError("gamma", f"must be in [0, 1] (got {config.gamma})")
+    if config.tis_clip < config.tis_clip_low:
+        raise ConfigError(
+            "tis_clip", f"must not be below tis_clip_low ({config.tis_clip} < {config.tis_clip_low})"
+        )
+    if config.kl_coef and config.use_kl_loss:
+        raise ConfigError(
+            "kl_coef", "KL is a reward penalty (kl_coef) or a loss term (use_kl_loss), not both: set one"
+        )
+    if config.kl_coef and config.advantage_estimator not in TOKEN_LEVEL_ESTIMATORS:
+        raise ConfigError(
+            "kl_coef",
+            f"shapes the rewards of {' and '.join(TOKEN_LEVEL_ESTIMATORS)} only "
+            f"(advantage_estimator={config.advantage_estimator}); use use_kl_loss with kl_loss_coef",
+        )
 
 
 def _positive(config: TrainerConfig, *names: str) -> None:
@@ -118,6 +186,25 @@ def _non_negative(config: TrainerConfig, *names: str) -> None:
         if getattr(config, name) < 0:
             raise ConfigError(name, f"must not be negative (got {getattr(config, name)})")
 
+
+# RL loss settings: hyper-parameters of policy_loss (Init and TrainStep headers may change them).
+RL_SETTINGS = (
+    "advantage_estimator",
+    "rollout_temperature",
+    "eps_clip",
+    "eps_clip_high",
+    "eps_clip_c",
+    "use_rollout_logprobs",
+    "use_kl_loss",
+    "kl_loss_coef",
+    "kl_loss_type",
+    "kl_coef",
+    "gamma",
+    "entropy_coef",
+    "use_tis",
+    "tis_clip",
+    "tis_clip_low",
+)
 
 # Settings the Init RPC may change: hyper-parameters, not the model or the ranks.
 TRAINING_SETTINGS = frozenset(
@@ -143,8 +230,9 @@ TRAINING_SETTINGS = frozenset(
         "log_probs_chunk_size",
         "loss_type",
         "calculate_per_token_loss",
+        *RL_SETTINGS,
     }
 )
 
 # Settings a TrainStep header may change for that step only.
-STEP_SETTINGS = frozenset({"loss_type", "calculate_per_token_loss"})
+STEP_SETTINGS = frozenset({"loss_type", "calculate_per_token_loss", *RL_SETTINGS})

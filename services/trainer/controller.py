@@ -20,7 +20,6 @@ from rollway.common.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
-    Unimplemented,
 )
 from rollway.common.log import get_logger
 from rollway.trainer import checkpoint
@@ -142,8 +141,9 @@ class TrainerController:
         self, step_metrics: list[dict[str, float]], items, efficiency: float, elapsed: float
     ) -> dict:
         metrics: dict[str, float] = {}
-        for name in step_metrics[0]:
-            values = [m[name] for m in step_metrics]
+        for name in dict.fromkeys(name for m in step_metrics for name in m):
+            # Per-source losses exist only in the steps that had samples of that source.
+            values = [m[name] for m in step_metrics if name in m]
             metrics[name] = values[-1] if name == "train/lr" else sum(values) / len(values)
         num_tokens = sum(len(item) for item in items)
         metrics.update(
@@ -163,17 +163,15 @@ class TrainerController:
     def compute_log_probs(
         self, items: list[SequenceItem], temperature: float, with_entropy: bool, use_reference: bool
     ) -> list[tuple[list[float], list[float]]]:
-        """Response log-probs (and entropy) per item, in request order."""
-        if use_reference:
-            raise Unimplemented(
-                "header.use_reference: the reference model comes with the RL losses (issue #5)"
-            )
+        """Response log-probs (and entropy) per item, in request order (of the reference model
+        with `use_reference`: reference.py, built on first use)."""
         layout = plan_log_probs(items, self.settings or self.startup, self.world_size)
         payloads = [
             {
                 "micro_batches": micro_batches,
                 "temperature": temperature,
                 "with_entropy": with_entropy,
+                "use_reference": use_reference,
             }
             for micro_batches in layout
         ]

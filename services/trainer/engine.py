@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from rollway.common.config import from_dict
-from rollway.trainer import checkpoint, export, weight_send
+from rollway.trainer import checkpoint, export, lora, weight_send
 from rollway.trainer.attention import model_inputs
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.distributed import RankInfo
@@ -26,7 +26,11 @@ from rollway.trainer.losses import GlobalDenominators, LossInputs, aggregate, ge
 from rollway.trainer.micro_batch import MicroBatch, SequenceItem, build_micro_batch
 from rollway.trainer.model_loading import load_model
 from rollway.trainer.optimizer import apply_settings, build_optimizer, clip_grad_norm
+from rollway.trainer.per_source import gather_source_losses, sample_sums
+from rollway.trainer.policy_inputs import loss_temperature, prepare_policy_inputs
+from rollway.trainer.reference import reference_logits
 from rollway.trainer.sharding import resolve_dtype, shard_model
+from rollway.trainer.tiled_mlp import enable_tiled_mlp
 from rollway.trainer.weights import full_weights_checksum
 
 
@@ -37,6 +41,7 @@ class OptimizerStepPlan:
     micro_batches: list[list[SequenceItem]]  # this rank's micro-batches (some may be empty)
     denominators: GlobalDenominators
     settings: dict[str, Any]  # TrainerConfig fields in force for this step
+    extra_names: tuple[str, ...] = ()  # per-token inputs of the items (Sample fields, computed ones)
 
 
 class TrainerEngine:
@@ -47,7 +52,12 @@ class TrainerEngine:
         self.info = info
         loaded = load_model(config, info.rank)
         self.hf_config = loaded.hf_config
+        if config.lora_rank:
+            lora.apply_lora(loaded.model, loaded.full_state_dict, config, info.rank)
+        if config.tiled_mlp:
+            enable_tiled_mlp(loaded.model, config.tiled_mlp_shards, set(loaded.model._no_split_modules or []))
         self.model = shard_model(loaded, config, info)
+        self.reference: torch.nn.Module | None = None  # built on first use (reference.py)
         self.optimizer: torch.optim.Optimizer | None = None
         self.global_step = 0
         self.compute_dtype = resolve_dtype(config.dtype)
@@ -71,11 +81,20 @@ class TrainerEngine:
         apply_settings(self.optimizer, self.config, self.global_step)
 
     def train(self, steps: list[OptimizerStepPlan]) -> list[dict[str, float]]:
-        """Run each optimizer step; return per-step metrics (global values, same on every rank)."""
+        """Run each optimizer step; return per-step metrics (global values, same on every rank;
+        per-source losses on rank 0 only)."""
+        if steps:
+            settings = from_dict(TrainerConfig, steps[0].settings)
+            if settings.loss_type == "policy_loss":  # old/ref log-probs before the first update
+                prepare_policy_inputs(self, steps, settings)
         return [self._optimizer_step(step) for step in steps]
 
     def log_probs(
-        self, micro_batches: list[list[SequenceItem]], temperature: float, with_entropy: bool
+        self,
+        micro_batches: list[list[SequenceItem]],
+        temperature: float,
+        with_entropy: bool,
+        use_reference: bool = False,
     ) -> dict[int, tuple[list[float], list[float]]] | None:
         """Response log-probs (and entropy) of this rank's samples, gathered on rank 0."""
         self.model.eval()
@@ -83,7 +102,7 @@ class TrainerEngine:
         with torch.no_grad():
             for items in micro_batches:
                 mb = self._build(items, packing=True, extra_names=())
-                logits = self._logits(mb)
+                logits = reference_logits(self, mb) if use_reference else self._logits(mb)
                 logp, entropy = token_log_probs(
                     logits,
                     mb.target_ids.to(logits.device),
@@ -105,6 +124,8 @@ class TrainerEngine:
         """Write this rank's shards (and take part in the HF export) into `directory`."""
         path = Path(directory)
         checkpoint.save_shards(self.model, self._require_optimizer(), path)
+        if self.config.lora_rank:
+            lora.save_adapter(self.model, self.config, path / "adapter")
         if hf_export:
             export.export_hf(self.model, self.hf_config, self.config.hf_checkpoint, path / "hf")
         dist.barrier()
@@ -139,9 +160,9 @@ class TrainerEngine:
             extra_names=extra_names,
         )
 
-    def _logits(self, mb: MicroBatch) -> torch.Tensor:
+    def _logits(self, mb: MicroBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
         inputs = model_inputs(mb, self.config.attn_implementation, self.compute_dtype, self.info.device)
-        return self.model(**inputs).logits
+        return (model or self.model)(**inputs).logits
 
     def accumulate_gradients(self, step: OptimizerStepPlan) -> dict[str, float]:
         """Forward and backward of this rank's micro-batches; the step's loss metrics (global sums).
@@ -153,16 +174,24 @@ class TrainerEngine:
         spec = get_loss(settings.loss_type)
         self.model.train()
         totals: dict[str, torch.Tensor] = {}
+        per_sample: dict[int, list[float]] = {}
+        extra_names = tuple(sorted({*step.extra_names, *spec.per_token_inputs}))
         for k, items in enumerate(step.micro_batches):
             # Reduce-scatter once, after the last micro-batch; earlier ones accumulate locally.
             self.model.set_requires_gradient_sync(k == len(step.micro_batches) - 1)
-            mb = self._build(items, settings.packing, spec.per_token_inputs)
-            for name, value in self._micro_batch_loss(mb, settings, spec, step.denominators).items():
+            mb = self._build(items, settings.packing, extra_names)
+            shares, sums = self._micro_batch_loss(mb, settings, spec, step.denominators)
+            per_sample.update(sums)
+            for name, value in shares.items():
                 totals[name] = totals.get(name, 0.0) + value
         names = sorted(totals)
         summed = torch.stack([totals[n] for n in names]).to(self.info.device)
         dist.all_reduce(summed)
-        return {f"train/{n}": float(v) for n, v in zip(names, summed.tolist(), strict=True)}
+        metrics = {f"train/{n}": float(v) for n, v in zip(names, summed.tolist(), strict=True)}
+        metrics.update(
+            gather_source_losses(per_sample, step.micro_batches, settings.calculate_per_token_loss)
+        )
+        return metrics
 
     def _optimizer_step(self, step: OptimizerStepPlan) -> dict[str, float]:
         started = time.perf_counter()
@@ -180,15 +209,18 @@ class TrainerEngine:
         metrics["perf/train_time"] = time.perf_counter() - started
         return metrics
 
-    def _micro_batch_loss(self, mb, settings, spec, denominators) -> dict[str, torch.Tensor]:
-        """Forward and backward of one micro-batch; its (detached) shares of the step's metrics."""
+    def _micro_batch_loss(self, mb, settings, spec, denominators) -> tuple[dict[str, torch.Tensor], dict]:
+        """Forward and backward of one micro-batch; its (detached) shares of the step's metrics and
+        its samples' loss sums (per_source.py)."""
         logits = self._logits(mb)
         device = logits.device
         logp, entropy = token_log_probs(
             logits,
             mb.target_ids.to(device),
+            temperature=loss_temperature(settings),
             chunk_size=settings.log_probs_chunk_size,
             with_entropy=spec.needs_entropy,
+            entropy_requires_grad=settings.entropy_coef != 0,
         )
         mask, index = mb.loss_mask.to(device), mb.sample_index.to(device)
         inputs = LossInputs(
@@ -208,4 +240,4 @@ class TrainerEngine:
         }
         shares["loss"] = loss.detach()
         shares["per_token_loss"] = aggregate(terms["loss"].detach(), mask, index, denominators, True)
-        return {name: v.float().cpu() for name, v in shares.items()}
+        return {name: v.float().cpu() for name, v in shares.items()}, sample_sums(terms["loss"], mask, index)

@@ -17,10 +17,12 @@ def token_log_probs(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     with_entropy: bool = False,
+    entropy_requires_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(target) at every position of `logits` [..., V], and optionally the entropy.
 
-    Returns tensors shaped like `target_ids` (fp32).
+    Returns tensors shaped like `target_ids` (fp32). With `entropy_requires_grad` False the
+    entropy is a metric only: no graph (and no [chunk, V] tensors) is kept for it.
     """
     shape = target_ids.shape
     flat_logits = logits.reshape(-1, logits.shape[-1])
@@ -34,7 +36,8 @@ def token_log_probs(
         targets = flat_targets[start : start + chunk_size, None]
         log_probs.append(log_softmax.gather(-1, targets).squeeze(-1))
         if with_entropy:
-            entropies.append(-(log_softmax.exp() * log_softmax).sum(-1))
+            with torch.set_grad_enabled(entropy_requires_grad and torch.is_grad_enabled()):
+                entropies.append(-(log_softmax.exp() * log_softmax).sum(-1))
     log_prob = torch.cat(log_probs).reshape(shape)
     entropy = torch.cat(entropies).reshape(shape) if with_entropy else None
     return log_prob, entropy

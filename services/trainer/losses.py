@@ -100,3 +100,7 @@ def aggregate(
     counts.scatter_add_(0, index.reshape(-1), (loss_mask * valid).reshape(-1))
     per_position = counts[index].clamp(min=1.0)
     return (masked / per_position).sum() / max(denominators.num_samples, 1)
+
+
+# Registers policy_loss (it imports this module's names, so it comes last).
+from rollway.trainer import policy_loss as _policy_loss  # noqa: E402, F401

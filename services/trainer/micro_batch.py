@@ -25,6 +25,7 @@ class SequenceItem:
     response_start: int  # number of prompt tokens
     loss_mask: list[int]  # one per response token
     extras: dict[str, list[float]] = field(default_factory=dict)  # per response token
+    source: str = ""  # data source (for per-source metrics)
 
     def __len__(self) -> int:
         return len(self.token_ids)

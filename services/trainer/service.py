@@ -19,6 +19,7 @@ from rollway.trainer.config import TrainerConfig
 from rollway.trainer.controller import TrainerController
 from rollway.trainer.losses import get_loss
 from rollway.trainer.model_loading import ModelLoadError, read_hf_config
+from rollway.trainer.policy_inputs import sample_fields
 from rollway.trainer.runtime import RankRuntime
 from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from rollway.trainer.weight_push import WeightPusher
@@ -100,11 +101,17 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
                 raise InvalidArgument(
                     "header.num_samples", f"announced {header.num_samples} samples but {len(samples)} arrived"
                 )
+            policy = settings.loss_type == "policy_loss"
             items = to_items(
                 samples,
                 vocab_size=engine.vocab_size,
                 with_loss_mask=True,
-                per_token_inputs=get_loss(settings.loss_type).per_token_inputs,
+                per_token_inputs=(
+                    sample_fields(samples, settings)
+                    if policy
+                    else get_loss(settings.loss_type).per_token_inputs
+                ),
+                require_prompt=policy,
             )
             stored, already = self.controller.train_step(header.step_id, items, settings)
         else:

@@ -76,9 +76,12 @@ def plan_train_steps(
         real += sum(lengths)
         padded += sum(lengths) / efficiency
         denominators = GlobalDenominators(len(chunk), sum(num_loss_tokens(item) for item in chunk))
+        extra_names = tuple(sorted(items[0].extras))  # the same fields for every item (batch.py)
         for rank, mbs in enumerate(layout):
             micro_batches = [[chunk[i] for i in mb] for mb in mbs]
-            per_rank[rank].append(OptimizerStepPlan(micro_batches, denominators, to_dict(settings)))
+            per_rank[rank].append(
+                OptimizerStepPlan(micro_batches, denominators, to_dict(settings), extra_names)
+            )
     return per_rank, real / padded
 
 

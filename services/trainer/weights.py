@@ -5,6 +5,7 @@ names in the same order, and only rank 0 keeps the values (other ranks get empty
 
 The checksum is rollway.common.weights_checksum (the function the rollout engines use too),
 over `named_parameters()` with Hugging Face names: tied weights once, under their first name.
+With LoRA (lora.py) every function here sees the merged weights under their HF names.
 """
 
 from __future__ import annotations
@@ -13,20 +14,27 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from rollway.common.weights_checksum import weights_checksum
+from rollway.trainer.lora import (
+    adapters_by_weight,
+    full,
+    hf_name,
+    hf_named_tensors,
+    hf_parameter_names,
+    merged,
+)
 
 
 def parameter_names(model: torch.nn.Module) -> list[str]:
-    """Names of the parameters, sorted (tied weights once)."""
-    return sorted(name for name, _ in model.named_parameters())
+    """Names of the parameters, sorted (tied weights once; LoRA adapters merged, not listed)."""
+    return hf_parameter_names(model)
 
 
 def weight_names(model: torch.nn.Module) -> list[str]:
     """Parameters plus persistent buffers, sorted: what a state dict file must hold."""
     persistent = {
-        f"{module_name}.{name}" if module_name else name
+        hf_name(f"{module_name}.{name}" if module_name else name)
         for module_name, module in model.named_modules()
         for name in module._buffers
         if name not in module._non_persistent_buffers_set
@@ -38,13 +46,11 @@ def iter_full_tensors(
     model: torch.nn.Module, names: list[str], dtype: torch.dtype | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor on CPU) for `names`, in order; every rank must iterate to the end."""
-    tensors = dict(model.named_parameters())
-    tensors.update(model.named_buffers())
+    tensors = hf_named_tensors(model)
+    adapters = adapters_by_weight(model)
     rank = dist.get_rank() if dist.is_initialized() else 0
     for name in names:
-        tensor = tensors[name].detach()
-        if isinstance(tensor, DTensor):
-            tensor = tensor.full_tensor()
+        tensor = merged(full(tensors[name]), adapters.get(name))
         if rank != 0:
             yield name, torch.empty(0)
             continue

@@ -44,7 +44,8 @@ def wait_for(predicate, timeout: float) -> bool:
 
 
 def start_trainer(tiny_model_dir, workdir: Path, *extra: str) -> ServiceProcess:
-    args = ["--hf-checkpoint", str(tiny_model_dir), "--world-size", "2", "--dtype", "float32", *extra]
+    args = ["--hf-checkpoint", str(tiny_model_dir), "--world-size", "2", "--dtype", "float32"]
+    args += ["--loss-type", "sft_loss", *extra]
     return ServiceProcess("trainer", args, workdir).start()
 
 

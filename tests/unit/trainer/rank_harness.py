@@ -31,8 +31,9 @@ TIMEOUT_S = 120.0
 
 
 def make_config(model_dir: str | Path, **settings: Any) -> TrainerConfig:
-    """fp32 (exact on CPU), eager-free sdpa, the given overrides."""
-    return from_dict(TrainerConfig, {"hf_checkpoint": str(model_dir), "dtype": "float32", **settings})
+    """fp32 (exact on CPU), eager-free sdpa, sft_loss unless overridden, the given overrides."""
+    base = {"hf_checkpoint": str(model_dir), "dtype": "float32", "loss_type": "sft_loss"}
+    return from_dict(TrainerConfig, {**base, **settings})
 
 
 def full_grads(engine: TrainerEngine) -> dict[str, torch.Tensor]:

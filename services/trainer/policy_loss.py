@@ -1,0 +1,121 @@
+"""`--loss-type policy_loss`: the PPO clipped objective with Miles' options, per token.
+
+    log r   = logp - old_logp                  per token (gspo: the sample's mean over its loss tokens)
+    ratio   = exp(clamp(log r, -20, 20))
+    pg      = max(-ratio * A, -clip(ratio, 1 - eps_clip, 1 + eps_clip_high) * A)
+    dual    = min(pg, -eps_clip_c * A) where A < 0            (--eps-clip-c)
+    pg     *= clamp(exp(old - rollout), tis_clip_low, tis_clip)  (--use-tis)
+    loss    = pg - entropy_coef * entropy + kl_loss_coef * kl(logp, ref_logp)  (--use-kl-loss)
+
+old_logp is the trainer's own no-grad forward before the first optimizer step of the rollout
+(policy_inputs.py), the rollout's log-probs with --use-rollout-logprobs, or - when the rollout
+makes a single optimizer step and nothing else needs it - the current log-probs detached, which
+is the same number without the extra forward. Every term is per token; the engine aggregates
+them all the same way (losses.aggregate) and reports each as train/<name>.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rollway.trainer.kl import approx_kl
+from rollway.trainer.losses import LossInputs, register_loss
+
+LOG_RATIO_CLAMP = 20.0
+
+
+def clipped_policy_loss(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_clip: float,
+    eps_clip_high: float,
+    eps_clip_c: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO loss and clip indicator (1 where the clipped branch is the larger loss)."""
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    unclipped = -ratio * advantages
+    clipped = -ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high) * advantages
+    loss = torch.maximum(unclipped, clipped)
+    clipfrac = (clipped > unclipped).float()
+    if eps_clip_c is not None:
+        dual = torch.minimum(loss, -eps_clip_c * advantages)
+        loss = torch.where(advantages < 0, dual, loss)
+    return loss, clipfrac
+
+
+def per_sample_mean(
+    values: torch.Tensor, loss_mask: torch.Tensor, sample_index: torch.Tensor
+) -> torch.Tensor:
+    """Each position gets the mean of `values` over its sample's loss tokens (differentiable).
+
+    A sample lies inside one micro-batch, so its mean is exact locally."""
+    valid = sample_index >= 0
+    index = torch.where(valid, sample_index, 0).reshape(-1)
+    size = int(index.max()) + 1 if index.numel() else 1
+    weights = (loss_mask * valid).reshape(-1).to(values.dtype)
+    sums = torch.zeros(size, dtype=values.dtype, device=values.device).scatter_add(
+        0, index, values.reshape(-1) * weights
+    )
+    counts = torch.zeros(size, dtype=values.dtype, device=values.device).scatter_add(0, index, weights)
+    return (sums / counts.clamp(min=1.0))[index].reshape(values.shape)
+
+
+def old_log_probs(inputs: LossInputs) -> torch.Tensor:
+    """The old policy's log-probs the ratio is taken against (see the module docstring)."""
+    extras = inputs.extras
+    if inputs.settings.use_rollout_logprobs:
+        return extras["rollout_log_probs"]
+    if "old_log_probs" in extras:
+        return extras["old_log_probs"]
+    return inputs.log_probs.detach()
+
+
+def truncated_importance_weights(
+    train_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(raw weight exp(train - rollout), weight clamped to [low, high], clip indicator)."""
+    raw = torch.exp(train_log_probs - rollout_log_probs)
+    weights = raw.clamp(min=low, max=high)
+    return raw, weights, (weights != raw).float()
+
+
+def mismatch_terms(train_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Train/inference mismatch: |train - rollout| and KL(rollout || train) (k3, never negative)."""
+    return {
+        "train_rollout_logprob_abs_diff": (train_log_probs - rollout_log_probs).abs(),
+        "train_rollout_kl": approx_kl(rollout_log_probs, train_log_probs, "k3"),
+    }
+
+
+@register_loss("policy_loss", per_token_inputs=("advantages",), needs_entropy=True)
+def policy_loss(inputs: LossInputs) -> dict[str, torch.Tensor]:
+    """Per-token terms of the policy loss (see the module docstring)."""
+    s = inputs.settings
+    logp, extras = inputs.log_probs, inputs.extras
+    advantages = extras["advantages"]
+    old = old_log_probs(inputs)
+    log_ratio = logp - old
+    if s.advantage_estimator == "gspo":
+        log_ratio = per_sample_mean(log_ratio, inputs.loss_mask, inputs.sample_index)
+    eps_high = s.eps_clip if s.eps_clip_high is None else s.eps_clip_high
+    pg_loss, clipfrac = clipped_policy_loss(log_ratio, advantages, s.eps_clip, eps_high, s.eps_clip_c)
+    terms: dict[str, torch.Tensor] = {"pg_clipfrac": clipfrac, "ppo_kl": -log_ratio.detach()}
+    rollout = extras.get("rollout_log_probs")
+    if rollout is not None:
+        # The trainer's view of the rollout policy: its own old log-probs when it computed them.
+        train_logp = extras.get("old_log_probs", logp.detach())
+        terms.update(mismatch_terms(train_logp, rollout))
+        if s.use_tis:
+            raw, weights, tis_clipfrac = truncated_importance_weights(
+                train_logp, rollout, s.tis_clip_low, s.tis_clip
+            )
+            pg_loss = pg_loss * weights
+            terms.update({"tis": raw, "tis_clipfrac": tis_clipfrac})
+    entropy = inputs.entropy if inputs.entropy is not None else torch.zeros_like(logp)
+    loss = pg_loss - s.entropy_coef * entropy
+    if s.use_kl_loss:
+        kl = approx_kl(logp, extras["ref_log_probs"], s.kl_loss_type)
+        loss = loss + s.kl_loss_coef * kl
+        terms["kl_loss"] = kl
+    terms.update({"loss": loss, "pg_loss": pg_loss, "entropy_loss": entropy})
+    return terms

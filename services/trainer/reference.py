@@ -1,0 +1,56 @@
+"""The reference policy of the KL terms (`--ref-load`, default: the starting checkpoint).
+
+A second FSDP2 model, frozen, sharded like the policy but with CPUOffloadPolicy: its shards live
+in host memory and each layer visits the accelerator only during its own forward (Miles keeps
+its reference on CPU the same way). It is built on first use - the first TrainStep that needs
+ref log-probs, or ComputeLogProbs with use_reference - by every rank at once.
+
+With LoRA and no --ref-load the reference is the policy itself with its adapters switched off:
+exactly the base model, at no extra memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from rollway.common.log import get_logger
+from rollway.trainer.lora import adapters_disabled
+from rollway.trainer.model_loading import load_model
+from rollway.trainer.sharding import shard_model
+from rollway.trainer.tiled_mlp import enable_tiled_mlp
+
+
+def shares_policy(config) -> bool:
+    """True when the reference is the LoRA policy with adapters off."""
+    return bool(config.lora_rank) and not config.ref_load
+
+
+def build_reference(config, info) -> torch.nn.Module:
+    """Every rank: load --ref-load (or the starting checkpoint) frozen, sharded, offloaded to CPU."""
+    ref_config = replace(
+        config,
+        hf_checkpoint=config.ref_load or config.hf_checkpoint,
+        fsdp_cpu_offload=True,
+        gradient_checkpointing=False,
+        lora_rank=0,
+    )
+    loaded = load_model(ref_config, info.rank)
+    if config.tiled_mlp:  # the same arithmetic as the policy: equal weights give equal log-probs
+        enable_tiled_mlp(loaded.model, config.tiled_mlp_shards, set(loaded.model._no_split_modules or []))
+    model = shard_model(loaded, ref_config, info)
+    model.requires_grad_(False)
+    model.eval()
+    get_logger("rollway.trainer.reference").info("reference model ready", path=ref_config.hf_checkpoint)
+    return model
+
+
+def reference_logits(engine, mb) -> torch.Tensor:
+    """Logits of the reference policy for a micro-batch (call under torch.no_grad())."""
+    if shares_policy(engine.config):
+        with adapters_disabled(engine.model):
+            return engine._logits(mb)
+    if engine.reference is None:
+        engine.reference = build_reference(engine.config, engine.info)
+    return engine._logits(mb, model=engine.reference)
