@@ -113,7 +113,8 @@ class ProgressLine:
         elapsed = time.monotonic() - self.started
         per_step = elapsed / self.done
         remaining = max(self.total - step, 0) * per_step
-        parts = [f"step {step}/{self.total}"]
+        # A record past the last step is the final evaluation.
+        parts = [f"step {step}/{self.total}" if not self.total or step <= self.total else "final"]
         for label, key in (
             ("reward", "rollout/raw_reward"),
             ("loss", "train/loss"),
