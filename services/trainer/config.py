@@ -63,7 +63,9 @@ class TrainerConfig:
         ["all-linear"], "modules that get LoRA adapters (peft names; all-linear: every linear but lm_head)"
     )
     tiled_mlp: bool = setting(False, "compute each decoder MLP over sequence tiles (less activation memory)")
-    tiled_mlp_shards: int = setting(0, "tiles per MLP call (0: ceil(tokens / hidden_size), as ALST)")
+    tiled_mlp_shards: int = setting(
+        0, "tiles per MLP call (0: ceil(tokens / max(hidden_size, 1024)), as ALST)"
+    )
     # --- training hyper-parameters (Init may override) ---
     seed: int = setting(1234, "random seed (rank r uses seed + r)")
     lr: float = setting(1e-5, "peak learning rate of AdamW")

@@ -22,12 +22,14 @@ from collections.abc import Callable
 import torch
 
 TILED_ATTRIBUTE = "_rollway_tiled_mlp"
+# Automatic tiles are never shorter than this: small models' tiny tiles make slow small matmuls.
+MIN_TILE_TOKENS = 1024
 
 
 def num_tiles(num_tokens: int, hidden_size: int, shards: int) -> int:
-    """Tiles of a call: `shards` if set, else ceil(tokens / hidden_size) (ALST's rule), at most one
-    per token."""
-    wanted = shards if shards > 0 else math.ceil(num_tokens / max(hidden_size, 1))
+    """Tiles of a call: `shards` if set, else ALST's rule ceil(tokens / hidden_size) with tiles of
+    at least MIN_TILE_TOKENS; never more tiles than tokens."""
+    wanted = shards if shards > 0 else math.ceil(num_tokens / max(hidden_size, MIN_TILE_TOKENS))
     return max(1, min(wanted, num_tokens))
 
 

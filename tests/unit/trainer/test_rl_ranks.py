@@ -63,9 +63,8 @@ TILED = {
     "tiled_checkpointed": {
         "loss_type": "sft_loss",
         "tiled_mlp": True,
-        "tiled_mlp_shards": 0,  # automatic: ceil(tokens / hidden) = 1 tile on short rows, 2 on longer
+        "tiled_mlp_shards": 2,
         "gradient_checkpointing": True,
-        "pad_to_multiple": 160,
     },
     "tiled_policy": {"tiled_mlp": True, "tiled_mlp_shards": 4, "micro_batch_size": 2},
     "plain_policy": {"micro_batch_size": 2},

@@ -15,6 +15,8 @@ def test_tile_count_rule():
     assert num_tiles(4096, 1024, 0) == 4  # ALST: ceil(tokens / hidden)
     assert num_tiles(4097, 1024, 0) == 5
     assert num_tiles(100, 1024, 0) == 1
+    assert num_tiles(16384, 4096, 0) == 4
+    assert num_tiles(16384, 256, 0) == 16  # small hidden sizes: tiles of 1024 tokens at least
     assert num_tiles(100, 1024, 8) == 8  # explicit
     assert num_tiles(3, 1024, 8) == 3  # never more tiles than tokens
 
