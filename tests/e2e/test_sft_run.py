@@ -90,12 +90,15 @@ def _run_to_end(
     tmp_path, model_dir, data_dir, name: str, *, kill_after_checkpoint: bool
 ) -> tuple[list[dict], str]:
     """Run 8 SFT steps with a checkpoint every 3; optionally SIGKILL the coordinator after the first one
-    and resume with a fresh coordinator. Returns the metrics and the trainer's final weights checksum."""
+    and resume with a fresh coordinator. Returns the metrics, the trainer's final weights checksum and
+    the --debug-determinism records (per-step hashes of data and weights, and the loss)."""
     workdir = tmp_path / name
     save = workdir / "save"
     with ExitStack() as stack:
         services = start_services(stack, workdir, sft_service_args(model_dir, data_dir))
-        config = sft_run_config(services, num_rollout=8, save=str(save), save_interval=3)
+        config = sft_run_config(
+            services, num_rollout=8, save=str(save), save_interval=3, debug_determinism=True
+        )
         stub = coordinator_stub(services["coordinator"])
         start_run(stub, name, config)
         if kill_after_checkpoint:
@@ -111,14 +114,18 @@ def _run_to_end(
             start_run(stub, name, config)  # resumes from the latest complete checkpoint under `save`
         final = wait_run(stub, name)
         assert final.state == SUCCEEDED, final.error
-        return read_metrics(workdir / "runs" / name), trainer_checksum(services["trainer"])
+        determinism = [
+            json.loads(line)
+            for line in (workdir / "runs" / name / "determinism.jsonl").read_text().splitlines()
+        ]
+        return read_metrics(workdir / "runs" / name), trainer_checksum(services["trainer"]), determinism
 
 
 def test_killed_coordinator_resumes_with_the_same_data_and_weights(tiny_model_dir, demo_data_dir, tmp_path):
-    straight, straight_weights = _run_to_end(
+    straight, straight_weights, straight_hashes = _run_to_end(
         tmp_path, tiny_model_dir, demo_data_dir, "straight", kill_after_checkpoint=False
     )
-    resumed, resumed_weights = _run_to_end(
+    resumed, resumed_weights, resumed_hashes = _run_to_end(
         tmp_path, tiny_model_dir, demo_data_dir, "resumed", kill_after_checkpoint=True
     )
     by_step = {r["step"]: r for r in resumed}  # steps after the checkpoint were logged twice: the rerun wins
@@ -128,3 +135,9 @@ def test_killed_coordinator_resumes_with_the_same_data_and_weights(tiny_model_di
     )
     assert [by_step[s]["sft/tokens_seen"] for s in range(8)] == [r["sft/tokens_seen"] for r in straight]
     assert resumed_weights == straight_weights
+    # --debug-determinism: the same data and the same weights after every step, hash for hash.
+    by_step = {h["step"]: h for h in resumed_hashes}
+    assert [by_step[h["step"]] for h in straight_hashes] == straight_hashes
+    assert (
+        len({h["data"] for h in straight_hashes}) == 8 and len({h["weights"] for h in straight_hashes}) == 8
+    )
