@@ -17,7 +17,7 @@ import torch
 
 from rollway.common.log import get_logger
 from rollway.trainer.lora import adapters_disabled
-from rollway.trainer.model_loading import load_model
+from rollway.trainer.model_loading import ModelLoadError, load_model, read_hf_config
 from rollway.trainer.sharding import shard_model
 from rollway.trainer.tiled_mlp import enable_tiled_mlp
 
@@ -25,6 +25,20 @@ from rollway.trainer.tiled_mlp import enable_tiled_mlp
 def shares_policy(config) -> bool:
     """True when the reference is the LoRA policy with adapters off."""
     return bool(config.lora_rank) and not config.ref_load
+
+
+def check_reference(config) -> None:
+    """At start-up: --ref-load must be a readable model with the policy's vocabulary."""
+    if not config.ref_load:
+        return
+    try:
+        ref, policy = read_hf_config(config.ref_load), read_hf_config(config.hf_checkpoint)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"ref_load: {exc}".replace("hf_checkpoint: ", "")) from None
+    if ref.vocab_size != policy.vocab_size:
+        raise ModelLoadError(
+            f"ref_load: vocabulary of {ref.vocab_size} tokens, the policy has {policy.vocab_size}"
+        )
 
 
 def build_reference(config, info) -> torch.nn.Module:

@@ -20,6 +20,7 @@ from rollway.trainer.controller import TrainerController
 from rollway.trainer.losses import get_loss
 from rollway.trainer.model_loading import ModelLoadError, read_hf_config
 from rollway.trainer.policy_inputs import sample_fields
+from rollway.trainer.reference import check_reference
 from rollway.trainer.runtime import RankRuntime
 from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from rollway.trainer.weight_push import WeightPusher
@@ -188,6 +189,7 @@ def serve(server_config: ServerConfig, config: TrainerConfig) -> None:
     server = RollwayServer("trainer", server_config)
     try:
         read_hf_config(config.hf_checkpoint)
+        check_reference(config)
     except ModelLoadError as exc:
         _log().error("cannot start", error=str(exc))
         sys.exit(2)

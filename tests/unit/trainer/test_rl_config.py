@@ -96,3 +96,17 @@ def test_init_and_headers_may_change_rl_settings_but_not_the_model_shape():
             STEP_SETTINGS,
             "header.overrides",
         )
+
+
+def test_ref_load_must_be_a_model_with_the_policys_vocabulary(tiny_model_dir, tmp_path):
+    from rollway.common.tiny_model import make_tiny_model
+    from rollway.trainer.model_loading import ModelLoadError
+    from rollway.trainer.reference import check_reference
+
+    policy = str(tiny_model_dir)
+    check_reference(TrainerConfig(hf_checkpoint=policy, ref_load=policy))
+    with pytest.raises(ModelLoadError, match=r"^ref_load: no config.json in"):
+        check_reference(TrainerConfig(hf_checkpoint=policy, ref_load=str(tmp_path)))
+    other = make_tiny_model(tmp_path / "other", vocab_size=1000)
+    with pytest.raises(ModelLoadError, match="ref_load: vocabulary of 1000 tokens"):
+        check_reference(TrainerConfig(hf_checkpoint=policy, ref_load=str(other)))
