@@ -147,14 +147,20 @@ class Supervisor:
         self._thread.start()
 
     def _watch(self) -> None:
-        while not self._stop.wait(0.5):
+        while not self._stop.wait(0.5) and self.check() is None:
+            pass
+
+    def check(self) -> str | None:
+        """The first dead process, described with the tail of its log (None while all live)."""
+        if self.failure is None:
             for p in self.processes:
                 if p.proc is not None and p.proc.poll() is not None:
                     tail = "\n".join(p.log_text().splitlines()[-TAIL_LINES:])
                     self.failure = (
                         f"{p.service} (pid {p.pid}) exited with {p.proc.returncode}; last log lines:\n{tail}"
                     )
-                    return
+                    break
+        return self.failure
 
     def close(self) -> None:
         self._stop.set()
@@ -183,6 +189,9 @@ def run(argv: list[str]) -> int:
             print(f"starting {name} ...", flush=True)
             started.append(ServiceProcess(name, ["--config", str(settings)], workdir).start())
             addresses[name] = started[-1].address
+            print(
+                f"{name} pid {started[-1].pid} at {addresses[name]}, log {started[-1].log_path}", flush=True
+            )
         coordinator_address = options.coordinator_addr
         if coordinator_address:
             wait_until_serving(coordinator_address, 120.0)
@@ -249,6 +258,9 @@ def _drive(
         time.sleep(0.5)
     follower.join(10)
     supervisor.close()
+    if info.state != coordinator_pb2.RUN_STATE_SUCCEEDED and supervisor.check():
+        # The run usually fails on its own once a service is gone: name the cause.
+        print(f"service crashed: {supervisor.failure}", file=sys.stderr)
     state = coordinator_pb2.RunState.Name(info.state).removeprefix("RUN_STATE_")
     print(f"run {run_id} {state}" + (f": {info.error}" if info.error else ""), flush=True)
     return 0 if info.state == coordinator_pb2.RUN_STATE_SUCCEEDED else 1

@@ -48,3 +48,42 @@ def test_config_errors_name_the_setting_before_anything_starts(tmp_path, yaml_te
     assert result.returncode == 2
     assert message in result.stderr
     assert not (tmp_path / "runs").exists(), "nothing may start before the config is valid"
+
+
+def test_a_crashed_service_is_reported_with_its_log_and_everything_stops(
+    tiny_model_dir, demo_data_dir, tmp_path
+):
+    import os
+    import re
+    import signal
+    import time
+
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"hf_checkpoint: {tiny_model_dir}\nprompt_data: [{demo_data_dir / 'rl.parquet'}]\ninput_key: prompt\n"
+        "label_key: label\napply_chat_template: true\nnum_epoch: 0\nnum_rollout: 1000\nrollout_batch_size: 4\n"
+        "n_samples_per_prompt: 4\nglobal_batch_size: 16\nrollout_max_response_len: 4\n"
+        f"run_dir: {tmp_path / 'runs'}\nrun_id: crash\n"
+    )
+    launcher = subprocess.Popen(
+        [*ROLLWAY, "run", str(config)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    pids = {}
+    try:
+        for line in launcher.stdout:
+            match = re.match(r"(\w+) pid (\d+) at ", line)
+            if match:
+                pids[match.group(1)] = int(match.group(2))
+            if line.startswith("step 2/"):  # the run is training: kill the rollout service
+                break
+        os.kill(pids["rollout"], signal.SIGKILL)
+        out, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 1
+    assert f"service crashed: rollout (pid {pids['rollout']}) exited with -9; last log lines:" in err
+    assert '"service": "rollout"' in err  # the tail of the rollout service's own log
+    time.sleep(1)
+    for name, pid in pids.items():  # the launcher stopped every service it started, by pid
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", name
