@@ -1,0 +1,87 @@
+"""The Ray launcher's actor layout (pure logic: no Ray cluster needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rollway.deploy.placement import PlacementError, describe, plan_actors
+from rollway.deploy.ray_launcher import check_fits
+from rollway.launcher import parse_run_config, services_needed
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "ray" / "grpo-8gpu.yaml"
+
+
+def layout(*flags: str, gpus: float = 8.0):
+    configs = parse_run_config([str(EXAMPLE), *flags])
+    return plan_actors(configs, services_needed(configs["coordinator"]), gpus)
+
+
+def test_eight_gpus_hold_four_trainer_ranks_and_two_sglang_engines_with_tp_2():
+    specs = layout()
+    assert [(s.name, s.resources) for s in specs] == [
+        ("trainer-0", {"CPU": 1.0, "GPU": 1.0}),
+        ("trainer-1", {"CPU": 1.0, "GPU": 1.0}),
+        ("trainer-2", {"CPU": 1.0, "GPU": 1.0}),
+        ("trainer-3", {"CPU": 1.0, "GPU": 1.0}),
+        ("rollout-0", {"CPU": 1.0, "GPU": 2.0}),
+        ("rollout-1", {"CPU": 1.0, "GPU": 2.0}),
+        ("dataloader", {"CPU": 1.0}),
+        ("coordinator", {"CPU": 1.0}),
+    ]
+    assert [s.is_trainer_worker for s in specs[:4]] == [False, True, True, True]
+    assert "rollout-1      CPU 1, GPU 2" in describe(specs)
+    check_fits(specs, {"CPU": 64.0, "GPU": 8.0})
+    with pytest.raises(PlacementError, match="need 8 CPU in total and the Ray cluster has 4"):
+        check_fits(specs, {"CPU": 4.0, "GPU": 8.0})
+
+
+def test_attached_services_get_no_actor_and_gpus_are_counted():
+    specs = layout("--trainer-addr", "10.0.0.5:50051", "--dataloader-addr", "10.0.0.5:50053")
+    assert [s.name for s in specs] == ["rollout-0", "rollout-1", "coordinator"]
+    with pytest.raises(PlacementError, match="needs 8 GPUs and the Ray cluster has 6"):
+        layout(gpus=6.0)
+    with pytest.raises(PlacementError, match="sglang needs GPUs"):
+        layout(gpus=0.0)
+    with pytest.raises(PlacementError, match="must be a multiple of rollout_num_gpus_per_engine"):
+        layout("--rollout-engine", "hf", "--rollout-num-gpus", "3", gpus=8.0)
+
+
+def test_a_cpu_cluster_runs_the_hf_engine_without_gpu_requests():
+    specs = layout("--rollout-engine", "hf", "--world-size", "2", "--rollout-num-gpus", "2", gpus=0.0)
+    assert [(s.name, s.resources) for s in specs] == [
+        ("trainer-0", {"CPU": 1.0}),
+        ("trainer-1", {"CPU": 1.0}),
+        ("rollout-0", {"CPU": 1.0}),
+        ("dataloader", {"CPU": 1.0}),
+        ("coordinator", {"CPU": 1.0}),
+    ]
+
+
+def test_an_unreachable_ray_address_is_refused_at_once(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    started = time.monotonic()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollway.cli",
+            "run",
+            str(EXAMPLE),
+            "--launcher",
+            "ray",
+            "--ray-address",
+            "127.0.0.1:1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert "cannot reach the Ray cluster: nothing answers at 127.0.0.1:1" in result.stderr
+    assert time.monotonic() - started < 60  # not Ray's minutes of retries
