@@ -12,6 +12,7 @@ The caller's log context (run_id, step, weight_version) and trace context travel
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -134,9 +135,31 @@ class _PolicyInterceptor(
         return continuation(self._details(client_call_details), request_iterator)
 
 
+# Deployments (compose, Ray) turn TLS on for every client of a process through the environment,
+# as ROLLWAY_AUTH_TOKEN does for the token: the coordinator and `rollway run` build their clients
+# without flags of their own for it.
+TLS_ENV = {
+    "tls_ca": "ROLLWAY_TLS_CA",
+    "tls_cert": "ROLLWAY_TLS_CERT",
+    "tls_key": "ROLLWAY_TLS_KEY",
+    "tls_server_name": "ROLLWAY_TLS_SERVER_NAME",
+}
+
+
+def _with_tls_env(config: ClientConfig) -> ClientConfig:
+    """`config` with ROLLWAY_TLS_* filled in where it names no TLS file of its own."""
+    if config.tls_ca:
+        return config
+    values = {field: os.environ.get(env, "") for field, env in TLS_ENV.items()}
+    return dataclasses.replace(config, **values) if values["tls_ca"] else config
+
+
 def open_channel(address: str, config: ClientConfig | None = None) -> grpc.Channel:
-    """A channel to `address` with rollway's call policy, tracing, limits and (m)TLS."""
-    config = config or ClientConfig()
+    """A channel to `address` with rollway's call policy, tracing, limits and (m)TLS.
+
+    Without a CA in `config`, ROLLWAY_TLS_CA (and ROLLWAY_TLS_CERT/KEY for mTLS,
+    ROLLWAY_TLS_SERVER_NAME) from the environment turn TLS on."""
+    config = _with_tls_env(config or ClientConfig())
     options = channel_options(config.max_message_mb, config.keepalive_seconds)
     if config.tls_server_name:
         options.append(("grpc.ssl_target_name_override", config.tls_server_name))
