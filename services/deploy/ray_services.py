@@ -9,6 +9,7 @@ start_coordinator(), RaySupervisor (actor or process death), shutdown() (by pid,
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from pathlib import Path
@@ -22,6 +23,22 @@ from rollway.launcher import non_default_settings
 PLACEMENT_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 600.0
 STOP_ORDER = ("coordinator", "dataloader", "rollout", "trainer")  # rank 0 tells its workers to stop
+# Settings taken from the driver's environment into every actor's (a node's `ray start` may lack them).
+FORWARDED_ENV = (
+    "ROLLWAY_AUTH_TOKEN",
+    "ROLLWAY_TLS_CA",
+    "ROLLWAY_TLS_CERT",
+    "ROLLWAY_TLS_KEY",
+    "ROLLWAY_TLS_SERVER_NAME",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+)
+
+
+def forwarded_env() -> dict[str, str]:
+    """The driver's FORWARDED_ENV variables that are set."""
+    return {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
 
 
 def describe_dead(name: str, actor, node_ip: str) -> str | None:
@@ -66,6 +83,7 @@ class RayServices:
                 f"{[s.resources for s in self.specs]}; the cluster has {ray.available_resources()}"
             )
         host_cls = ray.remote(ServiceHost)
+        runtime_env = {"env_vars": forwarded_env()}
         for i, spec in enumerate(self.specs):
             strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=i)
             self.actors[spec.name] = host_cls.options(
@@ -73,6 +91,7 @@ class RayServices:
                 num_cpus=spec.resources.get("CPU", 0.0),
                 num_gpus=spec.resources.get("GPU", 0.0),
                 scheduling_strategy=strategy,
+                runtime_env=runtime_env,
             ).remote(spec.name, str(self.workdir))
         names = list(self.actors)
         self.nodes = dict(zip(names, ray.get([self.actors[n].node.remote() for n in names]), strict=True))

@@ -15,9 +15,12 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 import yaml
 
+from rollway.common.client import ClientConfig, open_channel
+from rollway.dataloader.v1 import dataloader_pb2, dataloader_pb2_grpc
 from rollway.launcher import run
 
 ray = pytest.importorskip("ray")
@@ -171,19 +174,34 @@ def test_grpo_on_ray_syncs_weights_from_the_trainer_actors_to_the_rollout_actor(
     )
 
 
+def describe_status(address: str, token: str) -> grpc.StatusCode:
+    stub = dataloader_pb2_grpc.DataloaderServiceStub(open_channel(address, ClientConfig(auth_token=token)))
+    try:
+        stub.Describe(dataloader_pb2.DescribeRequest())
+    except grpc.RpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK
+
+
 @pytest.mark.slow
 def test_a_dead_rollout_actor_is_reported_and_everything_is_stopped(
-    ray_cluster, tiny_model_dir, demo_data_dir, tmp_path, capfd
+    ray_cluster, tiny_model_dir, demo_data_dir, tmp_path, capfd, monkeypatch
 ):
     config = rl_config(
         tmp_path, tiny_model_dir, demo_data_dir, "dies", debug_rollout_only=True, num_rollout=100000
     )
+    monkeypatch.setenv("ROLLWAY_AUTH_TOKEN", "ray-token")  # forwarded to the actors' services
     metrics = tmp_path / "runs" / "dies" / "metrics.jsonl"
+    statuses = {}
 
     def kill_rollout_after_first_step():
         deadline = time.monotonic() + 240
         while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline:
             time.sleep(0.2)
+        dataloader = json.loads((metrics.parent / "config.json").read_text())["dataloader_addr"]
+        statuses.update(
+            no_token=describe_status(dataloader, "wrong"), token=describe_status(dataloader, "ray-token")
+        )
         ray.kill(ray.get_actor("rollway-dies-rollout-0"))
 
     killer = threading.Thread(target=kill_rollout_after_first_step, daemon=True)
@@ -200,6 +218,7 @@ def test_a_dead_rollout_actor_is_reported_and_everything_is_stopped(
         time.sleep(0.2)
     assert not [name for name, pid in started.items() if alive(pid)]  # the rollout one died with its actor
     assert not [a for a in ray.util.list_named_actors() if a.startswith("rollway-dies-")]
+    assert statuses == {"no_token": grpc.StatusCode.UNAUTHENTICATED, "token": grpc.StatusCode.OK}
 
 
 def test_runs_that_do_not_fit_the_cluster_are_refused_before_anything_starts(
