@@ -78,6 +78,20 @@ def test_compose_file_wires_every_service_by_name():
     assert gpu["capabilities"] == ["gpu"] and services["trainer-gpu"]["profiles"] == ["gpu"]
 
 
+def test_cpu_profile_defaults_are_those_of_make_run():
+    import inspect
+
+    import rollway.demo
+
+    source = inspect.getsource(rollway.demo.main)
+    defaults = {
+        f: re.search(rf'"--{f}", type=int, default=(\d+)', source).group(1) for f in ("sft-steps", "rl-steps")
+    }
+    setup = interpolate(load_compose()["services"]["demo-setup"]["command"], {})
+    assert setup[setup.index("--sft-steps") + 1] == defaults["sft-steps"]
+    assert setup[setup.index("--rl-steps") + 1] == defaults["rl-steps"]
+
+
 def _docker_compose() -> list[str] | None:
     if shutil.which("docker-compose"):
         return ["docker-compose"]
