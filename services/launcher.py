@@ -59,11 +59,16 @@ def parse_run_config(argv: list[str], prog: str = "rollway run") -> dict[str, ob
 def parse_launcher_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """Where the run goes (not run settings): --launcher, --ray-address, --coordinator-addr; and the rest."""
     parser = argparse.ArgumentParser(prog="rollway run", add_help=False, allow_abbrev=False)
-    parser.add_argument("--launcher", choices=("local", "ray"), default="local")
-    parser.add_argument(
+    group = parser.add_argument_group("placement (deploy/README.md)")
+    group.add_argument(
+        "--launcher", choices=("local", "ray"), default="local", help="local processes, or Ray actors"
+    )
+    group.add_argument(
         "--ray-address", default="", help="Ray cluster to join (default: RAY_ADDRESS or local)"
     )
-    parser.add_argument("--coordinator-addr", default="", help="a running coordinator to start the run on")
+    group.add_argument("--coordinator-addr", default="", help="a running coordinator to start the run on")
+    if "-h" in argv or "--help" in argv:  # the run settings' help follows
+        print(parser.format_help().split("\n\n", 1)[1])
     return parser.parse_known_args(argv)
 
 

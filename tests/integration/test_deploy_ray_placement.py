@@ -85,3 +85,14 @@ def test_an_unreachable_ray_address_is_refused_at_once(tmp_path):
     assert result.returncode == 2
     assert "cannot reach the Ray cluster: nothing answers at 127.0.0.1:1" in result.stderr
     assert time.monotonic() - started < 60  # not Ray's minutes of retries
+
+
+def test_trainer_ranks_started_elsewhere_need_a_fixed_store_port():
+    from rollway.common.config import ConfigError, from_dict
+    from rollway.trainer.config import TrainerConfig
+
+    base = {"hf_checkpoint": "/m", "world_size": 2, "spawn_workers": False}
+    with pytest.raises(ConfigError, match="master_port: must be set with spawn_workers false"):
+        from_dict(TrainerConfig, base)
+    assert from_dict(TrainerConfig, {**base, "master_port": 29501}).master_port == 29501
+    assert from_dict(TrainerConfig, {**base, "world_size": 1}).spawn_workers is False  # nothing to dial
