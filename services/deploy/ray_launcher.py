@@ -45,7 +45,7 @@ def run_on_ray(configs: dict, ray_address: str = "") -> int:
         return 2
     print(f"run {run_id}: {len(specs)} Ray actors\n{describe(specs)}", flush=True)
     interrupted = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    previous = signal.getsignal(signal.SIGINT)  # Ctrl-C while starting: KeyboardInterrupt, then stop all
     services = RayServices(specs, run_id, run_dir / "services")
     try:
         services.create()
@@ -54,10 +54,14 @@ def run_on_ray(configs: dict, ray_address: str = "") -> int:
         supervisor = RaySupervisor(services)
         settings = run_settings(c, run_id, str(run_dir.parent), addresses)
         settings.update(services.run_overrides(c))
+        signal.signal(signal.SIGINT, lambda *_: interrupted.set())  # Ctrl-C while running: StopRun
         return _drive(coordinator, run_id, settings, c.num_rollout, supervisor, interrupted)
     except (RuntimeError, TimeoutError) as exc:
         print(f"run {run_id} could not start on Ray: {exc}", file=sys.stderr, flush=True)
         return 1
+    except KeyboardInterrupt:
+        print(f"run {run_id}: interrupted while starting; stopping the actors", file=sys.stderr, flush=True)
+        return 130
     finally:
         signal.signal(signal.SIGINT, previous)
         services.shutdown()
