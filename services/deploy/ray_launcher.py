@@ -57,7 +57,8 @@ def run_on_ray(configs: dict, ray_address: str = "") -> int:
         signal.signal(signal.SIGINT, lambda *_: interrupted.set())  # Ctrl-C while running: StopRun
         return _drive(coordinator, run_id, settings, c.num_rollout, supervisor, interrupted)
     except (RuntimeError, TimeoutError) as exc:
-        print(f"run {run_id} could not start on Ray: {exc}", file=sys.stderr, flush=True)
+        cause = getattr(exc, "cause", None) or exc  # an actor method's own exception, without Ray's frame
+        print(f"run {run_id} could not start on Ray: {cause}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:
         print(f"run {run_id}: interrupted while starting; stopping the actors", file=sys.stderr, flush=True)

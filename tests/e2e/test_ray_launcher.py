@@ -232,3 +232,16 @@ def test_runs_that_do_not_fit_the_cluster_are_refused_before_anything_starts(
     err = capfd.readouterr().err
     assert "the run's actors need 11 CPU in total and the Ray cluster has 8" in err
     assert not (tmp_path / "runs" / "big").exists()
+
+
+def test_a_service_that_cannot_start_is_reported_with_its_log(
+    ray_cluster, tiny_model_dir, demo_data_dir, tmp_path, capfd
+):
+    config = sft_config(tmp_path, tmp_path / "no-model", demo_data_dir, "no-model")
+    assert run([str(config), "--launcher", "ray"]) == 1
+    err = capfd.readouterr().err
+    assert re.search(
+        r"run no-model could not start on Ray: (trainer-0|dataloader) exited with 2 before serving", err
+    )
+    assert "hf_checkpoint" in err and "ray::" not in err
+    assert not [a for a in ray.util.list_named_actors() if a.startswith("rollway-no-model-")]
