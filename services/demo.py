@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rollway demo", description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="runs/demo", help="parent of the demo directory")
     parser.add_argument("--seed", type=int, default=0, help="seed of model, data and sampling")
-    parser.add_argument("--sft-steps", type=int, default=400, help="SFT optimizer steps")
+    parser.add_argument("--sft-steps", type=int, default=500, help="SFT optimizer steps")
     parser.add_argument("--rl-steps", type=int, default=30, help="GRPO rollouts")
     args = parser.parse_args(argv)
     start = time.monotonic()
