@@ -104,8 +104,25 @@ def bucket_views(buffer: torch.Tensor, bucket: Bucket) -> list[tuple[str, torch.
     ]
 
 
+def chunk_ranges(num_bytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """Byte ranges of the broadcasts of one bucket: consecutive pieces of `chunk_bytes` (0: one)."""
+    step = chunk_bytes or num_bytes
+    return [(start, min(start + step, num_bytes)) for start in range(0, num_bytes, max(step, 1))]
+
+
+def check_chunk_bytes(chunk_bytes: int) -> str:
+    """ "" if `chunk_bytes` is usable (0, or a positive multiple of 4096), else the problem."""
+    if chunk_bytes < 0 or chunk_bytes % 4096:
+        return f"must be 0 or a positive multiple of 4096 (got {chunk_bytes})"
+    return ""
+
+
 def to_manifest(
-    buckets: list[Bucket], weight_version: int, transport: str, disk_path: str = ""
+    buckets: list[Bucket],
+    weight_version: int,
+    transport: str,
+    disk_path: str = "",
+    broadcast_chunk_bytes: int = 0,
 ) -> common_pb2.WeightManifest:
     """The WeightManifest of a planned (and checksummed) update."""
     return common_pb2.WeightManifest(
@@ -113,6 +130,7 @@ def to_manifest(
         checksum_algorithm=ALGORITHM,
         transport=transport,
         disk_path=disk_path,
+        broadcast_chunk_bytes=broadcast_chunk_bytes,
         buckets=[
             common_pb2.WeightBucket(
                 index=b.index,
@@ -164,6 +182,9 @@ def manifest_layout(manifest: common_pb2.WeightManifest) -> list[Bucket]:
         )
     if not manifest.buckets:
         raise ManifestError("manifest.buckets", "must not be empty")
+    problem = check_chunk_bytes(manifest.broadcast_chunk_bytes)
+    if problem:
+        raise ManifestError("manifest.broadcast_chunk_bytes", problem)
     buckets, names = [], set()
     for i, pb in enumerate(manifest.buckets):
         where = f"manifest.buckets[{i}]"

@@ -60,6 +60,9 @@ class WeightSyncSettings:
     master_address: str = "127.0.0.1"
     master_port: int = 0  # 0: a free port, new for every group
     group_name_prefix: str = "rollway"
+    # Broadcast buckets in pieces of this size when every receiver is in-process (hf), so packing,
+    # sending and verifying overlap; SGLang receives whole buckets (0).
+    broadcast_chunk_bytes: int = 16 * 1024 * 1024
     max_attempts: int = 2  # sync attempts; between two, the group is rebuilt
 
 
@@ -218,6 +221,7 @@ def _push_and_receive(services: Services, weight_version: int, settings: WeightS
         disk_path=settings.disk_path,
         dtype=settings.dtype or (dtypes.pop() if dtypes else ""),
         acknowledge=acknowledge,
+        broadcast_chunk_bytes=settings.broadcast_chunk_bytes if acknowledge else 0,
     )
     deadline = 2 * settings.timeout_seconds + DEADLINE_MARGIN
     stream = services.trainer.PushWeights(request, timeout=deadline)

@@ -176,7 +176,7 @@ class WeightReceiver:
         if manifest.transport == "distributed":
             group = self._require_group()
             pool_index, buffers = self.pool.take(buckets, group.device)
-            received = self._receive(group, buckets, buffers, status == STATUS_OK, version)
+            received = self._receive(group, manifest, buckets, buffers, status == STATUS_OK)
             named = [view for bucket in buckets for view in bucket_views(buffers[bucket.index], bucket)]
         else:
             received, named = ReceiveResult(bad_buckets=[]), []
@@ -208,13 +208,13 @@ class WeightReceiver:
                  num_buckets=len(buckets), seconds=round(timings.total_seconds, 3))  # fmt: skip
         return rollout_pb2.UpdateWeightsResponse(weight_version=version, timings=timings)
 
-    def _receive(self, group: WeightGroup, buckets, buffers, verify: bool, version: int) -> ReceiveResult:
+    def _receive(self, group: WeightGroup, manifest, buckets, buffers, verify: bool) -> ReceiveResult:
         try:
-            return receive_buckets(group, buckets, buffers, verify)
+            return receive_buckets(group, buckets, buffers, verify, manifest.broadcast_chunk_bytes)
         except WeightGroupError as exc:
             self.close()
             raise Unavailable(
-                f"weight version {version} was not received ({exc}); still serving version "
+                f"weight version {manifest.weight_version} was not received ({exc}); still serving version "
                 f"{self.engine.weight_version}: call InitWeightGroup again"
             ) from None
 

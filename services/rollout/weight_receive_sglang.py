@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 
-from rollway.common.errors import FailedPrecondition, Unavailable
+from rollway.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
 from rollway.common.weight_buckets import Bucket
@@ -60,6 +60,10 @@ class SGLangReceiver:
             raise FailedPrecondition(
                 f"manifest.weight_version: {version} is older than the served version {current} "
                 "(versions only move forward)"
+            )
+        if manifest.broadcast_chunk_bytes:
+            raise InvalidArgument(
+                "manifest.broadcast_chunk_bytes", f"{self.engine.name} receives whole buckets only: must be 0"
             )
         timings = common_pb2.WeightSyncTimings()
         try:

@@ -1,6 +1,8 @@
 """In-process receiving of a weight update: staging buffers, the receive loop, disk reads, checks.
 
-    post recv(bucket 0) ─> wait(0) ─> post recv(1) ─> verify(0) ─> wait(1) ─> post recv(2) ─> verify(1) ...
+    post recv(pieces 0..3) ─> wait(0) ─> post recv(4) ─> checksum(0) ─> wait(1) ─> post recv(5) ─> ...
+
+A piece is a bucket (manifest.broadcast_chunk_bytes 0) or a consecutive part of one.
 
 Buckets land in staging buffers that the served model does not use, so the engine keeps serving
 the old weights until every checksum matched. The pool holds two sets of buffers: after a
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,13 +29,14 @@ import grpc
 import torch
 from safetensors import safe_open
 
-from rollway.common.bucket_checksum import BucketChecksum, as_bytes, bucket_checksum
+from rollway.common.bucket_checksum import BucketChecksum, as_bytes
 from rollway.common.errors import RollwayError
-from rollway.common.weight_buckets import Bucket, bucket_file_name
+from rollway.common.weight_buckets import Bucket, bucket_file_name, chunk_ranges
 from rollway.common.weight_group import WeightGroup, WeightGroupError
 
 SLOW_RECEIVE_ENV = "ROLLWAY_TEST_SLOW_RECEIVE_SECONDS"
 CORRUPT_RECEIVE_ENV = "ROLLWAY_TEST_CORRUPT_RECEIVE"
+PIECES_IN_FLIGHT = 4  # receives posted ahead, so the next pieces arrive while one is verified
 
 
 class WeightsCorrupt(RollwayError):
@@ -82,36 +86,52 @@ def flip_byte_for_test(buffer: torch.Tensor, num_bytes: int) -> None:
 
 
 def receive_buckets(
-    group: WeightGroup, buckets: list[Bucket], buffers: list[torch.Tensor], verify: bool
+    group: WeightGroup, buckets: list[Bucket], buffers: list[torch.Tensor], verify: bool, chunk_bytes: int = 0
 ) -> ReceiveResult:
-    """Receive every bucket from rank 0 into `buffers`; verify each one while the next arrives.
+    """Receive every bucket from rank 0 into `buffers`, piece by piece (`chunk_bytes`, 0: whole
+    buckets), keeping a few pieces in flight; each arrived piece is added to its bucket's
+    checksum while the next ones arrive.
 
     Raises WeightGroupError (the group is then broken) if a transfer fails or times out."""
     slow = float(os.environ.get(SLOW_RECEIVE_ENV) or 0)
     corrupt = os.environ.get(CORRUPT_RECEIVE_ENV) == "1"
+    pieces = [(b, start, end) for b in buckets for start, end in chunk_ranges(b.num_bytes, chunk_bytes)]
     result = ReceiveResult(bad_buckets=[])
     started = time.perf_counter()
+    pending: deque = deque()
+    checksum = BucketChecksum()
+    next_index = 0
 
-    def post(i: int):
+    def post_next() -> None:
+        nonlocal next_index
+        bucket, start, end = pieces[next_index]
+        next_index += 1
         if slow:
             time.sleep(slow)
-        return group.broadcast(buffers[i][: buckets[i].num_bytes], src=0)
+        pending.append((bucket, start, end, group.broadcast(buffers[bucket.index][start:end], src=0)))
 
-    work = post(0)
-    for i, bucket in enumerate(buckets):
-        try:
+    try:
+        while next_index < min(PIECES_IN_FLIGHT, len(pieces)):
+            post_next()
+        while pending:
+            bucket, start, end, work = pending.popleft()
             work.wait()
-            work = post(i + 1) if i + 1 < len(buckets) else None
-        except RuntimeError as exc:
-            group.mark_broken(str(exc))
-            raise WeightGroupError(f"bucket {i} of {len(buckets)}: {str(exc).splitlines()[0]}") from None
-        if corrupt and i == 0:
-            flip_byte_for_test(buffers[0], bucket.num_bytes)
-        if verify:
-            tick = time.perf_counter()
-            if bucket_checksum(buffers[i][: bucket.padded_size]) != bucket.checksum:
-                result.bad_buckets.append(i)
-            result.verify_seconds += time.perf_counter() - tick
+            if next_index < len(pieces):
+                post_next()
+            if corrupt and bucket.index == 0 and start == 0:
+                buffers[0][(start + end) // 2] ^= 0x10
+            if verify:
+                tick = time.perf_counter()
+                checksum.update(buffers[bucket.index][start:end])
+                if end == bucket.num_bytes:
+                    if checksum.hexdigest() != bucket.checksum:
+                        result.bad_buckets.append(bucket.index)
+                    checksum = BucketChecksum()
+                result.verify_seconds += time.perf_counter() - tick
+    except RuntimeError as exc:
+        group.mark_broken(str(exc))
+        where = f"piece {next_index - len(pending)} of {len(pieces)}"
+        raise WeightGroupError(f"{where}: {str(exc).splitlines()[0]}") from None
     result.wire_seconds = time.perf_counter() - started - result.verify_seconds
     return result
 

@@ -26,7 +26,12 @@ from pathlib import Path
 from rollway.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
-from rollway.common.weight_buckets import DEFAULT_BUCKET_SIZE_BYTES, TRANSPORTS, to_manifest
+from rollway.common.weight_buckets import (
+    DEFAULT_BUCKET_SIZE_BYTES,
+    TRANSPORTS,
+    check_chunk_bytes,
+    to_manifest,
+)
 from rollway.common.weight_group import (
     STATUS_ALREADY_APPLIED,
     STATUS_NAMES,
@@ -104,6 +109,9 @@ class WeightPusher:
             raise InvalidArgument("transport", f"must be one of {', '.join(TRANSPORTS)} (got {transport!r})")
         if transport == "disk" and not request.disk_path:
             raise InvalidArgument("disk_path", "is required for the disk transport")
+        problem = check_chunk_bytes(request.broadcast_chunk_bytes)
+        if problem:
+            raise InvalidArgument("broadcast_chunk_bytes", problem)
         if request.bucket_size_bytes < 0:
             raise InvalidArgument(
                 "bucket_size_bytes", f"must not be negative (got {request.bucket_size_bytes})"
@@ -137,13 +145,16 @@ class WeightPusher:
             if transport == "distributed":
                 self._require_group()
                 plan = self._run("plan", dtype=dtype, bucket_size_bytes=bucket_size)
-                yield trainer_pb2.PushWeightsResponse(manifest=to_manifest(plan.buckets, version, transport))
+                chunk = request.broadcast_chunk_bytes
+                manifest = to_manifest(plan.buckets, version, transport, broadcast_chunk_bytes=chunk)
+                yield trainer_pb2.PushWeightsResponse(manifest=manifest)
                 sent = self._run(
                     "broadcast",
                     dtype=dtype,
                     bucket_size_bytes=bucket_size,
                     sender=self.sender,
                     acknowledge=request.acknowledge,
+                    chunk_bytes=chunk,
                 )
                 self._check_delivery(version, sent)
             else:

@@ -3,8 +3,9 @@
     plan:       every rank gathers each full tensor (FSDP2 all-gather) in bucket order; rank 0
                 casts it to the serving dtype and adds its bytes to its bucket's checksum
                 -> the manifest (layout + checksums) goes to the receivers before any byte moves
-    broadcast:  every rank gathers again; rank 0 packs bucket i into one of two buffers, starts
-                its broadcast on the weight group and gathers bucket i+1 while i is on the wire
+    broadcast:  every rank gathers again; rank 0 packs bucket i into one of two buffers and
+                broadcasts it on the weight group piece by piece as it is packed (chunk_bytes),
+                gathering bucket i+1 into the other buffer while i is on the wire
     write:      every rank gathers; rank 0 writes one safetensors file per bucket (disk path)
 
 Two passes because the receivers need the per-bucket checksums in the manifest before the first
@@ -29,7 +30,14 @@ from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
 from rollway.common.bucket_checksum import BucketChecksum, as_bytes
-from rollway.common.weight_buckets import Bucket, TensorEntry, bucket_file_name, dtype_name, plan_buckets
+from rollway.common.weight_buckets import (
+    Bucket,
+    TensorEntry,
+    bucket_file_name,
+    chunk_ranges,
+    dtype_name,
+    plan_buckets,
+)
 from rollway.common.weight_group import STATUS_OK, WeightGroup, WeightGroupError
 from rollway.common.weights_checksum import dtype_from_name
 from rollway.trainer.weights import weight_names
@@ -118,9 +126,17 @@ def checksum_pass(model: torch.nn.Module, buckets: list[Bucket], rank: int) -> S
 
 
 def broadcast_pass(
-    model: torch.nn.Module, buckets: list[Bucket], rank: int, sender: SenderState | None, acknowledge: bool
+    model: torch.nn.Module,
+    buckets: list[Bucket],
+    rank: int,
+    sender: SenderState | None,
+    acknowledge: bool,
+    chunk_bytes: int = 0,
 ) -> SendResult | None:
-    """Gather and broadcast every bucket (rank 0 sends, double-buffered); never raises on a send error."""
+    """Gather and broadcast every bucket (rank 0 sends); never raises on a send error.
+
+    Two buffers alternate between buckets; inside a bucket each piece of `chunk_bytes` is
+    broadcast as soon as it is packed, so packing overlaps sending (0: one broadcast per bucket)."""
     if rank != 0:
         for _ in _gathered(model, buckets, keep=False):
             pass
@@ -128,32 +144,37 @@ def broadcast_pass(
     result = SendResult(buckets=buckets, num_bytes=sum(b.num_bytes for b in buckets))
     group = sender.group
     buffers = sender.buffers(max(b.padded_size for b in buckets), group.device)
-    pending, wire_start = None, None
+    in_flight: list[list] = [[], []]  # broadcasts still reading each buffer
+    started = time.perf_counter()
     gathered = _gathered(model, buckets, keep=True)
     for bucket in buckets:
-        buffer = buffers[bucket.index % 2]
-        tick = time.perf_counter()
+        slot = bucket.index % 2
+        result.error = result.error or _wait_all(in_flight[slot], group)  # bucket i-2 left this buffer
+        in_flight[slot] = []
+        chunks = chunk_ranges(bucket.num_bytes, chunk_bytes)
+        next_chunk = 0
         for _ in bucket.entries:
+            tick = time.perf_counter()
             _, entry, full = next(gathered)
-            if not result.error:
-                buffer[entry.offset : entry.offset + entry.num_bytes].view(entry.torch_dtype).view(
-                    entry.shape
-                ).copy_(full)
-        result.gather_seconds += time.perf_counter() - tick
-        if pending is not None:  # bucket i-1 must be on the other side before its buffer is refilled
-            result.error = result.error or _wait(pending, group)
-            pending = None
-        if not result.error:
-            wire_start = wire_start or time.perf_counter()
-            pending, result.error = _start(group, buffer[: bucket.num_bytes])
-    if pending is not None:
-        result.error = result.error or _wait(pending, group)
+            data, done = as_bytes(full), 0
+            while done < entry.num_bytes and not result.error:  # pack up to the next piece's end
+                position = entry.offset + done
+                count = min(entry.num_bytes - done, chunks[next_chunk][1] - position)
+                buffers[slot][position : position + count].copy_(data[done : done + count])
+                done += count
+                if position + count == chunks[next_chunk][1]:
+                    work, result.error = _start(group, buffers[slot][slice(*chunks[next_chunk])])
+                    in_flight[slot] += [work] if work is not None else []
+                    next_chunk += 1
+            result.gather_seconds += time.perf_counter() - tick
+    for works in in_flight:
+        result.error = result.error or _wait_all(works, group)
     if acknowledge and not result.error:
         try:
             result.receiver_status = group.exchange_status(STATUS_OK)[1:]
         except WeightGroupError as exc:
             result.error = str(exc)
-    result.wire_seconds = time.perf_counter() - wire_start if wire_start else 0.0
+    result.wire_seconds = time.perf_counter() - started - result.gather_seconds
     sender.release_device_buffers()
     return result
 
@@ -167,13 +188,16 @@ def _start(group: WeightGroup, tensor: torch.Tensor):
         return None, f"broadcast failed: {str(exc).splitlines()[0]}"
 
 
-def _wait(work, group: WeightGroup) -> str:
-    try:
-        work.wait()
-        return ""
-    except RuntimeError as exc:  # DistBackendError and gloo's errors are RuntimeErrors
-        group.mark_broken(str(exc))
-        return f"broadcast failed: {str(exc).splitlines()[0]}"
+def _wait_all(works: list, group: WeightGroup) -> str:
+    """Wait for every work; the first error ("" if none)."""
+    error = ""
+    for work in works:
+        try:
+            work.wait()
+        except RuntimeError as exc:  # DistBackendError and gloo's errors are RuntimeErrors
+            group.mark_broken(str(exc))
+            error = error or f"broadcast failed: {str(exc).splitlines()[0]}"
+    return error
 
 
 def write_pass(
@@ -229,6 +253,7 @@ def run_phase(
     sender: SenderState | None = None,
     directory: str = "",
     acknowledge: bool = False,
+    chunk_bytes: int = 0,
 ) -> SendResult | None:
     """One pass ("plan", "broadcast" or "write") of a weight update on this rank."""
     buckets = plan_layout(engine.model, dtype_from_name(dtype), bucket_size_bytes)
@@ -237,7 +262,7 @@ def run_phase(
         if phase == "plan":
             return checksum_pass(engine.model, buckets, rank)
         if phase == "broadcast":
-            return broadcast_pass(engine.model, buckets, rank, sender, acknowledge)
+            return broadcast_pass(engine.model, buckets, rank, sender, acknowledge, chunk_bytes)
         if phase == "write":
             return write_pass(engine.model, buckets, rank, directory, engine.hf_config)
     raise ValueError(f"unknown weight push phase {phase!r}")

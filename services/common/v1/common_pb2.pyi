@@ -104,20 +104,22 @@ class WeightBucket(_message.Message):
     def __init__(self, index: _Optional[int] = ..., num_bytes: _Optional[int] = ..., checksum: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ...) -> None: ...
 
 class WeightManifest(_message.Message):
-    __slots__ = ("weight_version", "buckets", "checksum_algorithm", "weights_checksum", "transport", "disk_path")
+    __slots__ = ("weight_version", "buckets", "checksum_algorithm", "weights_checksum", "transport", "disk_path", "broadcast_chunk_bytes")
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     DISK_PATH_FIELD_NUMBER: _ClassVar[int]
+    BROADCAST_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     weight_version: int
     buckets: _containers.RepeatedCompositeFieldContainer[WeightBucket]
     checksum_algorithm: str
     weights_checksum: str
     transport: str
     disk_path: str
-    def __init__(self, weight_version: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[WeightBucket, _Mapping]]] = ..., checksum_algorithm: _Optional[str] = ..., weights_checksum: _Optional[str] = ..., transport: _Optional[str] = ..., disk_path: _Optional[str] = ...) -> None: ...
+    broadcast_chunk_bytes: int
+    def __init__(self, weight_version: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[WeightBucket, _Mapping]]] = ..., checksum_algorithm: _Optional[str] = ..., weights_checksum: _Optional[str] = ..., transport: _Optional[str] = ..., disk_path: _Optional[str] = ..., broadcast_chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class WeightGroupSpec(_message.Message):
     __slots__ = ("group_name", "master_address", "master_port", "world_size", "rank_offset", "backend", "timeout_seconds")

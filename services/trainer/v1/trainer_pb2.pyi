@@ -156,20 +156,22 @@ class InitWeightGroupResponse(_message.Message):
     def __init__(self, already_initialized: _Optional[bool] = ...) -> None: ...
 
 class PushWeightsRequest(_message.Message):
-    __slots__ = ("weight_version", "bucket_size_bytes", "transport", "disk_path", "dtype", "acknowledge")
+    __slots__ = ("weight_version", "bucket_size_bytes", "transport", "disk_path", "dtype", "acknowledge", "broadcast_chunk_bytes")
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     BUCKET_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     DISK_PATH_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     ACKNOWLEDGE_FIELD_NUMBER: _ClassVar[int]
+    BROADCAST_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     weight_version: int
     bucket_size_bytes: int
     transport: str
     disk_path: str
     dtype: str
     acknowledge: bool
-    def __init__(self, weight_version: _Optional[int] = ..., bucket_size_bytes: _Optional[int] = ..., transport: _Optional[str] = ..., disk_path: _Optional[str] = ..., dtype: _Optional[str] = ..., acknowledge: _Optional[bool] = ...) -> None: ...
+    broadcast_chunk_bytes: int
+    def __init__(self, weight_version: _Optional[int] = ..., bucket_size_bytes: _Optional[int] = ..., transport: _Optional[str] = ..., disk_path: _Optional[str] = ..., dtype: _Optional[str] = ..., acknowledge: _Optional[bool] = ..., broadcast_chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class PushWeightsResponse(_message.Message):
     __slots__ = ("manifest", "timings")

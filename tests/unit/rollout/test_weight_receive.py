@@ -80,16 +80,16 @@ def _connect(receiver: WeightReceiver) -> SenderState:
         return SenderState(group.result(timeout=30))
 
 
-def _push(receiver, sender, model, version, edit=None, acknowledge=True):
+def _push(receiver, sender, model, version, edit=None, acknowledge=True, chunk=0):
     """Plan + send `model` as `version` while the receiver takes it: (reply or error, sender result)."""
     buckets = plan_layout(model, torch.float32, BUCKET)
     checksum_pass(model, buckets, rank=0)
-    manifest = to_manifest(buckets, version, "distributed")
+    manifest = to_manifest(buckets, version, "distributed", broadcast_chunk_bytes=chunk)
     if edit:
         edit(manifest)
     request = rollout_pb2.UpdateWeightsRequest(manifest=manifest, acknowledge=acknowledge)
     with ThreadPoolExecutor(1) as pool:
-        sending = pool.submit(broadcast_pass, model, buckets, 0, sender, acknowledge)
+        sending = pool.submit(broadcast_pass, model, buckets, 0, sender, acknowledge, chunk)
         try:
             outcome = receiver.update(request)
         except RollwayError as exc:
@@ -99,11 +99,18 @@ def _push(receiver, sender, model, version, edit=None, acknowledge=True):
     return outcome, sent
 
 
-def test_update_verifies_swaps_in_and_commits_then_retries_and_regressions_change_nothing(engine, trained):
+@pytest.mark.parametrize("chunk", [0, 64 * 1024], ids=["whole-buckets", "64KiB-pieces"])
+def test_update_verifies_swaps_in_and_commits_then_retries_and_regressions_change_nothing(
+    engine, trained, chunk
+):
     receiver = WeightReceiver(engine)
     sender = _connect(receiver)
+    engine.weight_version = 0
     old = _checksum(engine.named_parameters())
-    reply, sent = _push(receiver, sender, trained, version=3)
+    if chunk:  # start from different weights than the first run left
+        engine.scramble_weights(seed=1)
+        old = _checksum(engine.named_parameters())
+    reply, sent = _push(receiver, sender, trained, version=3, chunk=chunk)
     assert (reply.weight_version, reply.already_applied, sent.receiver_status) == (3, False, [STATUS_OK])
     assert engine.weight_version == 3
     assert _checksum(engine.named_parameters()) == _checksum(trained.named_parameters()) != old
@@ -114,18 +121,22 @@ def test_update_verifies_swaps_in_and_commits_then_retries_and_regressions_chang
     embed = engine.weight_tensors()["model.embed_tokens.weight"]
     assert any(b.data_ptr() <= embed.data_ptr() < b.data_ptr() + b.numel() for b in live)
 
-    reply, sent = _push(receiver, sender, trained, version=3)  # a retry: received and dropped
+    reply, sent = _push(receiver, sender, trained, version=3, chunk=chunk)  # a retry: received and dropped
     assert (reply.weight_version, reply.already_applied, sent.receiver_status) == (
         3,
         True,
         [STATUS_ALREADY_APPLIED],
     )
 
-    error, sent = _push(receiver, sender, trained, version=2)  # backwards: refused after the transfer
+    error, sent = _push(
+        receiver, sender, trained, version=2, chunk=chunk
+    )  # backwards: refused after the transfer
     assert isinstance(error, FailedPrecondition) and "only move forward" in error.message
     assert sent.receiver_status == [STATUS_REFUSED] and engine.weight_version == 3
 
-    reply, _ = _push(receiver, sender, trained, version=4)  # the other staging set; the first is freed
+    reply, _ = _push(
+        receiver, sender, trained, version=4, chunk=chunk
+    )  # the other staging set; the first is freed
     assert reply.weight_version == 4 and receiver.pool.live != first_live and len(receiver.pool._sets) == 2
     receiver.close()
 
@@ -139,7 +150,7 @@ def test_corrupt_bucket_is_refused_and_the_old_weights_keep_serving(engine, trai
         for name, p in trained.named_parameters():
             p.copy_(moved[name])
     monkeypatch.setenv(CORRUPT_RECEIVE_ENV, "1")
-    error, sent = _push(receiver, sender, trained, version=version + 1)
+    error, sent = _push(receiver, sender, trained, version=version + 1, chunk=64 * 1024)
     assert isinstance(error, RollwayError) and error.code == grpc.StatusCode.DATA_LOSS
     assert "bucket(s) [0]" in error.message
     assert sent.receiver_status == [STATUS_CHECKSUM_MISMATCH]
