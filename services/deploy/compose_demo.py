@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("step", choices=("prepare", "publish-sft", "summarize"))
     parser.add_argument("workdir", help="the demo directory on the shared volume")
-    parser.add_argument("--sft-steps", type=int, default=400, help="SFT optimizer steps (prepare)")
+    parser.add_argument("--sft-steps", type=int, default=500, help="SFT optimizer steps (prepare)")
     parser.add_argument("--rl-steps", type=int, default=30, help="GRPO rollouts (prepare)")
     parser.add_argument("--seed", type=int, default=0, help="seed of model, data and sampling (prepare)")
     args = parser.parse_args(argv)

@@ -241,7 +241,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_cpu_profile_runs_the_demo_through_the_compose_wiring(tmp_path):
-    stack = ComposeProcesses(tmp_path, {"DEMO_SFT_STEPS": "16", "DEMO_RL_STEPS": "2"})
+    stack = ComposeProcesses(tmp_path, {"DEMO_SFT_STEPS": "12", "DEMO_RL_STEPS": "2"})
     busy = _ports_in_use(stack.services)
     assert not busy, f"ports {busy} of the compose file are taken on this machine"
     try:
@@ -262,7 +262,7 @@ def test_cpu_profile_runs_the_demo_through_the_compose_wiring(tmp_path):
     assert grpo_run["rollout_addr"] == ["127.0.0.1:50052"] and grpo_run["update_weight_master_port"] == 29600
 
     sft = read_metrics(runs / "sft")
-    assert [r["step"] for r in sft] == list(range(16))
+    assert [r["step"] for r in sft] == list(range(12))
     assert sft[-1]["sft/loss"] < 0.5 * sft[0]["sft/loss"]
     # GRPO started from the SFT export: the services read it through the link publish-sft made.
     assert (demo / "sft-model").resolve() == Path(
