@@ -17,9 +17,12 @@ at ~0.9 GB/s on one CPU core, about the speed of a loopback broadcast, so hashin
 on both sides would halve the bandwidth of a weight update; and on GPUs it needs every byte
 copied to the host. These sums are vectorised torch reductions (~10 GB/s on one CPU core,
 device speed on GPU, no copies) and, being linear in the words, can be accumulated tensor by
-tensor without first packing the bucket. They detect any change confined to one word (every bit
-flip), truncation, zero-fill and blocks in the wrong place; they are not cryptographic and miss
-word swaps inside one block, which the transport's own framing already rules out.
+tensor without first packing the bucket. Being linear in the bytes, they can also be summed from
+pieces held by different processes: the trainer's ranks each checksum their own FSDP shard
+(partial_sums at the shard's position) and add the results with one all-reduce. They detect any
+change confined to one word (every bit flip), truncation, zero-fill and blocks in the wrong
+place; they are not cryptographic and miss word swaps inside one block, which the transport's
+own framing already rules out.
 """
 
 from __future__ import annotations
@@ -62,6 +65,44 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)
 
 
+def _loose_bytes(data: torch.Tensor, byte_offset: int) -> tuple[int, int]:
+    """Contribution of a few bytes that do not fill an aligned word: byte k of word i adds
+    b * 256**k to w_i (little-endian words), so partial words add up like whole ones."""
+    s1 = s2 = 0
+    for i, byte in enumerate(data.cpu().tolist()):
+        position = byte_offset + i
+        value = byte << (8 * (position % WORD_BYTES))
+        s1 += value
+        s2 += value * (position // WORD_BYTES // BLOCK_WORDS + 1)
+    return s1, s2
+
+
+def partial_sums(data: torch.Tensor, byte_offset: int) -> tuple[int, int]:
+    """(s1, s2) mod 2**64 contributed by `data` (1-D uint8) lying at `byte_offset` of a bucket.
+
+    The checksum is linear in the bytes: pieces of a bucket summed anywhere (other processes,
+    any order, any alignment) give the bucket's checksum. Whole aligned words are summed on the
+    tensor's device; at most 14 loose bytes at the ends are added one by one."""
+    if data.dtype != torch.uint8 or data.dim() != 1:
+        raise ValueError("partial_sums takes a 1-D uint8 tensor")
+    n = data.numel()
+    head = min(n, (-byte_offset) % WORD_BYTES)
+    whole = (n - head) // WORD_BYTES * WORD_BYTES
+    s1, s2 = _loose_bytes(data[:head], byte_offset)
+    if whole:
+        middle = data[head : head + whole]
+        if middle.storage_offset() % WORD_BYTES:  # an int64 view needs word alignment
+            middle = middle.clone()
+        w1, w2 = _word_sums(middle.view(torch.int64), (byte_offset + head) // WORD_BYTES)
+        s1, s2 = s1 + w1, s2 + w2
+    t1, t2 = _loose_bytes(data[head + whole :], byte_offset + head + whole)
+    return (s1 + t1) & MASK, (s2 + t2) & MASK
+
+
+def format_digest(s1: int, s2: int) -> str:
+    return f"{s1 & MASK:016x}{s2 & MASK:016x}"
+
+
 class BucketChecksum:
     """Accumulates the blocksum64 of a byte stream fed in order, in pieces of any size."""
 
@@ -69,45 +110,16 @@ class BucketChecksum:
         self.s1 = 0
         self.s2 = 0
         self.num_bytes = 0
-        self._num_words = 0  # complete words summed so far
-        self._carry = b""  # bytes of the next word, not yet complete
 
     def update(self, data: torch.Tensor) -> None:
         """Add the next bytes (a 1-D uint8 tensor, on any device)."""
-        if data.dtype != torch.uint8 or data.dim() != 1:
-            raise ValueError("BucketChecksum.update takes a 1-D uint8 tensor")
-        pos = 0
-        if self._carry:
-            pos = min(WORD_BYTES - len(self._carry), data.numel())
-            self._carry += bytes(data[:pos].cpu().tolist())
-            if len(self._carry) == WORD_BYTES:
-                self._add_words(torch.frombuffer(bytearray(self._carry), dtype=torch.int64))
-                self._carry = b""
-        whole = (data.numel() - pos) // WORD_BYTES * WORD_BYTES
-        if whole:
-            middle = data[pos : pos + whole]
-            if middle.storage_offset() % WORD_BYTES:  # an int64 view needs word alignment
-                middle = middle.clone()
-            self._add_words(middle.view(torch.int64))
-            pos += whole
-        if pos < data.numel():
-            self._carry += bytes(data[pos:].cpu().tolist())
+        s1, s2 = partial_sums(data, self.num_bytes)
+        self.s1, self.s2 = (self.s1 + s1) & MASK, (self.s2 + s2) & MASK
         self.num_bytes += data.numel()
-
-    def _add_words(self, words: torch.Tensor) -> None:
-        s1, s2 = _word_sums(words, self._num_words)
-        self.s1 = (self.s1 + s1) & MASK
-        self.s2 = (self.s2 + s2) & MASK
-        self._num_words += words.numel()
 
     def hexdigest(self) -> str:
         """The digest of everything fed so far (the last word zero-padded)."""
-        s1, s2 = self.s1, self.s2
-        if self._carry:
-            word = torch.frombuffer(bytearray(self._carry.ljust(WORD_BYTES, b"\0")), dtype=torch.int64)
-            c1, c2 = _word_sums(word, self._num_words)
-            s1, s2 = (s1 + c1) & MASK, (s2 + c2) & MASK
-        return f"{s1:016x}{s2:016x}"
+        return format_digest(self.s1, self.s2)
 
 
 def bucket_checksum(data: torch.Tensor) -> str:

@@ -104,10 +104,31 @@ def bucket_views(buffer: torch.Tensor, bucket: Bucket) -> list[tuple[str, torch.
     ]
 
 
-def chunk_ranges(num_bytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
-    """Byte ranges of the broadcasts of one bucket: consecutive pieces of `chunk_bytes` (0: one)."""
-    step = chunk_bytes or num_bytes
-    return [(start, min(start + step, num_bytes)) for start in range(0, num_bytes, max(step, 1))]
+def bucket_pieces(bucket: Bucket, chunk_bytes: int) -> list[tuple[int, int]]:
+    """Byte ranges [start, end) of the broadcasts of one bucket, in order, covering it.
+
+    0: the whole bucket in one broadcast (what SGLang's flattened_bucket receiver expects).
+    Otherwise consecutive tensors are grouped into pieces of at most `chunk_bytes`, and a tensor
+    larger than that gets pieces of its own (`chunk_bytes` each, the last shorter), which a sender
+    can broadcast straight from the tensor's memory without packing it first."""
+    if not chunk_bytes:
+        return [(0, bucket.num_bytes)] if bucket.num_bytes else []
+    pieces: list[tuple[int, int]] = []
+    start = end = 0
+    for entry in bucket.entries:
+        entry_end = entry.offset + entry.num_bytes
+        if entry.num_bytes > chunk_bytes or entry_end - start > chunk_bytes:
+            pieces.append((start, end))  # close the group of small tensors before this one
+            start = end = entry.offset
+        if entry.num_bytes > chunk_bytes:
+            pieces += [
+                (a, min(a + chunk_bytes, entry_end)) for a in range(entry.offset, entry_end, chunk_bytes)
+            ]
+            start = end = entry_end
+        else:
+            end = entry_end
+    pieces.append((start, end))
+    return [(a, b) for a, b in pieces if b > a]
 
 
 def check_chunk_bytes(chunk_bytes: int) -> str:

@@ -153,25 +153,28 @@ class WeightReceiver:
             )
         return self.group
 
-    def _status(self, version: int, buckets: list[Bucket]) -> tuple[int, str]:
-        """What this update will do before any byte arrives: (status code, problem)."""
+    def _status(self, version: int, buckets: list[Bucket]) -> tuple[int, RollwayError | None]:
+        """What this update will do, decided before any byte arrives: (status code, refusal)."""
         try:
             served = self.engine.weight_tensors()
             required = {name for name, _ in self.engine.named_parameters()}
-        except EngineError as exc:
-            return STATUS_REFUSED, str(exc)
+        except EngineError as exc:  # e.g. the weights are released
+            return STATUS_REFUSED, FailedPrecondition(f"cannot load weights now: {exc}")
         problem = check_against_model(buckets, served, required)
         if problem:
-            return STATUS_REFUSED, f"manifest does not fit the served model: {problem}"
+            return STATUS_REFUSED, InvalidArgument("manifest", f"does not fit the served model: {problem}")
         current = self.engine.weight_version
         if version < current:
-            return STATUS_REFUSED, f"weight_version {version} is older than the served version {current}"
-        return (STATUS_ALREADY_APPLIED if version == current else STATUS_OK), ""
+            return STATUS_REFUSED, FailedPrecondition(
+                f"manifest.weight_version: {version} is older than the served version {current} "
+                "(versions only move forward)"
+            )
+        return (STATUS_ALREADY_APPLIED if version == current else STATUS_OK), None
 
     def _update_in_process(self, manifest, buckets: list[Bucket], acknowledge: bool):
         started = time.perf_counter()
         version, current = manifest.weight_version, self.engine.weight_version
-        status, problem = self._status(version, buckets)
+        status, refusal = self._status(version, buckets)
         pool_index = None
         if manifest.transport == "distributed":
             group = self._require_group()
@@ -193,7 +196,13 @@ class WeightReceiver:
         timings = common_pb2.WeightSyncTimings(
             wire_seconds=received.wire_seconds, verify_seconds=received.verify_seconds
         )
-        self._raise_unless_ok(status, problem, received, version, current)
+        if refusal is not None:
+            raise refusal
+        if status == STATUS_CHECKSUM_MISMATCH:
+            raise WeightsCorrupt(
+                f"weight version {version}: checksum mismatch in bucket(s) {received.bad_buckets}; "
+                f"not committed, still serving version {current}"
+            )
         if status == STATUS_ALREADY_APPLIED:
             timings.total_seconds = time.perf_counter() - started
             return rollout_pb2.UpdateWeightsResponse(
@@ -223,20 +232,6 @@ class WeightReceiver:
             return read_disk_buckets(directory, buckets)
         except (OSError, ValueError) as exc:
             raise FailedPrecondition(f"manifest.disk_path: {exc}") from None
-
-    @staticmethod
-    def _raise_unless_ok(
-        status: int, problem: str, received: ReceiveResult, version: int, current: int
-    ) -> None:
-        if status == STATUS_REFUSED:
-            if "older than" in problem:
-                raise FailedPrecondition(f"manifest.weight_version: {problem} (versions only move forward)")
-            raise InvalidArgument("manifest", problem)
-        if status == STATUS_CHECKSUM_MISMATCH:
-            raise WeightsCorrupt(
-                f"weight version {version}: checksum mismatch in bucket(s) {received.bad_buckets}; "
-                f"not committed, still serving version {current}"
-            )
 
     def _load(self, named, pool_index: int | None) -> None:
         """Swap the staged tensors in (copied first only where the engine's device differs)."""

@@ -2,7 +2,8 @@
 
     post recv(pieces 0..3) ─> wait(0) ─> post recv(4) ─> checksum(0) ─> wait(1) ─> post recv(5) ─> ...
 
-A piece is a bucket (manifest.broadcast_chunk_bytes 0) or a consecutive part of one.
+A piece is a bucket (manifest.broadcast_chunk_bytes 0) or a consecutive part of one
+(rollway.common.weight_buckets.bucket_pieces, the same function the sender uses).
 
 Buckets land in staging buffers that the served model does not use, so the engine keeps serving
 the old weights until every checksum matched. The pool holds two sets of buffers: after a
@@ -31,7 +32,7 @@ from safetensors import safe_open
 
 from rollway.common.bucket_checksum import BucketChecksum, as_bytes
 from rollway.common.errors import RollwayError
-from rollway.common.weight_buckets import Bucket, bucket_file_name, chunk_ranges
+from rollway.common.weight_buckets import Bucket, bucket_file_name, bucket_pieces
 from rollway.common.weight_group import WeightGroup, WeightGroupError
 
 SLOW_RECEIVE_ENV = "ROLLWAY_TEST_SLOW_RECEIVE_SECONDS"
@@ -88,14 +89,14 @@ def flip_byte_for_test(buffer: torch.Tensor, num_bytes: int) -> None:
 def receive_buckets(
     group: WeightGroup, buckets: list[Bucket], buffers: list[torch.Tensor], verify: bool, chunk_bytes: int = 0
 ) -> ReceiveResult:
-    """Receive every bucket from rank 0 into `buffers`, piece by piece (`chunk_bytes`, 0: whole
-    buckets), keeping a few pieces in flight; each arrived piece is added to its bucket's
-    checksum while the next ones arrive.
+    """Receive every bucket from rank 0 into `buffers`, piece by piece (bucket_pieces; chunk_bytes
+    0: whole buckets), keeping a few pieces in flight; each arrived piece is added to its
+    bucket's checksum while the next ones arrive.
 
     Raises WeightGroupError (the group is then broken) if a transfer fails or times out."""
     slow = float(os.environ.get(SLOW_RECEIVE_ENV) or 0)
     corrupt = os.environ.get(CORRUPT_RECEIVE_ENV) == "1"
-    pieces = [(b, start, end) for b in buckets for start, end in chunk_ranges(b.num_bytes, chunk_bytes)]
+    pieces = [(b, start, end) for b in buckets for start, end in bucket_pieces(b, chunk_bytes)]
     result = ReceiveResult(bad_buckets=[])
     started = time.perf_counter()
     pending: deque = deque()

@@ -1,17 +1,17 @@
 """The trainer's side of a weight update, run on every rank (TrainerEngine.weight_push -> here).
 
-    plan:       every rank gathers each full tensor (FSDP2 all-gather) in bucket order; rank 0
-                casts it to the serving dtype and adds its bytes to its bucket's checksum
-                -> the manifest (layout + checksums) goes to the receivers before any byte moves
-    broadcast:  every rank gathers again; rank 0 packs bucket i into one of two buffers and
-                broadcasts it on the weight group piece by piece as it is packed (chunk_bytes),
-                gathering bucket i+1 into the other buffer while i is on the wire
+    plan:       every rank casts its own FSDP2 shards to the serving dtype and sums them into
+                the buckets' checksums (linear in the bytes: no gather), one all-reduce adds the
+                ranks' sums -> the manifest (layout + checksums) goes out before any byte moves
+    broadcast:  every rank gathers again; rank 0 broadcasts bucket i on the weight group piece
+                by piece (bucket_pieces): small tensors packed into one of two buffers, large
+                ones straight from their memory; bucket i+1 is gathered while i is on the wire
     write:      every rank gathers; rank 0 writes one safetensors file per bucket (disk path)
 
 Two passes because the receivers need the per-bucket checksums in the manifest before the first
 broadcast, and the alternative (holding the whole model in the serving dtype on rank 0) does not
-fit on an accelerator. The plan pass reads each tensor once with a vectorised sum and copies
-nothing (bucket_checksum.py).
+fit on an accelerator. The plan pass reads each rank's shards once with a vectorised sum, in
+parallel on all ranks, and gathers or copies nothing (bucket_checksum.py).
 
 Ranks other than 0 only take part in the gathers, in the same order. A failed broadcast (a
 receiver died, the group timed out) never raises here: rank 0 stops sending but keeps gathering
@@ -26,15 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import save_file
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from rollway.common.bucket_checksum import BucketChecksum, as_bytes
+from rollway.common.bucket_checksum import BucketChecksum, as_bytes, format_digest, partial_sums
 from rollway.common.weight_buckets import (
     Bucket,
     TensorEntry,
     bucket_file_name,
-    chunk_ranges,
+    bucket_pieces,
     dtype_name,
     plan_buckets,
 )
@@ -108,21 +110,54 @@ def _gathered(model: torch.nn.Module, buckets: list[Bucket], keep: bool):
             yield bucket, entry, (tensor.to(entry.torch_dtype).contiguous() if keep else None)
 
 
+def _local_piece(tensor: torch.Tensor, entry: TensorEntry, rank: int) -> tuple[torch.Tensor, int] | None:
+    """(this rank's bytes of `tensor` in the serving dtype, their byte offset in the bucket), or
+    None when another rank counts them. Collective only for placements other than a 1-D Shard(0)
+    (every rank decides the same way: it depends on the placements alone)."""
+    tensor = tensor.detach()
+    if not isinstance(tensor, DTensor):
+        return (as_bytes(tensor.to(entry.torch_dtype).contiguous()), entry.offset) if rank == 0 else None
+    if tensor.device_mesh.ndim == 1 and tuple(tensor.placements) == (Shard(0),):
+        _, global_offset = compute_local_shape_and_global_offset(
+            tensor.shape, tensor.device_mesh, tensor.placements
+        )
+        row_bytes = entry.num_bytes // max(tensor.shape[0], 1)
+        local = tensor.to_local().to(entry.torch_dtype).contiguous()
+        return as_bytes(local), entry.offset + global_offset[0] * row_bytes
+    full = tensor.full_tensor()  # e.g. HSDP: replicas would be counted twice
+    return (as_bytes(full.to(entry.torch_dtype).contiguous()), entry.offset) if rank == 0 else None
+
+
 def checksum_pass(model: torch.nn.Module, buckets: list[Bucket], rank: int) -> SendResult | None:
-    """Fill each bucket's checksum (rank 0) from the gathered tensors, without packing them."""
-    result = SendResult(buckets=buckets)
-    accumulators = {b.index: BucketChecksum() for b in buckets}
+    """Fill each bucket's checksum (on rank 0) without gathering: every rank adds up the sums of
+    its own shards (the checksum is linear in the bytes), then one all-reduce totals them."""
     started = time.perf_counter()
-    for bucket, _, full in _gathered(model, buckets, keep=rank == 0):
-        if full is not None:
-            tick = time.perf_counter()
-            accumulators[bucket.index].update(as_bytes(full))
-            result.checksum_seconds += time.perf_counter() - tick
+    tensors = _tensors(model)
+    sums = [[0, 0] for _ in buckets]
     for bucket in buckets:
-        bucket.checksum = accumulators[bucket.index].hexdigest()
-    result.gather_seconds = time.perf_counter() - started - result.checksum_seconds
-    result.num_bytes = sum(b.num_bytes for b in buckets)
-    return result if rank == 0 else None
+        for entry in bucket.entries:
+            piece = _local_piece(tensors[entry.name], entry, rank)
+            if piece is not None and piece[0].numel():
+                s1, s2 = partial_sums(*piece)
+                sums[bucket.index][0] += s1
+                sums[bucket.index][1] += s2
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        totals = torch.tensor([[_signed(v) for v in pair] for pair in sums], dtype=torch.int64)
+        dist.all_reduce(totals)  # int64 sums wrap: still the sums mod 2**64
+        sums = totals.tolist()
+    if rank != 0:
+        return None
+    for bucket in buckets:
+        bucket.checksum = format_digest(*sums[bucket.index])
+    result = SendResult(buckets=buckets, num_bytes=sum(b.num_bytes for b in buckets))
+    result.checksum_seconds = time.perf_counter() - started
+    return result
+
+
+def _signed(value: int) -> int:
+    """A sum mod 2**64 as the int64 with the same bits."""
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def broadcast_pass(
@@ -135,8 +170,9 @@ def broadcast_pass(
 ) -> SendResult | None:
     """Gather and broadcast every bucket (rank 0 sends); never raises on a send error.
 
-    Two buffers alternate between buckets; inside a bucket each piece of `chunk_bytes` is
-    broadcast as soon as it is packed, so packing overlaps sending (0: one broadcast per bucket)."""
+    Pieces (bucket_pieces) of small tensors are packed into one of two alternating buffers and
+    broadcast as soon as they are complete; a tensor larger than `chunk_bytes` is broadcast
+    straight from its own memory. 0: each bucket is packed whole and sent in one broadcast."""
     if rank != 0:
         for _ in _gathered(model, buckets, keep=False):
             pass
@@ -144,29 +180,33 @@ def broadcast_pass(
     result = SendResult(buckets=buckets, num_bytes=sum(b.num_bytes for b in buckets))
     group = sender.group
     buffers = sender.buffers(max(b.padded_size for b in buckets), group.device)
-    in_flight: list[list] = [[], []]  # broadcasts still reading each buffer
+    in_flight: list[list] = [[], []]  # (work, tensor kept alive) still reading each buffer's bucket
     started = time.perf_counter()
     gathered = _gathered(model, buckets, keep=True)
     for bucket in buckets:
         slot = bucket.index % 2
         result.error = result.error or _wait_all(in_flight[slot], group)  # bucket i-2 left this buffer
         in_flight[slot] = []
-        chunks = chunk_ranges(bucket.num_bytes, chunk_bytes)
-        next_chunk = 0
+        pieces = iter(bucket_pieces(bucket, chunk_bytes))
+        piece = next(pieces, None)
         for _ in bucket.entries:
             tick = time.perf_counter()
             _, entry, full = next(gathered)
-            data, done = as_bytes(full), 0
-            while done < entry.num_bytes and not result.error:  # pack up to the next piece's end
-                position = entry.offset + done
-                count = min(entry.num_bytes - done, chunks[next_chunk][1] - position)
-                buffers[slot][position : position + count].copy_(data[done : done + count])
-                done += count
-                if position + count == chunks[next_chunk][1]:
-                    work, result.error = _start(group, buffers[slot][slice(*chunks[next_chunk])])
-                    in_flight[slot] += [work] if work is not None else []
-                    next_chunk += 1
+            data = as_bytes(full)
+            end = entry.offset + entry.num_bytes
+            direct = chunk_bytes and entry.num_bytes > chunk_bytes
+            if not direct and not result.error:
+                buffers[slot][entry.offset : end].copy_(data)
             result.gather_seconds += time.perf_counter() - tick
+            while piece is not None and piece[1] <= end and not result.error:
+                source = (
+                    data[piece[0] - entry.offset : piece[1] - entry.offset]
+                    if direct
+                    else buffers[slot][slice(*piece)]
+                )
+                work, result.error = _start(group, source)
+                in_flight[slot].append((work, source))
+                piece = next(pieces, None)
     for works in in_flight:
         result.error = result.error or _wait_all(works, group)
     if acknowledge and not result.error:
@@ -189,9 +229,11 @@ def _start(group: WeightGroup, tensor: torch.Tensor):
 
 
 def _wait_all(works: list, group: WeightGroup) -> str:
-    """Wait for every work; the first error ("" if none)."""
+    """Wait for every (work, tensor) pair; the first error ("" if none)."""
     error = ""
-    for work in works:
+    for work, _ in works:
+        if work is None:
+            continue
         try:
             work.wait()
         except RuntimeError as exc:  # DistBackendError and gloo's errors are RuntimeErrors

@@ -5,10 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollway.common.bucket_checksum import BLOCK_WORDS, BucketChecksum, as_bytes, bucket_checksum
+from rollway.common.bucket_checksum import (
+    BLOCK_WORDS,
+    BucketChecksum,
+    as_bytes,
+    bucket_checksum,
+    format_digest,
+    partial_sums,
+)
 from rollway.common.weight_buckets import (
     ManifestError,
     TensorEntry,
+    bucket_pieces,
     bucket_views,
     manifest_layout,
     plan_buckets,
@@ -46,6 +54,18 @@ def test_pieces_of_any_size_and_alignment_give_the_flat_checksum():
             acc.update(data[start:end])
         assert acc.hexdigest() == expected, cuts
         assert acc.num_bytes == data.numel()
+
+
+def test_pieces_summed_in_any_order_give_the_flat_checksum():
+    """What lets trainer ranks checksum their own shards and add the sums with an all-reduce."""
+    data = torch.randint(
+        0, 256, (3 * 4096 + 5,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)
+    )
+    cuts = [0, 3, 11, 4099, 4100, 8200, data.numel()]
+    pieces = [partial_sums(data[a:b].clone(), a) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    s1 = sum(p[0] for p in reversed(pieces))
+    s2 = sum(p[1] for p in reversed(pieces))
+    assert format_digest(s1, s2) == bucket_checksum(data)
 
 
 def test_every_single_bit_flip_and_a_block_swap_are_detected():
@@ -127,3 +147,29 @@ def test_manifest_round_trip_and_refusals_name_the_field():
         == "manifest.buckets[1].tensors[0].name"
     )
     assert refused(lambda m: setattr(m.buckets[0], "checksum", "")) == "manifest.buckets[0].checksum"
+
+
+def test_pieces_cover_the_bucket_group_small_tensors_and_split_large_ones_alone():
+    specs = [TensorEntry("a", "float32", (10,)), TensorEntry("b", "float32", (10,)),  # 40 + 40
+             TensorEntry("big", "float32", (100,)), TensorEntry("c", "float32", (5,)),  # 400, 20
+             TensorEntry("empty", "float32", (0,)), TensorEntry("d", "float32", (30,))]  # 0, 120  # fmt: skip
+    bucket = plan_buckets(specs, 1 << 20)[0]
+    assert bucket_pieces(bucket, 0) == [(0, 620)]
+    assert bucket_pieces(bucket, 1024) == [(0, 620)]
+    assert bucket_pieces(bucket, 128) == [
+        (0, 80),
+        (80, 208),
+        (208, 336),
+        (336, 464),
+        (464, 480),
+        (480, 500),
+        (500, 620),
+    ]
+    for chunk in (8, 64, 96, 400, 4096):
+        pieces = bucket_pieces(bucket, chunk)
+        assert pieces[0][0] == 0 and pieces[-1][1] == 620
+        assert all(end == start for (_, end), (start, _) in zip(pieces[:-1], pieces[1:], strict=True))
+        assert all(0 < end - start <= chunk for start, end in pieces)
+        if chunk <= 400:  # the large tensor's pieces are its own
+            big = [p for p in pieces if 80 <= p[0] < 480]
+            assert big[0][0] == 80 and big[-1][1] == 480
