@@ -141,3 +141,31 @@ def test_dumped_rollouts_replay_to_the_same_losses(tiny_model_dir, demo_data_dir
             key
         )
     assert all(m["train/grad_norm"] > 0 for m in original)
+
+
+def test_rollout_only_with_dynamic_sampling_refills_dropped_groups(tiny_model_dir, demo_data_dir, tmp_path):
+    with ExitStack() as stack:
+        workdir = tmp_path / "ds"
+        services = start_rl_stack(stack, workdir, tiny_model_dir, demo_data_dir)
+        services["trainer"].stop()  # --debug-rollout-only needs no trainer
+        config = rl_config(
+            services,
+            debug_rollout_only=True,
+            n_samples_per_prompt=2,
+            global_batch_size=8,
+            dynamic_sampling_filter_path="check_reward_nonzero_std",
+            over_sampling_batch_size=4,
+        )
+        del config["trainer_addr"]
+        stub = coordinator_stub(services["coordinator"])
+        start_run(stub, "ds", config)
+        final = wait_run(stub, "ds")
+        assert final.state == SUCCEEDED, final.error
+        metrics = read_metrics(workdir / "runs" / "ds" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    # Groups of two with equal rewards carry no signal: dropped, and refilled up to 4 groups.
+    assert all(m["rollout/num_samples"] == 8.0 for m in metrics)
+    assert sum(m["rollout/zero_std/dropped_groups"] for m in metrics) > 0
+    assert all(m["rollout/raw_reward"] == 0.5 for m in metrics)  # every kept group has one 1 and one 0
+    assert all(m["rollout/weight_version/min"] == 0.0 for m in metrics)  # nothing was ever pushed
+    assert "train/loss" not in metrics[0]
