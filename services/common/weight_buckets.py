@@ -8,8 +8,8 @@ Tensors are packed back to back, without padding, in the order given (each bucke
 exactly what SGLang's FlattenedTensorBucket expects for `load_format="flattened_bucket"`); a
 bucket holds tensors until the next one would exceed `bucket_size_bytes`, and a tensor larger
 than that travels alone. All tensors of an update have the serving dtype, so every tensor
-starts at a multiple of its element size. Buffers are allocated with room for the zero padding
-of the last checksum word (`padded_size`), which is never sent.
+starts at a multiple of its element size. Buffers are allocated `padded_size` bytes (num_bytes
+rounded up to a whole word); only num_bytes are sent and checksummed.
 
 `manifest_layout` reads a WeightManifest back into buckets and refuses one that is not
 self-consistent (the receiver must know exactly how many bytes each broadcast carries).
@@ -65,7 +65,7 @@ class Bucket:
 
     @property
     def padded_size(self) -> int:
-        """Bytes to allocate: num_bytes rounded up to a whole checksum word."""
+        """Bytes to allocate: num_bytes rounded up to a whole word (at least one)."""
         return max(WORD_BYTES, math.ceil(self.num_bytes / WORD_BYTES) * WORD_BYTES)
 
 

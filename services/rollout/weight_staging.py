@@ -63,13 +63,13 @@ class StagingPool:
         self.live: int | None = None
 
     def take(self, buckets: list[Bucket], device: torch.device) -> tuple[int, list[torch.Tensor]]:
-        """A set of zeroed-tail buffers for `buckets` that the served model does not use."""
+        """A set of buffers for `buckets` (reused when the layout repeats) that the served model does not use."""
         sizes = [b.padded_size for b in buckets]
         for i, buffers in enumerate(self._sets):
             if i != self.live and [b.numel() for b in buffers] == sizes and buffers[0].device == device:
                 return i, buffers
         spare = [i for i in range(len(self._sets)) if i != self.live]
-        fresh = [torch.zeros(size, dtype=torch.uint8, device=device) for size in sizes]
+        fresh = [torch.empty(size, dtype=torch.uint8, device=device) for size in sizes]
         if len(self._sets) < 2:
             self._sets.append(fresh)
             return len(self._sets) - 1, fresh

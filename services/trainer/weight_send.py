@@ -68,7 +68,7 @@ class SenderState:
     def buffers(self, size: int, device: torch.device) -> list[torch.Tensor]:
         if not self._buffers or self._buffers[0].numel() < size or self._buffers[0].device != device:
             self._buffers = []  # free the old pair first
-            self._buffers = [torch.zeros(size, dtype=torch.uint8, device=device) for _ in range(2)]
+            self._buffers = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2)]
         return self._buffers
 
     def release_device_buffers(self) -> None:
