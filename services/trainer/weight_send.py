@@ -194,7 +194,7 @@ def broadcast_pass(
             _, entry, full = next(gathered)
             data = as_bytes(full)
             end = entry.offset + entry.num_bytes
-            direct = chunk_bytes and entry.num_bytes > chunk_bytes
+            direct = chunk_bytes and entry.num_bytes > chunk_bytes and full.device == buffers[slot].device
             if not direct and not result.error:
                 buffers[slot][entry.offset : end].copy_(data)
             result.gather_seconds += time.perf_counter() - tick
