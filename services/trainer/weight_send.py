@@ -6,7 +6,8 @@
     broadcast:  every rank gathers again; rank 0 broadcasts bucket i on the weight group piece
                 by piece (bucket_pieces): small tensors packed into one of two buffers, large
                 ones straight from their memory; bucket i+1 is gathered while i is on the wire
-    write:      every rank gathers; rank 0 writes one safetensors file per bucket (disk path)
+    write:      every rank gathers; rank 0 writes one safetensors file per bucket (disk path,
+                weight_write.py)
 
 Two passes because the receivers need the per-bucket checksums in the manifest before the first
 broadcast, and the alternative (holding the whole model in the serving dtype on rank 0) does not
@@ -20,22 +21,18 @@ to the end, so the trainer's ranks stay in step, and reports the error in its re
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from rollway.common.bucket_checksum import BucketChecksum, as_bytes, format_digest, partial_sums
+from rollway.common.bucket_checksum import as_bytes, format_digest, partial_sums
 from rollway.common.weight_buckets import (
     Bucket,
     TensorEntry,
-    bucket_file_name,
     bucket_pieces,
     dtype_name,
     plan_buckets,
@@ -99,7 +96,7 @@ def plan_layout(model: torch.nn.Module, dtype: torch.dtype, bucket_size_bytes: i
     return plan_buckets(specs, bucket_size_bytes)
 
 
-def _gathered(model: torch.nn.Module, buckets: list[Bucket], keep: bool):
+def gathered_tensors(model: torch.nn.Module, buckets: list[Bucket], keep: bool):
     """(bucket, entry, full tensor in the entry's dtype or None) in order; every rank iterates it all."""
     tensors = _tensors(model)
     for bucket in buckets:
@@ -174,7 +171,7 @@ def broadcast_pass(
     broadcast as soon as they are complete; a tensor larger than `chunk_bytes` is broadcast
     straight from its own memory. 0: each bucket is packed whole and sent in one broadcast."""
     if rank != 0:
-        for _ in _gathered(model, buckets, keep=False):
+        for _ in gathered_tensors(model, buckets, keep=False):
             pass
         return None
     result = SendResult(buckets=buckets, num_bytes=sum(b.num_bytes for b in buckets))
@@ -182,7 +179,7 @@ def broadcast_pass(
     buffers = sender.buffers(max(b.padded_size for b in buckets), group.device)
     in_flight: list[list] = [[], []]  # (work, tensor kept alive) still reading each buffer's bucket
     started = time.perf_counter()
-    gathered = _gathered(model, buckets, keep=True)
+    gathered = gathered_tensors(model, buckets, keep=True)
     for bucket in buckets:
         slot = bucket.index % 2
         result.error = result.error or _wait_all(in_flight[slot], group)  # bucket i-2 left this buffer
@@ -242,51 +239,6 @@ def _wait_all(works: list, group: WeightGroup) -> str:
     return error
 
 
-def write_pass(
-    model: torch.nn.Module, buckets: list[Bucket], rank: int, directory: str, hf_config
-) -> SendResult | None:
-    """Gather and write one safetensors file per bucket into `directory` (rank 0), with checksums.
-
-    A write error (disk full, permissions) is reported in the result, never raised: the other
-    ranks are still gathering."""
-    result = SendResult(buckets=buckets, num_bytes=sum(b.num_bytes for b in buckets))
-    tensors: dict[str, torch.Tensor] = {}
-    accumulator = BucketChecksum()
-    started = time.perf_counter()
-    for bucket, entry, full in _gathered(model, buckets, keep=rank == 0):
-        if full is None or result.error:
-            continue
-        tensors[entry.name] = full = full.cpu()
-        accumulator.update(as_bytes(full))
-        if entry is bucket.entries[-1]:
-            bucket.checksum = accumulator.hexdigest()
-            tick = time.perf_counter()
-            path = Path(directory, bucket_file_name(bucket.index, len(buckets)))
-            try:
-                save_file(tensors, str(path), {"format": "pt"})
-            except OSError as exc:
-                result.error = f"cannot write {path}: {exc}"
-            result.wire_seconds += time.perf_counter() - tick
-            tensors, accumulator = {}, BucketChecksum()
-    if rank != 0:
-        return None
-    if not result.error:
-        try:
-            _write_index(Path(directory), buckets)
-            hf_config.save_pretrained(directory)
-        except OSError as exc:
-            result.error = f"cannot write {directory}: {exc}"
-    result.gather_seconds = time.perf_counter() - started - result.wire_seconds
-    return result
-
-
-def _write_index(directory: Path, buckets: list[Bucket]) -> None:
-    """model.safetensors.index.json, so the directory loads like a sharded HF checkpoint."""
-    weight_map = {e.name: bucket_file_name(b.index, len(buckets)) for b in buckets for e in b.entries}
-    index = {"metadata": {"total_size": sum(b.num_bytes for b in buckets)}, "weight_map": weight_map}
-    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=1, sort_keys=True))
-
-
 def run_phase(
     engine,
     phase: str,
@@ -298,6 +250,8 @@ def run_phase(
     chunk_bytes: int = 0,
 ) -> SendResult | None:
     """One pass ("plan", "broadcast" or "write") of a weight update on this rank."""
+    from rollway.trainer.weight_write import write_pass
+
     buckets = plan_layout(engine.model, dtype_from_name(dtype), bucket_size_bytes)
     rank = engine.info.rank
     with torch.no_grad():
@@ -306,5 +260,5 @@ def run_phase(
         if phase == "broadcast":
             return broadcast_pass(engine.model, buckets, rank, sender, acknowledge, chunk_bytes)
         if phase == "write":
-            return write_pass(engine.model, buckets, rank, directory, engine.hf_config)
+            return write_pass(engine.model, buckets, rank, directory, engine.hf_config)  # weight_write.py
     raise ValueError(f"unknown weight push phase {phase!r}")
