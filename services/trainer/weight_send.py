@@ -39,6 +39,7 @@ from rollway.common.weight_buckets import (
 )
 from rollway.common.weight_group import STATUS_OK, WeightGroup, WeightGroupError
 from rollway.common.weights_checksum import dtype_from_name
+from rollway.trainer.lora import adapters_by_weight, full, hf_named_tensors, merged
 from rollway.trainer.weights import weight_names
 
 
@@ -75,9 +76,8 @@ class SenderState:
 
 
 def _tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    tensors = dict(model.named_parameters())
-    tensors.update(model.named_buffers())
-    return tensors
+    """Weights under their HF names; with LoRA the base weights (adapters are merged in on the way)."""
+    return hf_named_tensors(model)
 
 
 def plan_layout(model: torch.nn.Module, dtype: torch.dtype, bucket_size_bytes: int) -> list[Bucket]:
@@ -99,11 +99,13 @@ def plan_layout(model: torch.nn.Module, dtype: torch.dtype, bucket_size_bytes: i
 def gathered_tensors(model: torch.nn.Module, buckets: list[Bucket], keep: bool):
     """(bucket, entry, full tensor in the entry's dtype or None) in order; every rank iterates it all."""
     tensors = _tensors(model)
+    adapters = adapters_by_weight(model)
     for bucket in buckets:
         for entry in bucket.entries:
             tensor = tensors[entry.name].detach()
             if isinstance(tensor, DTensor):
                 tensor = tensor.to_local() if tensor.device_mesh.size() == 1 else tensor.full_tensor()
+            tensor = merged(tensor, adapters.get(entry.name))  # LoRA: W + scaling * B @ A
             yield bucket, entry, (tensor.to(entry.torch_dtype).contiguous() if keep else None)
 
 
@@ -130,10 +132,17 @@ def checksum_pass(model: torch.nn.Module, buckets: list[Bucket], rank: int) -> S
     its own shards (the checksum is linear in the bytes), then one all-reduce totals them."""
     started = time.perf_counter()
     tensors = _tensors(model)
+    adapters = adapters_by_weight(model)
     sums = [[0, 0] for _ in buckets]
     for bucket in buckets:
         for entry in bucket.entries:
-            piece = _local_piece(tensors[entry.name], entry, rank)
+            if entry.name in adapters:  # a merged weight has no shards of its own: rank 0 counts it whole
+                weight = merged(full(tensors[entry.name]), adapters[entry.name])
+                piece = (
+                    (as_bytes(weight.to(entry.torch_dtype).contiguous()), entry.offset) if rank == 0 else None
+                )
+            else:
+                piece = _local_piece(tensors[entry.name], entry, rank)
             if piece is not None and piece[0].numel():
                 s1, s2 = partial_sums(*piece)
                 sums[bucket.index][0] += s1

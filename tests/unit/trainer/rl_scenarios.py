@@ -80,6 +80,25 @@ def _full_weights(engine) -> dict[str, torch.Tensor]:
     }
 
 
+def _pushed_weights(model, rank: int):
+    """What a weight push would send: per-bucket checksums of the planning pass, checksums of the
+    gathered bytes, and the gathered tensors (rank 0; None elsewhere)."""
+    from rollway.common.bucket_checksum import BucketChecksum, as_bytes
+    from rollway.trainer.weight_send import checksum_pass, gathered_tensors, plan_layout
+
+    buckets = plan_layout(model, torch.float32, 64 * 1024)
+    planned = checksum_pass(model, buckets, rank)
+    sums = {b.index: BucketChecksum() for b in buckets}
+    tensors = {}
+    for bucket, entry, tensor in gathered_tensors(model, buckets, keep=rank == 0):
+        if tensor is not None:
+            sums[bucket.index].update(as_bytes(tensor))
+            tensors[entry.name] = tensor.clone()
+    if rank != 0:
+        return None
+    return [b.checksum for b in planned.buckets], [sums[b.index].hexdigest() for b in buckets], tensors
+
+
 def scenario_lora(info, model_dir: str, items, out_dir: str) -> dict:
     """Train LoRA for two steps, save with an HF export; what rank 0 needs to check it."""
     config = make_config(model_dir, lr=5e-2, lora_rank=4, lora_alpha=8.0, num_steps_per_rollout=2)
@@ -94,8 +113,10 @@ def scenario_lora(info, model_dir: str, items, out_dir: str) -> dict:
     trainable = sorted(n for n, p in engine.model.named_parameters() if p.requires_grad)
     engine.save(out_dir, hf_export=True)
     checksum = engine.checksum("float32")
+    pushed = _pushed_weights(engine.model, info.rank)
     dist.barrier()
     return {
+        "pushed": pushed,
         "before": before,
         "after": after,
         "ref": (policy_before, ref_before, ref_after),

@@ -204,6 +204,11 @@ def test_lora_trains_only_the_adapters_and_exports_base_plus_delta(results, tiny
 
     checkpoint = results["lora_dir"]
     exported = load_file(str(checkpoint / "hf" / "model.safetensors"))
+    # A weight push sends the merged weights under HF names, and its planned checksums hold.
+    planned, gathered, pushed = lora["pushed"]
+    assert planned == gathered
+    assert sorted(pushed) == sorted(exported)
+    assert all(torch.equal(pushed[name], exported[name]) for name in exported)
     adapter = load_file(str(checkpoint / "adapter" / "adapter_model.safetensors"))
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
     scaling = 8.0 / 4
