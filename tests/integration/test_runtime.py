@@ -219,7 +219,7 @@ def test_client_retries_only_idempotent_calls_on_unavailable(tmp_path):
     time.sleep(0.5)  # the first attempts fail: nothing listens yet
     svc = probe(tmp_path, "--ready-after", "0", wait_serving=False)
     svc.args += ["--port", str(port)]  # the later --port wins over the launcher's --port 0
-    with svc.start():
+    with svc:
         checker.join(30)
         assert result.get("error") is None, result
         assert result["status"] in (SERVING, NOT_SERVING)
