@@ -117,7 +117,7 @@ class ServiceProcess:
         return self.proc.returncode
 
     def __enter__(self) -> ServiceProcess:
-        return self.start()
+        return self if self.proc is not None else self.start()  # `with svc.start():` starts it once
 
     def __exit__(self, *exc) -> None:
         self.stop()
