@@ -93,7 +93,9 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
             num_tensors = self.engine.scramble_weights(request.seed)
         except EngineError as exc:
             raise engine_error_status(exc) from None
-        log.warning("weights scrambled (debug hook)", seed=request.seed, weight_version=self.engine.weight_version)
+        log.warning(
+            "weights scrambled (debug hook)", seed=request.seed, weight_version=self.engine.weight_version
+        )
         return rollout_pb2.ScrambleWeightsResponse(num_tensors=num_tensors)
 
     def Pause(self, request, context):

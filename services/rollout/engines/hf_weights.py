@@ -98,8 +98,14 @@ def swap_named_tensors(model: torch.nn.Module, named_tensors: Iterable[tuple[str
     for name, tensor in pairs:
         target = targets.get(name)
         if target is None:
-            raise WeightLoadError(f"swap_weights: unknown tensor {name!r} (not a parameter of the served model)")
-        if tuple(tensor.shape) != tuple(target.shape) or tensor.dtype != target.dtype or tensor.device != target.device:
+            raise WeightLoadError(
+                f"swap_weights: unknown tensor {name!r} (not a parameter of the served model)"
+            )
+        if (
+            tuple(tensor.shape) != tuple(target.shape)
+            or tensor.dtype != target.dtype
+            or tensor.device != target.device
+        ):
             raise WeightLoadError(
                 f"swap_weights: {name} is {tensor.dtype} {tuple(tensor.shape)} on {tensor.device}, the served "
                 f"model has {target.dtype} {tuple(target.shape)} on {target.device}"
