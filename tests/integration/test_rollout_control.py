@@ -139,14 +139,17 @@ def test_weight_checksum_matches_the_checkpoint_computed_here(rollout, tiny_mode
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and info.value.details().startswith("dtype")
 
 
-def test_weight_sync_rpcs_are_not_implemented_yet(rollout):
+def test_weight_sync_rpcs_refuse_requests_without_a_group_and_the_service_keeps_serving(rollout):
+    # The transfers themselves are tested in test_weight_sync.py; here: bad requests answer cleanly.
     for call, request in (
         (rollout.InitWeightGroup, rollout_pb2.InitWeightGroupRequest()),
         (rollout.UpdateWeights, rollout_pb2.UpdateWeightsRequest()),
     ):
         with pytest.raises(grpc.RpcError) as info:
             call(request)
-        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert info.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+        assert "Traceback" not in info.value.details()
+    assert _info(rollout).weight_version == 0
 
 
 def test_info_describes_the_service(rollout, tiny_model_dir):

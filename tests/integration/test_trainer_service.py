@@ -272,11 +272,15 @@ def test_checkpoint_save_load_and_a_corrupt_checkpoint_is_refused(stub, trainer,
     assert stub.TrainStep(train_stream(7, BATCH)).global_step == 7  # still serving, ranks in step
 
 
-def test_weight_sync_rpcs_are_not_implemented_yet(stub, trainer):
-    refused(
-        lambda: list(stub.PushWeights(pb.PushWeightsRequest(weight_version=1))), grpc.StatusCode.UNIMPLEMENTED
-    )
-    refused(lambda: stub.InitWeightGroup(pb.InitWeightGroupRequest()), grpc.StatusCode.UNIMPLEMENTED)
+def test_weight_sync_rpcs_refuse_requests_without_a_group_and_keep_serving(stub, trainer):
+    # The transfers themselves are tested in test_weight_sync.py; here: bad requests answer cleanly.
+    for call in (
+        lambda: list(stub.PushWeights(pb.PushWeightsRequest(weight_version=1))),
+        lambda: stub.InitWeightGroup(pb.InitWeightGroupRequest()),
+    ):
+        with pytest.raises(grpc.RpcError) as info:
+            call()
+        assert info.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
     with open_channel(trainer.address) as channel:
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
     assert health.status == health_pb2.HealthCheckResponse.SERVING
