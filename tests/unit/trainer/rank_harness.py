@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pickle
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -147,16 +148,25 @@ def _rank_main(rank: int, world_size: int, store_path: str, scenarios: list, out
 
 def run_ranks(world_size: int, scenarios: list[tuple[str, dict]], tmp_path: Path) -> list[Any]:
     """Run `scenarios` on `world_size` spawned gloo ranks; rank 0's results, one per scenario."""
-    out_dir = Path(tmp_path) / f"ranks-{world_size}-{uuid.uuid4().hex[:8]}"
-    out_dir.mkdir(parents=True)  # a fresh FileStore per group: a reused store file breaks rendezvous
-    store_path = str(out_dir / "store")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.start_processes(
-        _rank_main,
-        args=(world_size, store_path, scenarios, str(out_dir)),
-        nprocs=world_size,
-        start_method="spawn",
-        join=True,
-    )
+    for attempt in range(2):
+        out_dir = Path(tmp_path) / f"ranks-{world_size}-{uuid.uuid4().hex[:8]}"
+        out_dir.mkdir(parents=True)  # a fresh FileStore per group: a reused store file breaks rendezvous
+        try:
+            mp.start_processes(
+                _rank_main,
+                args=(world_size, str(out_dir / "store"), scenarios, str(out_dir)),
+                nprocs=world_size,
+                start_method="spawn",
+                join=True,
+            )
+            break
+        except mp.ProcessExitedException as exc:
+            # Known flake, seen once in a full CI run: a rank aborted in C++ ("terminate called
+            # without an active exception", SIGABRT) and passed on rerun. One retry, abort only;
+            # any Python failure or a second abort still fails the test.
+            if exc.signal_name != "SIGABRT" or attempt == 1:
+                raise
+            warnings.warn(f"rank aborted (SIGABRT), retrying the spawn once: {exc}", stacklevel=1)
     with open(out_dir / "results.pkl", "rb") as f:
         return pickle.load(f)
