@@ -29,6 +29,18 @@ def rollout(tiny_model_dir, tmp_path_factory):
         stub.Resume(rollout_pb2.ResumeRequest())  # never leave a Generate waiting at shutdown
 
 
+@pytest.fixture(autouse=True)
+def resumed_after_each_test(rollout):
+    """One failing test must not leave the shared service paused for the next ones."""
+    yield
+    if _info(rollout).memory_released:
+        rollout.ResumeMemory(rollout_pb2.ResumeMemoryRequest())
+    rollout.Resume(rollout_pb2.ResumeRequest())
+    deadline = time.monotonic() + 30
+    while _info(rollout).num_samples_in_flight and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _request(max_new_tokens=LONG, n=4):
     return rollout_pb2.GenerateRequest(
         prompts=[rollout_pb2.Prompt(token_ids=p) for p in ([1, 50, 60, 70], [1, 9], [1, 33, 44], [1, 120])],

@@ -193,12 +193,17 @@ class Batcher:
         return batch, out.logits[:, -1, :]
 
     def _join(self, batch: PaddedBatch, members: list[_Row]) -> None:
-        if self._batch is None or not self._live:
-            self._batch = batch
-            self._live = list(members)
-        else:
-            self._batch.merge(batch)
-            self._live.extend(members)
+        # Under the lock, so a row is never seen both admitting and live (it would be counted,
+        # and aborted, twice).
+        with self._cond:
+            if self._batch is None or not self._live:
+                self._batch = batch
+                self._live = list(members)
+            else:
+                self._batch.merge(batch)
+                self._live.extend(members)
+            joined = set(members)
+            self._admitting = [r for r in self._admitting if r not in joined]
 
     def _decode_step(self) -> None:
         assert self._batch is not None

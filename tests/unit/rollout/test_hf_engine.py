@@ -166,6 +166,24 @@ def test_abort_ends_running_and_waiting_samples(tiny_model_dir):
     assert len(started) == 2 and all(len(r.token_ids) == len(r.log_probs) < 900 for r in started)
 
 
+def test_in_flight_counts_each_sample_once_while_rows_join_and_leave(tiny_model_dir):
+    # Rows move waiting -> admitting -> live -> done on the batcher thread; a row seen in two of
+    # those at once would be counted (and aborted) twice.
+    engine = _engine(tiny_model_dir, max_running_requests=2)
+    budget = [40, 5, 25, 9, 30]
+    try:
+        results = queue.Queue()
+        requests = _requests(lambda i: SamplingParams(temperature=0.0, max_new_tokens=budget[i]))
+        engine.submit(requests, results.put)
+        seen = []
+        while results.qsize() < len(requests):
+            seen.append(engine.num_in_flight)
+            time.sleep(0.002)
+    finally:
+        engine.stop()
+    assert max(seen) == len(requests) and min(seen) >= 0
+
+
 def test_load_weights_validates_then_copies_in_place(tiny_model_dir, reference):
     engine = _engine(tiny_model_dir)
     try:
