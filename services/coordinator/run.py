@@ -20,7 +20,6 @@ import json
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from rollway.common.log import bind_run_context, get_logger
@@ -31,32 +30,17 @@ from rollway.coordinator.config import CoordinatorConfig
 from rollway.coordinator.evaluation import Evaluator
 from rollway.coordinator.metrics import MetricsSink, ProgressLine
 from rollway.coordinator.remote import Services, to_struct
-from rollway.coordinator.rollout_batch import (
-    assign_advantages,
-    group_samples,
-    keep_groups,
-    rollout_metrics,
-    to_prompts,
-)
+from rollway.coordinator.rollout_collect import Rollout, collect_rollout
 from rollway.coordinator.run_state import RunState
 from rollway.coordinator.weight_sync import WeightSyncSettings, init_weight_group, sync_weights
 from rollway.dataloader.v1 import dataloader_pb2
 from rollway.trainer.v1 import trainer_pb2
 
 log = get_logger("rollway.coordinator.run")
-MAX_REFILLS = 16
 
 
 class RunStopped(Exception):
     """StopRun was called."""
-
-
-@dataclass
-class Rollout:
-    rollout_id: int
-    samples: list[common_pb2.Sample]
-    metrics: dict[str, float]
-    generate_seconds: float
 
 
 class Run:
@@ -248,61 +232,8 @@ class Run:
         self._after_step(step, metrics)
 
     # --- RL ---
-    def _sampling(self) -> common_pb2.SamplingParams:
-        c = self.config
-        return common_pb2.SamplingParams(
-            temperature=c.rollout_temperature,
-            top_p=c.rollout_top_p,
-            top_k=c.rollout_top_k,
-            max_new_tokens=c.rollout_max_response_len,
-            stop=c.rollout_stop,
-            seed=c.rollout_seed,
-        )
-
     def _generate(self, rollout_id: int) -> Rollout:
-        """One rollout: batches of prompts until rollout_batch_size groups survive the filter."""
-        c = self.config
-        start = time.perf_counter()
-        if c.load_debug_rollout_data:
-            samples = debug_data.load_rollout(c.load_debug_rollout_data, rollout_id)
-            return Rollout(rollout_id, samples, rollout_metrics(samples), 0.0)
-        kept: list[list[common_pb2.Sample]] = []
-        dropped = seen = 0
-        for attempt in range(MAX_REFILLS):
-            wanted = (
-                c.rollout_batch_size
-                if attempt == 0
-                else max(c.over_sampling_batch_size, c.rollout_batch_size - len(kept))
-            )
-            batch = self.services.next_batch(wanted, self.state.next_batch_id)
-            self.state.next_batch_id += 1
-            if not batch.items:
-                break
-            prompts = to_prompts(batch.items, self.state.next_group_index)
-            self.state.next_group_index += len(prompts)
-            sampling = self._sampling()
-            sampling.seed = c.rollout_seed + prompts[0].group_index * c.n_samples_per_prompt
-            samples = self.services.generate(
-                prompts, c.n_samples_per_prompt, sampling, c.rm_type, f"rollout-{rollout_id}"
-            )
-            groups, num_dropped = keep_groups(group_samples(samples), c.dynamic_sampling_filter_path)
-            kept += groups
-            dropped += num_dropped
-            seen += len(prompts)
-            if len(kept) >= c.rollout_batch_size or not c.dynamic_sampling_filter_path:
-                break
-        kept = kept[: c.rollout_batch_size]  # leftovers beyond the batch are discarded (Miles aborts them)
-        if c.train_only is False and len(kept) * c.n_samples_per_prompt < c.global_batch_size:
-            raise RuntimeError(
-                f"rollout {rollout_id}: only {len(kept)} groups with reward variance after {seen} prompts"
-            )
-        samples = assign_advantages(
-            kept, c.advantage_estimator, disable_grpo_std_normalization=c.disable_grpo_std_normalization
-        )
-        usable = len(samples) - len(samples) % c.global_batch_size
-        samples = samples[:usable]
-        metrics = rollout_metrics(samples, num_dropped_groups=dropped, num_groups=seen)
-        return Rollout(rollout_id, samples, metrics, time.perf_counter() - start)
+        return collect_rollout(self.config, self.services, self.state, rollout_id)
 
     def _rl_loop(self) -> None:
         c = self.config

@@ -4,8 +4,10 @@
                 the buckets' checksums (linear in the bytes: no gather), one all-reduce adds the
                 ranks' sums -> the manifest (layout + checksums) goes out before any byte moves
     broadcast:  every rank gathers again; rank 0 broadcasts bucket i on the weight group piece
-                by piece (bucket_pieces): small tensors packed into one of two buffers, large
-                ones straight from their memory; bucket i+1 is gathered while i is on the wire
+                by piece (bucket_pieces) while bucket i+1 is gathered. Several ranks with
+                row-sharded weights: each rank sends its byte ranges of a bucket straight into
+                rank 0's buffer (weight_gather.py). Otherwise tensor by tensor (full_tensor):
+                small ones packed into one of two buffers, large ones sent from their memory
     write:      every rank gathers; rank 0 writes one safetensors file per bucket (disk path,
                 weight_write.py)
 
@@ -26,8 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Shard
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.distributed.tensor import DTensor
 
 from rollway.common.bucket_checksum import as_bytes, format_digest, partial_sums
 from rollway.common.weight_buckets import (
@@ -39,6 +40,7 @@ from rollway.common.weight_buckets import (
 )
 from rollway.common.weight_group import STATUS_OK, WeightGroup, WeightGroupError
 from rollway.common.weights_checksum import dtype_from_name
+from rollway.trainer import weight_gather
 from rollway.trainer.lora import adapters_by_weight, full, hf_named_tensors, merged
 from rollway.trainer.weights import weight_names
 
@@ -114,15 +116,8 @@ def _local_piece(tensor: torch.Tensor, entry: TensorEntry, rank: int) -> tuple[t
     None when another rank counts them. Collective only for placements other than a 1-D Shard(0)
     (every rank decides the same way: it depends on the placements alone)."""
     tensor = tensor.detach()
-    if not isinstance(tensor, DTensor):
-        return (as_bytes(tensor.to(entry.torch_dtype).contiguous()), entry.offset) if rank == 0 else None
-    if tensor.device_mesh.ndim == 1 and tuple(tensor.placements) == (Shard(0),):
-        _, global_offset = compute_local_shape_and_global_offset(
-            tensor.shape, tensor.device_mesh, tensor.placements
-        )
-        row_bytes = entry.num_bytes // max(tensor.shape[0], 1)
-        local = tensor.to_local().to(entry.torch_dtype).contiguous()
-        return as_bytes(local), entry.offset + global_offset[0] * row_bytes
+    if not isinstance(tensor, DTensor) or weight_gather.row_sharded(tensor):
+        return weight_gather.own_range(tensor, entry, rank)
     full = tensor.full_tensor()  # e.g. HSDP: replicas would be counted twice
     return (as_bytes(full.to(entry.torch_dtype).contiguous()), entry.offset) if rank == 0 else None
 
@@ -176,18 +171,66 @@ def broadcast_pass(
 ) -> SendResult | None:
     """Gather and broadcast every bucket (rank 0 sends); never raises on a send error.
 
-    Pieces (bucket_pieces) of small tensors are packed into one of two alternating buffers and
-    broadcast as soon as they are complete; a tensor larger than `chunk_bytes` is broadcast
-    straight from its own memory. 0: each bucket is packed whole and sent in one broadcast."""
+    With several ranks and row-sharded weights each bucket is gathered by ranges into one of two
+    alternating buffers (weight_gather.py), then broadcast piece by piece (bucket_pieces) while
+    the next one is gathered. Otherwise tensors are gathered one by one: small ones are packed
+    into a buffer and broadcast as soon as a piece is complete; a tensor larger than `chunk_bytes`
+    is broadcast straight from its own memory (0: each bucket is packed whole, one broadcast)."""
+    ranges = (
+        weight_gather.RangeGather(model, buckets, rank) if weight_gather.possible(model, buckets) else None
+    )
     if rank != 0:
-        for _ in gathered_tensors(model, buckets, keep=False):
-            pass
+        if ranges is not None:
+            for bucket in buckets:
+                ranges.send(bucket)
+        else:
+            for _ in gathered_tensors(model, buckets, keep=False):
+                pass
         return None
     result = SendResult(buckets=buckets, num_bytes=sum(b.num_bytes for b in buckets))
     group = sender.group
     buffers = sender.buffers(max(b.padded_size for b in buckets), group.device)
-    in_flight: list[list] = [[], []]  # (work, tensor kept alive) still reading each buffer's bucket
     started = time.perf_counter()
+    if ranges is not None:
+        in_flight = _send_ranged(ranges, buckets, group, buffers, chunk_bytes, result)
+    else:
+        in_flight = _send_by_tensor(model, buckets, group, buffers, chunk_bytes, result)
+    for works in in_flight:
+        result.error = result.error or _wait_all(works, group)
+    if acknowledge and not result.error:
+        try:
+            result.receiver_status = group.exchange_status(STATUS_OK)[1:]
+        except WeightGroupError as exc:
+            result.error = str(exc)
+    result.wire_seconds = time.perf_counter() - started - result.gather_seconds
+    sender.release_device_buffers()
+    return result
+
+
+def _send_ranged(ranges, buckets, group, buffers, chunk_bytes: int, result: SendResult) -> list[list]:
+    """Rank 0: gather bucket i whole (by ranges), then start its broadcasts; bucket i+1 is
+    gathered into the other buffer while they run. Returns the broadcasts still in flight."""
+    in_flight: list[list] = [[], []]  # (work, tensor kept alive) still reading each buffer
+    for bucket in buckets:
+        slot = bucket.index % 2
+        result.error = result.error or _wait_all(in_flight[slot], group)  # bucket i-2 left this buffer
+        in_flight[slot] = []
+        tick = time.perf_counter()
+        ranges.gather_into(bucket, buffers[slot])  # also after an error: the other ranks are sending
+        result.gather_seconds += time.perf_counter() - tick
+        for start, end in bucket_pieces(bucket, chunk_bytes):
+            if result.error:
+                break
+            source = buffers[slot][start:end]
+            work, result.error = _start(group, source)
+            in_flight[slot].append((work, source))
+    return in_flight
+
+
+def _send_by_tensor(model, buckets, group, buffers, chunk_bytes: int, result: SendResult) -> list[list]:
+    """Rank 0: gather tensor by tensor (full_tensor), broadcasting each piece of a bucket as soon
+    as it is complete. Returns the broadcasts still in flight."""
+    in_flight: list[list] = [[], []]  # (work, tensor kept alive) still reading each buffer's bucket
     gathered = gathered_tensors(model, buckets, keep=True)
     for bucket in buckets:
         slot = bucket.index % 2
@@ -213,16 +256,7 @@ def broadcast_pass(
                 work, result.error = _start(group, source)
                 in_flight[slot].append((work, source))
                 piece = next(pieces, None)
-    for works in in_flight:
-        result.error = result.error or _wait_all(works, group)
-    if acknowledge and not result.error:
-        try:
-            result.receiver_status = group.exchange_status(STATUS_OK)[1:]
-        except WeightGroupError as exc:
-            result.error = str(exc)
-    result.wire_seconds = time.perf_counter() - started - result.gather_seconds
-    sender.release_device_buffers()
-    return result
+    return in_flight
 
 
 def _start(group: WeightGroup, tensor: torch.Tensor):
