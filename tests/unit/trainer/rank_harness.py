@@ -15,6 +15,7 @@ import pickle
 import sys
 import uuid
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +143,7 @@ def _rank_main(rank: int, world_size: int, store_path: str, scenarios: list, out
     store = dist.FileStore(store_path, world_size)
     info = init_process_group(store, rank, world_size, TIMEOUT_S)
     try:
-        results = [SCENARIOS[name](info, **kwargs) for name, kwargs in scenarios]
+        results = [fn(info, **kwargs) for fn, kwargs in scenarios]
         if rank == 0:
             with open(Path(out_dir, "results.pkl"), "wb") as f:
                 pickle.dump(results, f)
@@ -156,7 +157,15 @@ def _rank_main(rank: int, world_size: int, store_path: str, scenarios: list, out
 
 
 def run_ranks(world_size: int, scenarios: list[tuple[str, dict]], tmp_path: Path) -> list[Any]:
-    """Run `scenarios` on `world_size` spawned gloo ranks; rank 0's results, one per scenario."""
+    """Run the named SCENARIOS on `world_size` spawned gloo ranks; rank 0's results, one per scenario."""
+    return run_on_ranks(world_size, [(SCENARIOS[name], kwargs) for name, kwargs in scenarios], tmp_path)
+
+
+def run_on_ranks(world_size: int, scenarios: list[tuple[Callable, dict]], tmp_path: Path) -> list[Any]:
+    """Run `scenarios` [(fn, kwargs)] on `world_size` spawned gloo ranks; rank 0's results.
+
+    Each fn is module-level (spawn pickles it by name), takes (info, **kwargs) and runs on every
+    rank, in order."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     for attempt in range(2):
         out_dir = Path(tmp_path) / f"ranks-{world_size}-{uuid.uuid4().hex[:8]}"

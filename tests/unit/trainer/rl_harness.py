@@ -10,25 +10,18 @@ on every rank; rank 0's return values come back. They mirror what the controller
 from __future__ import annotations
 
 import copy
-import os
-import pickle
-import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from unit.trainer.rank_harness import run_on_ranks
 
 from rollway.common.config import from_dict, to_dict
 from rollway.trainer.config import TrainerConfig
-from rollway.trainer.distributed import init_process_group
 from rollway.trainer.engine import TrainerEngine
 from rollway.trainer.micro_batch import SequenceItem
 from rollway.trainer.policy_inputs import prepare_policy_inputs
 from rollway.trainer.train_plan import plan_train_steps
-
-TIMEOUT_S = 120.0
 
 
 def make_config(model_dir: str | Path, **settings: Any) -> TrainerConfig:
@@ -68,29 +61,6 @@ def train(engine: TrainerEngine, items: list[SequenceItem], settings: TrainerCon
     return engine.train(per_rank[engine.info.rank])
 
 
-def _rank_main(rank: int, world_size: int, store_path: str, scenarios: list, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    info = init_process_group(dist.FileStore(store_path, world_size), rank, world_size, TIMEOUT_S)
-    try:
-        results = [fn(info, **kwargs) for fn, kwargs in scenarios]
-        if rank == 0:
-            with open(Path(out_dir, "results.pkl"), "wb") as f:
-                pickle.dump(results, f)
-    finally:
-        dist.destroy_process_group()
-
-
 def run_scenarios(world_size: int, scenarios: list, tmp_path: Path) -> list[Any]:
     """Run `scenarios` [(fn, kwargs)] on `world_size` spawned gloo ranks; rank 0's results."""
-    out_dir = Path(tmp_path) / f"rl-ranks-{world_size}-{uuid.uuid4().hex[:8]}"
-    out_dir.mkdir(parents=True)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.start_processes(
-        _rank_main,
-        args=(world_size, str(out_dir / "store"), scenarios, str(out_dir)),
-        nprocs=world_size,
-        start_method="spawn",
-        join=True,
-    )
-    with open(out_dir / "results.pkl", "rb") as f:
-        return pickle.load(f)
+    return run_on_ranks(world_size, scenarios, tmp_path)
