@@ -29,8 +29,8 @@ broadcast in 16 MiB pieces, acknowledgements on. Figures:
 On a 2-core machine every process shares the cores with the loopback transport. With 2 trainer
 ranks the broadcast pass gathers each bucket onto rank 0 point to point (each rank sends its
 shards' byte ranges; rollway.trainer.weight_gather): rank 0 receives half the bytes before it
-broadcasts them, so with one bucket (10M, 100M) the ratio to a raw broadcast is at most about
-2/3; with several buckets (500M) the gather of bucket i+1 overlaps the broadcast of bucket i.
+broadcasts them. With one bucket (10M, 100M) that gather is not overlapped; with several (500M)
+the gather of bucket i+1 overlaps the broadcast of bucket i.
 """
 
 from __future__ import annotations
