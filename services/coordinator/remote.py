@@ -8,7 +8,7 @@ size limit.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -97,12 +97,25 @@ class Services:
         sampling: common_pb2.SamplingParams,
         reward: str,
         request_id: str,
-        cancel: threading.Event | None = None,
+        enough: Callable[[common_pb2.Sample], bool] | None = None,
     ) -> list[common_pb2.Sample]:
-        """Spread prompt groups over the rollout services, collect every sample (any arrival order)."""
+        """Spread prompt groups over the rollout services, collect every sample (any arrival order).
+
+        `enough` sees each sample as it arrives (from several threads); once it returns True every
+        call is cancelled, the rollout services abort the samples still generating, and only the
+        samples received so far come back."""
         shards: list[list[rollout_pb2.Prompt]] = [[] for _ in self.rollouts]
         for i, prompt in enumerate(prompts):
             shards[i % len(self.rollouts)].append(prompt)
+        calls: list = []  # the streaming calls started so far (cancel() stops one)
+        stopped = threading.Event()
+        lock = threading.Lock()
+
+        def stop_all() -> None:
+            with lock:
+                stopped.set()
+                for call in calls:
+                    call.cancel()
 
         def run(
             stub: rollout_pb2_grpc.RolloutServiceStub, shard: list[rollout_pb2.Prompt]
@@ -117,12 +130,19 @@ class Services:
                 request_id=request_id,
             )
             call = stub.Generate(request, timeout=LONG_CALL_SECONDS)
-            samples = []
-            for reply in call:
-                samples.append(reply.sample)
-                if cancel is not None and cancel.is_set():
+            with lock:
+                calls.append(call)
+                if stopped.is_set():
                     call.cancel()
-                    break
+            samples = []
+            try:
+                for reply in call:
+                    samples.append(reply.sample)
+                    if enough is not None and enough(reply.sample):
+                        stop_all()
+            except grpc.RpcError as exc:
+                if not (stopped.is_set() and exc.code() == grpc.StatusCode.CANCELLED):
+                    raise
             return samples
 
         with ThreadPoolExecutor(max(len(self.rollouts), 1)) as pool:

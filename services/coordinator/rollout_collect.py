@@ -10,6 +10,7 @@ Or, with --load-debug-rollout-data, the samples saved by an earlier run (replay)
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -48,26 +49,60 @@ def sampling_params(config: CoordinatorConfig) -> common_pb2.SamplingParams:
     )
 
 
+class GroupCollector:
+    """Samples of one rollout grouped as they stream in; each complete group goes through the
+    dynamic-sampling filter at once, so generation can stop as soon as enough groups survived."""
+
+    def __init__(self, n_samples_per_prompt: int, filter_name: str):
+        self.n_samples_per_prompt = n_samples_per_prompt
+        self.filter_name = filter_name
+        self.kept: list[list[common_pb2.Sample]] = []
+        self.num_dropped = 0
+        self.wanted = 0  # stop once this many groups are kept (0: never stop early)
+        self._open: dict[int, list[common_pb2.Sample]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def num_complete(self) -> int:
+        return len(self.kept) + self.num_dropped
+
+    def add(self, sample: common_pb2.Sample) -> bool:
+        """Take one sample (from any thread); True once `wanted` groups are kept."""
+        with self._lock:
+            group = self._open.setdefault(sample.group_index, [])
+            group.append(sample)
+            if len(group) == self.n_samples_per_prompt:
+                del self._open[sample.group_index]
+                kept, dropped = keep_groups(group_samples(group), self.filter_name)
+                self.kept += kept
+                self.num_dropped += dropped
+            return 0 < self.wanted <= len(self.kept)
+
+    def batch(self, num_groups: int) -> list[list[common_pb2.Sample]]:
+        """The first `num_groups` kept groups in group order (the rest are discarded)."""
+        return sorted(self.kept, key=lambda g: g[0].group_index)[:num_groups]
+
+
 def collect_rollout(
     config: CoordinatorConfig, services: Services, state: RunState, rollout_id: int
 ) -> Rollout:
     """One rollout: batches of prompts until rollout_batch_size groups survive the filter.
 
-    Advances state.next_batch_id and state.next_group_index by what it consumed."""
+    With a filter, a refill stops generating as soon as enough groups survived: the samples still
+    generating are aborted (Miles' "abort leftovers"), so which groups of that refill make the
+    batch depends on the order they finished in. Advances state.next_batch_id and
+    state.next_group_index by what it consumed."""
     c = config
     start = time.perf_counter()
     if c.load_debug_rollout_data:
         samples = debug_data.load_rollout(c.load_debug_rollout_data, rollout_id)
         return Rollout(rollout_id, samples, rollout_metrics(samples), 0.0)
-    kept: list[list[common_pb2.Sample]] = []
-    dropped = seen = 0
+    groups = GroupCollector(c.n_samples_per_prompt, c.dynamic_sampling_filter_path)
     for attempt in range(MAX_REFILLS):
-        wanted = (
-            c.rollout_batch_size
-            if attempt == 0
-            else max(c.over_sampling_batch_size, c.rollout_batch_size - len(kept))
+        missing = c.rollout_batch_size - len(groups.kept)
+        batch = services.next_batch(
+            missing if attempt == 0 else max(c.over_sampling_batch_size, missing), state.next_batch_id
         )
-        batch = services.next_batch(wanted, state.next_batch_id)
         state.next_batch_id += 1
         if not batch.items:
             break
@@ -77,23 +112,23 @@ def collect_rollout(
         # Seeds follow the global group index: a refill draws new samples, a resumed run the same
         # samples as the uninterrupted run would have.
         sampling.seed = c.rollout_seed + prompts[0].group_index * c.n_samples_per_prompt
-        samples = services.generate(
-            prompts, c.n_samples_per_prompt, sampling, c.rm_type, f"rollout-{rollout_id}"
+        groups.wanted = c.rollout_batch_size if c.dynamic_sampling_filter_path else 0
+        services.generate(
+            prompts, c.n_samples_per_prompt, sampling, c.rm_type, f"rollout-{rollout_id}", enough=groups.add
         )
-        groups, num_dropped = keep_groups(group_samples(samples), c.dynamic_sampling_filter_path)
-        kept += groups
-        dropped += num_dropped
-        seen += len(prompts)
-        if len(kept) >= c.rollout_batch_size or not c.dynamic_sampling_filter_path:
+        if len(groups.kept) >= c.rollout_batch_size or not c.dynamic_sampling_filter_path:
             break
-    kept = kept[: c.rollout_batch_size]  # leftovers beyond the batch are discarded (Miles aborts them)
+    kept = groups.batch(c.rollout_batch_size)
     if c.train_only is False and len(kept) * c.n_samples_per_prompt < c.global_batch_size:
         raise RuntimeError(
-            f"rollout {rollout_id}: only {len(kept)} groups with reward variance after {seen} prompts"
+            f"rollout {rollout_id}: only {len(kept)} groups with reward variance after "
+            f"{groups.num_complete} complete groups"
         )
     samples = assign_advantages(
         kept, c.advantage_estimator, disable_grpo_std_normalization=c.disable_grpo_std_normalization
     )
     usable = len(samples) - len(samples) % c.global_batch_size
-    metrics = rollout_metrics(samples[:usable], num_dropped_groups=dropped, num_groups=seen)
+    metrics = rollout_metrics(
+        samples[:usable], num_dropped_groups=groups.num_dropped, num_groups=groups.num_complete
+    )
     return Rollout(rollout_id, samples[:usable], metrics, time.perf_counter() - start)

@@ -55,10 +55,10 @@ class Counters:
     num_samples_aborted: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def count(self, aborted: bool) -> None:
+    def count(self, aborted: bool, num_samples: int = 1) -> None:
         with self._lock:
-            self.num_samples_generated += 1
-            self.num_samples_aborted += int(aborted)
+            self.num_samples_generated += num_samples
+            self.num_samples_aborted += num_samples if aborted else 0
 
 
 @dataclass
@@ -120,9 +120,10 @@ class GenerateStream:
             log.info("generate done", num_samples=num_samples, output_tokens=num_tokens,
                      seconds=round(seconds, 3), output_tokens_per_s=round(num_tokens / max(seconds, 1e-9), 1))  # fmt: skip
         finally:
-            if pending_engine:
+            if pending_engine:  # the client went away (or the stream failed): the rest is aborted
                 self.ctx.engine.abort(handle)
                 self.ctx.gate.release()
+                self.ctx.counters.count(aborted=True, num_samples=pending_engine)
 
     def _admit(self, is_active):
         try:

@@ -1,0 +1,63 @@
+"""The coordinator's Generate fan-out against real rollout services: stopping early aborts the rest."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from support.processes import ServiceProcess
+
+from rollway.common.v1 import common_pb2
+from rollway.coordinator.remote import Services
+from rollway.rollout.v1 import rollout_pb2
+
+PROMPTS = [rollout_pb2.Prompt(token_ids=[1, 40 + g], group_index=g) for g in range(4)]
+
+
+@pytest.fixture(scope="module")
+def services(tiny_model_dir, tmp_path_factory):
+    # One sample decoded at a time per service: when the first sample is back the others are
+    # still waiting or generating, so stopping then must abort them.
+    args = ["--hf-checkpoint", str(tiny_model_dir), "--reward", "none", "--max-running-requests", "1"]
+    workdir = tmp_path_factory.mktemp("generate")
+    with ServiceProcess("rollout", args, workdir) as one, ServiceProcess("rollout", args, workdir) as two:
+        connected = Services.connect(rollouts=[one.address, two.address])
+        yield connected
+        connected.close()
+
+
+def _sampling(max_new_tokens: int) -> common_pb2.SamplingParams:
+    return common_pb2.SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+
+
+def _aborted(services: Services) -> int:
+    return sum(info.num_samples_aborted for info in services.rollout_info())
+
+
+def test_every_sample_comes_back_in_group_order(services):
+    samples = services.generate(PROMPTS, 2, _sampling(4), "", "all")
+    assert [s.group_index for s in samples] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert all(a.index < b.index for a, b in zip(samples[::2], samples[1::2], strict=True))
+    assert all(len(s.response_token_ids) == 4 for s in samples)
+
+
+def test_enough_cancels_every_call_and_the_services_abort_what_is_left(services):
+    before = _aborted(services)
+    seen = []
+
+    def enough(sample):
+        seen.append(sample)
+        return True  # the first sample is enough
+
+    started = time.monotonic()
+    samples = services.generate(PROMPTS, 2, _sampling(300), "", "early", enough=enough)
+    elapsed = time.monotonic() - started
+    assert 1 <= len(samples) <= 2 and len(samples) == len(seen)  # at most one per service
+    assert all(len(s.response_token_ids) == 300 for s in samples)
+    deadline = time.monotonic() + 30
+    while any(i.num_samples_in_flight for i in services.rollout_info()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # an aborted row leaves the engine's batch at its next step
+    assert all(info.num_samples_in_flight == 0 for info in services.rollout_info())
+    assert _aborted(services) - before == 8 - len(samples)
+    # 8 samples of 300 tokens one at a time would take 4x longer than the first one alone.
+    assert elapsed < 30, elapsed

@@ -1,0 +1,32 @@
+"""GroupCollector: samples arrive interleaved across groups; complete groups are filtered at once."""
+
+from unit.coordinator.test_rollout_batch import sample
+
+from rollway.coordinator.rollout_collect import GroupCollector
+
+
+def test_complete_groups_are_filtered_as_they_arrive_and_the_batch_is_in_group_order():
+    groups = GroupCollector(2, "check_reward_nonzero_std")
+    groups.wanted = 2
+    arrivals = [
+        sample(7, 0, 1.0),
+        sample(3, 1, 1.0),
+        sample(3, 0, 1.0),  # group 3 complete: both rewards 1 -> dropped
+        sample(9, 1, 0.0),
+        sample(7, 1, 0.0),  # group 7 complete: kept (1 of 2 wanted)
+    ]
+    assert [groups.add(s) for s in arrivals] == [False] * 5
+    assert (len(groups.kept), groups.num_dropped, groups.num_complete) == (1, 1, 2)
+    assert groups.add(sample(9, 0, 1.0))  # group 9 complete: the second kept group -> enough
+    assert groups.add(sample(5, 0, 1.0)) and groups.num_complete == 3  # stays True; group 5 still open
+    batch = groups.batch(2)
+    assert [g[0].group_index for g in batch] == [7, 9]  # group order, not arrival order
+    assert [[s.index for s in g] for g in batch] == [[0, 1], [0, 1]]
+    assert [g[0].group_index for g in groups.batch(1)] == [7]
+
+
+def test_without_a_filter_every_group_is_kept_and_generation_never_stops_early():
+    groups = GroupCollector(2, "")
+    flags = [groups.add(sample(g, i, 1.0)) for g in (1, 0) for i in (1, 0)]
+    assert flags == [False] * 4 and groups.num_dropped == 0
+    assert [g[0].group_index for g in groups.batch(5)] == [0, 1]
