@@ -1,7 +1,8 @@
 """The disk path of a weight update: one safetensors file per bucket, written by trainer rank 0.
 
-    every rank gathers each full tensor in bucket order (weight_send.gathered_tensors); rank 0 casts it,
-    adds it to its bucket's checksum and, at the end of a bucket, writes
+    every rank gathers each bucket (by byte ranges, weight_gather.py, where the placements allow;
+    otherwise tensor by tensor, weight_send.gathered_tensors); rank 0 adds it up into the
+    bucket's checksum and writes
     model-0000i-of-0000n.safetensors; then model.safetensors.index.json and config.json, so the
     directory loads like a sharded Hugging Face checkpoint (SGLang's update_weights_from_disk).
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -19,6 +21,7 @@ from safetensors.torch import save_file
 
 from rollway.common.bucket_checksum import BucketChecksum, as_bytes
 from rollway.common.weight_buckets import Bucket, bucket_file_name
+from rollway.trainer import weight_gather
 from rollway.trainer.weight_send import SendResult, gathered_tensors
 
 
@@ -30,24 +33,25 @@ def write_pass(
     A write error (disk full, permissions) is reported in the result, never raised: the other
     ranks are still gathering."""
     result = SendResult(buckets=buckets, num_bytes=sum(b.num_bytes for b in buckets))
-    tensors: dict[str, torch.Tensor] = {}
-    accumulator = BucketChecksum()
     started = time.perf_counter()
-    for bucket, entry, full in gathered_tensors(model, buckets, keep=rank == 0):
-        if full is None or result.error:
+    if weight_gather.possible(model, buckets):
+        bucket_tensors = _ranged_buckets(model, buckets, rank)
+    else:
+        bucket_tensors = _buckets_by_tensor(model, buckets, rank)
+    for bucket, tensors in bucket_tensors:  # rank 0 only
+        if result.error:
             continue
-        tensors[entry.name] = full = full.cpu()
-        accumulator.update(as_bytes(full))
-        if entry is bucket.entries[-1]:
-            bucket.checksum = accumulator.hexdigest()
-            tick = time.perf_counter()
-            path = Path(directory, bucket_file_name(bucket.index, len(buckets)))
-            try:
-                save_file(tensors, str(path), {"format": "pt"})
-            except OSError as exc:
-                result.error = f"cannot write {path}: {exc}"
-            result.wire_seconds += time.perf_counter() - tick
-            tensors, accumulator = {}, BucketChecksum()
+        accumulator = BucketChecksum()
+        for entry in bucket.entries:
+            accumulator.update(as_bytes(tensors[entry.name]))
+        bucket.checksum = accumulator.hexdigest()
+        tick = time.perf_counter()
+        path = Path(directory, bucket_file_name(bucket.index, len(buckets)))
+        try:
+            save_file(tensors, str(path), {"format": "pt"})
+        except OSError as exc:
+            result.error = f"cannot write {path}: {exc}"
+        result.wire_seconds += time.perf_counter() - tick
     if rank != 0:
         return None
     if not result.error:
@@ -58,6 +62,42 @@ def write_pass(
             result.error = f"cannot write {directory}: {exc}"
     result.gather_seconds = time.perf_counter() - started - result.wire_seconds
     return result
+
+
+def _buckets_by_tensor(model, buckets: list[Bucket], rank: int) -> Iterator[tuple[Bucket, dict]]:
+    """(bucket, {name: full tensor on the host}) for each bucket, on rank 0; every rank gathers
+    tensor by tensor (full_tensor) and only rank 0 yields."""
+    tensors: dict[str, torch.Tensor] = {}
+    for bucket, entry, full in gathered_tensors(model, buckets, keep=rank == 0):
+        if full is None:
+            continue
+        tensors[entry.name] = full.cpu()
+        if entry is bucket.entries[-1]:
+            yield bucket, tensors
+            tensors = {}
+
+
+def _ranged_buckets(model, buckets: list[Bucket], rank: int) -> Iterator[tuple[Bucket, dict]]:
+    """The same, gathered bucket by bucket by byte ranges (weight_gather.py)."""
+    ranges = weight_gather.RangeGather(model, buckets, rank)
+    if rank != 0:
+        for bucket in buckets:
+            ranges.send(bucket)
+        return
+    device = next(iter(model.parameters())).device
+    for bucket in buckets:
+        buffer = torch.empty(bucket.padded_size, dtype=torch.uint8, device=device)
+        ranges.gather_into(bucket, buffer)
+        host = buffer.cpu()
+        # A copy per tensor: offsets need not be aligned to the element size, and safetensors
+        # refuses tensors that share memory.
+        yield (
+            bucket,
+            {
+                e.name: host[e.offset : e.offset + e.num_bytes].clone().view(e.torch_dtype).reshape(e.shape)
+                for e in bucket.entries
+            },
+        )
 
 
 def _write_index(directory: Path, buckets: list[Bucket]) -> None:
