@@ -27,6 +27,7 @@ from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
 from rollway.rollout.engines.base import (
     FINISH_ABORT,
+    BatchHandle,
     Engine,
     EngineError,
     EngineStateError,
@@ -68,6 +69,30 @@ class _Scored:
     error: str
 
 
+class RunningCalls:
+    """Engine handles of the admitted Generate calls, by request_id (what Abort aborts)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._handles: dict[str, list[BatchHandle]] = {}
+
+    def add(self, request_id: str, handle: BatchHandle) -> None:
+        with self._lock:
+            self._handles.setdefault(request_id, []).append(handle)
+
+    def remove(self, request_id: str, handle: BatchHandle) -> None:
+        with self._lock:
+            handles = self._handles.get(request_id, [])
+            if handle in handles:
+                handles.remove(handle)
+            if not handles:
+                self._handles.pop(request_id, None)
+
+    def handles(self, request_id: str) -> list[BatchHandle]:
+        with self._lock:
+            return list(self._handles.get(request_id, []))
+
+
 @dataclass
 class StreamContext:
     """What a Generate call needs from the service."""
@@ -78,6 +103,7 @@ class StreamContext:
     runner: RewardRunner
     decode: Callable[[tuple[int, ...]], str]
     counters: Counters = field(default_factory=Counters)
+    running: RunningCalls = field(default_factory=RunningCalls)
 
 
 class GenerateStream:
@@ -99,6 +125,7 @@ class GenerateStream:
         if handle is None:
             return
         on_cancel(lambda: self.ctx.engine.abort(handle))
+        self.ctx.running.add(self.request.request_id, handle)
         num_samples = len(self.plan.samples)
         pending_engine, pending_out = num_samples, num_samples
         start, num_tokens = time.monotonic(), 0
@@ -120,6 +147,7 @@ class GenerateStream:
             log.info("generate done", num_samples=num_samples, output_tokens=num_tokens,
                      seconds=round(seconds, 3), output_tokens_per_s=round(num_tokens / max(seconds, 1e-9), 1))  # fmt: skip
         finally:
+            self.ctx.running.remove(self.request.request_id, handle)
             if pending_engine:  # the client went away (or the stream failed): the rest is aborted
                 self.ctx.engine.abort(handle)
                 self.ctx.gate.release()
@@ -169,18 +197,22 @@ class GenerateStream:
     def _to_sample(self, result: SampleResult) -> common_pb2.Sample:
         p = result.request.prompt_key
         prompt = self.request.prompts[p]
+        prefix = prompt.response_prefix  # empty unless this continues an aborted sample
+        response = [*prefix.token_ids, *result.token_ids]
         sample = common_pb2.Sample(
             group_index=self.plan.group_indices[p],
             index=result.request.index,
-            prompt_token_ids=result.request.prompt_token_ids,
-            response_token_ids=result.token_ids,
-            loss_mask=[1] * len(result.token_ids),
-            rollout_log_probs=result.log_probs,
+            prompt_token_ids=prompt.token_ids,
+            response_token_ids=response,
+            loss_mask=[1] * len(response),
+            rollout_log_probs=[*prefix.log_probs, *result.log_probs],
             finish_reason=FINISH_REASONS[result.finish_reason],
             weight_version=result.weight_version,
             source=prompt.source,
             label=prompt.label,
-            response_text=result.text,
+            response_text=self.ctx.decode(tuple(prefix.token_ids)) + result.text
+            if prefix.token_ids
+            else result.text,
         )
         if prompt.HasField("metadata"):
             sample.metadata.CopyFrom(prompt.metadata)

@@ -7,7 +7,9 @@ as given (0 = greedy) and a 0 in top_p, top_k or max_new_tokens means "the servi
 (proto3 cannot tell 0 from unset). A max_new_tokens the request sets must fit the context with
 the prompt (else INVALID_ARGUMENT); the default (--rollout-max-response-len) is cut to what
 fits, as Miles does with --rollout-max-context-len. Sample i of the batch (prompt p, sample j: i = p * n + j)
-uses seed + i when a seed is given (Miles: sampling_seed = seed + sample index).
+uses seed + i when a seed is given (Miles: sampling_seed = seed + sample index). A prompt with a
+response prefix (partial rollout) continues after it: the engine's prompt is prompt + prefix and
+max_new_tokens counts the prefix.
 """
 
 from __future__ import annotations
@@ -112,6 +114,30 @@ def _max_new_tokens(
     return requested or min(config.rollout_max_response_len, room)
 
 
+def _check_prefix(
+    field: str, prompt: rollout_pb2.Prompt, max_new_tokens: int, group_reward: bool, info: ModelInfo
+) -> tuple[int, ...]:
+    """The response prefix a continuation resumes after (empty for a fresh prompt), checked."""
+    if not prompt.HasField("response_prefix"):
+        return ()
+    prefix = prompt.response_prefix
+    if group_reward:
+        raise InvalidArgument(
+            field, "a group reward function needs whole groups: it cannot score continuations"
+        )
+    if len(prefix.log_probs) != len(prefix.token_ids):
+        raise InvalidArgument(
+            f"{field}.log_probs", f"has {len(prefix.log_probs)} entries for {len(prefix.token_ids)} tokens"
+        )
+    if len(prefix.token_ids) >= max_new_tokens:
+        raise InvalidArgument(
+            f"{field}.token_ids",
+            f"{len(prefix.token_ids)} tokens leave nothing of max_new_tokens {max_new_tokens} to generate",
+        )
+    _check_token_ids(f"{field}.token_ids", prefix.token_ids, info.vocab_size)
+    return tuple(prefix.token_ids)
+
+
 def plan_generation(
     request: rollout_pb2.GenerateRequest, config: RolloutConfig, info: ModelInfo, registered_rewards
 ) -> GenerationPlan:
@@ -131,6 +157,7 @@ def plan_generation(
         )
     reward = check_reward(request.reward, config, registered_rewards)
     params = resolve_sampling(request, config, info)
+    group_reward = reward != NO_REWARD and registered_rewards[reward].group
     samples: list[SampleRequest] = []
     group_indices: list[int] = []
     for p, prompt in enumerate(request.prompts):
@@ -140,7 +167,9 @@ def plan_generation(
         _check_token_ids(field, prompt.token_ids, info.vocab_size)
         max_new_tokens = _max_new_tokens(field, len(prompt.token_ids), params.max_new_tokens, config, info)
         group_indices.append(prompt.group_index if prompt.HasField("group_index") else p)
-        token_ids = tuple(prompt.token_ids)
+        prefix = _check_prefix(f"prompts[{p}].response_prefix", prompt, max_new_tokens, group_reward, info)
+        token_ids = tuple(prompt.token_ids) + prefix  # a continuation's engine prompt ends with its prefix
+        max_new_tokens -= len(prefix)
         for j in range(n):
             index = p * n + j
             seed = None if params.seed is None else params.seed + index

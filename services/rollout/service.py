@@ -109,6 +109,13 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
         log.info("paused", mode="abort", num_aborted=num_aborted)
         return rollout_pb2.PauseResponse(num_aborted=num_aborted)
 
+    def Abort(self, request, context):
+        if not request.request_id:
+            raise InvalidArgument("request_id", "is required")
+        num_aborted = sum(self.engine.abort(h) for h in self.ctx.running.handles(request.request_id))
+        log.info("aborted", request_id=request.request_id, num_aborted=num_aborted)
+        return rollout_pb2.AbortResponse(num_aborted=num_aborted)
+
     def Resume(self, request, context):
         self.engine.resume()
         self.gate.resume()

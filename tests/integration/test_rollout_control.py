@@ -41,11 +41,12 @@ def resumed_after_each_test(rollout):
         time.sleep(0.05)
 
 
-def _request(max_new_tokens=LONG, n=4):
+def _request(max_new_tokens=LONG, n=4, request_id=""):
     return rollout_pb2.GenerateRequest(
         prompts=[rollout_pb2.Prompt(token_ids=p) for p in ([1, 50, 60, 70], [1, 9], [1, 33, 44], [1, 120])],
         n_samples_per_prompt=n,
         sampling_params=common_pb2.SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens),
+        request_id=request_id,
     )
 
 
@@ -188,3 +189,87 @@ def test_generate_calls_beyond_the_limit_are_refused_and_resume_still_gets_throu
     for call in waiting:
         call.join(30)
         assert call.error is None and len(call.samples) == 4
+
+
+def test_abort_ends_one_request_and_a_response_prefix_continues_an_aborted_sample(rollout):
+    target = Collect(rollout, _request(request_id="target"))
+    other = Collect(rollout, _request(n=1, request_id="other"))
+    _wait_in_flight(rollout, 20)
+    assert rollout.Abort(rollout_pb2.AbortRequest(request_id="target")).num_aborted == 16
+    target.join(30)
+    assert target.error is None and len(target.samples) == 16
+    assert all(s.finish_reason == ABORT and 0 < len(s.response_token_ids) < LONG for s in target.samples)
+    assert other.is_alive() and not other.samples  # another request_id keeps generating
+    assert rollout.Abort(rollout_pb2.AbortRequest(request_id="other")).num_aborted == 4
+    other.join(30)
+    assert rollout.Abort(rollout_pb2.AbortRequest(request_id="target")).num_aborted == 0  # idempotent
+
+    # Greedy: continuing the aborted sample for 5 more tokens gives what one uninterrupted run
+    # of the same length gives, with the prefix's log-probs kept as they were.
+    aborted = next(s for s in target.samples if s.group_index == 1)
+    done = len(aborted.response_token_ids)
+    prefix = rollout_pb2.ResponsePrefix(
+        token_ids=aborted.response_token_ids, log_probs=aborted.rollout_log_probs
+    )
+    greedy = common_pb2.SamplingParams(temperature=0.0, max_new_tokens=done + 5)
+    continued = list(
+        rollout.Generate(
+            rollout_pb2.GenerateRequest(
+                prompts=[rollout_pb2.Prompt(token_ids=[1, 9], response_prefix=prefix, group_index=1)],
+                n_samples_per_prompt=1,
+                sampling_params=greedy,
+            )
+        )
+    )[0].sample
+    whole = list(
+        rollout.Generate(
+            rollout_pb2.GenerateRequest(
+                prompts=[rollout_pb2.Prompt(token_ids=[1, 9])], n_samples_per_prompt=1, sampling_params=greedy
+            )
+        )
+    )[0].sample
+    assert list(continued.prompt_token_ids) == [1, 9] and continued.group_index == 1
+    assert (
+        continued.response_token_ids == whole.response_token_ids and len(whole.response_token_ids) == done + 5
+    )
+    assert list(continued.rollout_log_probs[:done]) == list(aborted.rollout_log_probs)
+    assert list(continued.rollout_log_probs[done:]) == pytest.approx(
+        list(whole.rollout_log_probs[done:]), abs=1e-4
+    )
+    assert continued.finish_reason == common_pb2.FINISH_REASON_LENGTH
+
+
+@pytest.mark.parametrize(
+    ("prefix", "max_new_tokens", "field"),
+    [
+        (
+            rollout_pb2.ResponsePrefix(token_ids=[5, 6], log_probs=[-1.0]),
+            8,
+            "prompts[0].response_prefix.log_probs",
+        ),
+        (
+            rollout_pb2.ResponsePrefix(token_ids=[5, 6], log_probs=[-1.0, -1.0]),
+            2,
+            "prompts[0].response_prefix.token_ids",
+        ),
+        (
+            rollout_pb2.ResponsePrefix(token_ids=[5, 10**6], log_probs=[-1.0, -1.0]),
+            8,
+            "prompts[0].response_prefix.token_ids[1]",
+        ),
+    ],
+)
+def test_bad_response_prefixes_and_aborts_are_refused(rollout, prefix, max_new_tokens, field):
+    request = rollout_pb2.GenerateRequest(
+        prompts=[rollout_pb2.Prompt(token_ids=[1, 9], response_prefix=prefix)],
+        n_samples_per_prompt=1,
+        sampling_params=common_pb2.SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens),
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        list(rollout.Generate(request))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and info.value.details().startswith(field)
+    with pytest.raises(grpc.RpcError) as empty:
+        rollout.Abort(rollout_pb2.AbortRequest())
+    assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT and empty.value.details().startswith(
+        "request_id"
+    )

@@ -26,57 +26,63 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from rollway.common.v1 import common_pb2 as rollway_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n rollway/rollout/v1/rollout.proto\x12\x12rollway.rollout.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1erollway/common/v1/common.proto\"\x8f\x01\n\x06Prompt\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\r\n\x05label\x18\x02 \x01(\t\x12)\n\x08metadata\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x18\n\x0bgroup_index\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x0e\n\x0c_group_index\"\xbc\x01\n\x0fGenerateRequest\x12+\n\x07prompts\x18\x01 \x03(\x0b\x32\x1a.rollway.rollout.v1.Prompt\x12\x1c\n\x14n_samples_per_prompt\x18\x02 \x01(\x05\x12:\n\x0fsampling_params\x18\x03 \x01(\x0b\x32!.rollway.common.v1.SamplingParams\x12\x0e\n\x06reward\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"=\n\x10GenerateResponse\x12)\n\x06sample\x18\x01 \x01(\x0b\x32\x19.rollway.common.v1.Sample\"K\n\x16InitWeightGroupRequest\x12\x31\n\x05group\x18\x01 \x01(\x0b\x32\".rollway.common.v1.WeightGroupSpec\"E\n\x17InitWeightGroupResponse\x12\r\n\x05ranks\x18\x01 \x03(\x05\x12\x1b\n\x13\x61lready_initialized\x18\x02 \x01(\x08\"`\n\x14UpdateWeightsRequest\x12\x33\n\x08manifest\x18\x01 \x01(\x0b\x32!.rollway.common.v1.WeightManifest\x12\x13\n\x0b\x61\x63knowledge\x18\x02 \x01(\x08\"\x7f\n\x15UpdateWeightsResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x17\n\x0f\x61lready_applied\x18\x02 \x01(\x08\x12\x35\n\x07timings\x18\x03 \x01(\x0b\x32$.rollway.common.v1.WeightSyncTimings\";\n\x0cPauseRequest\x12+\n\x04mode\x18\x01 \x01(\x0e\x32\x1d.rollway.rollout.v1.PauseMode\"$\n\rPauseResponse\x12\x13\n\x0bnum_aborted\x18\x01 \x01(\x05\"\x0f\n\rResumeRequest\"\x10\n\x0eResumeResponse\"$\n\x14ReleaseMemoryRequest\x12\x0c\n\x04tags\x18\x01 \x03(\t\"\x17\n\x15ReleaseMemoryResponse\"#\n\x13ResumeMemoryRequest\x12\x0c\n\x04tags\x18\x01 \x03(\t\"\x16\n\x14ResumeMemoryResponse\"&\n\x15WeightChecksumRequest\x12\r\n\x05\x64type\x18\x01 \x01(\t\"N\n\x16WeightChecksumResponse\x12\x34\n\x08\x63hecksum\x18\x01 \x01(\x0b\x32\".rollway.common.v1.WeightsChecksum\"&\n\x16ScrambleWeightsRequest\x12\x0c\n\x04seed\x18\x01 \x01(\x03\".\n\x17ScrambleWeightsResponse\x12\x13\n\x0bnum_tensors\x18\x01 \x01(\x03\"\x10\n\x0eGetInfoRequest\"\xba\x03\n\x0fGetInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x0e\n\x06paused\x18\x04 \x01(\x08\x12\x13\n\x0bnum_workers\x18\x05 \x01(\x05\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0f\n\x07rewards\x18\x07 \x03(\t\x12\x17\n\x0fmemory_released\x18\x08 \x01(\x08\x12\x17\n\x0fmax_context_len\x18\t \x01(\x03\x12\x12\n\nvocab_size\x18\n \x01(\x03\x12\x15\n\reos_token_ids\x18\x0b \x03(\x05\x12\x16\n\x0e\x64\x65\x66\x61ult_reward\x18\x0c \x01(\t\x12\x1d\n\x15num_samples_generated\x18\r \x01(\x03\x12\x1b\n\x13num_samples_aborted\x18\x0e \x01(\x03\x12\x19\n\x11num_reward_errors\x18\x0f \x01(\x03\x12\x1b\n\x13num_reward_timeouts\x18\x10 \x01(\x03\x12\x1d\n\x15num_samples_in_flight\x18\x11 \x01(\x03\x12#\n\x1b\x61\x63knowledges_weight_updates\x18\x12 \x01(\x08*R\n\tPauseMode\x12\x1a\n\x16PAUSE_MODE_UNSPECIFIED\x10\x00\x12\x14\n\x10PAUSE_MODE_ABORT\x10\x01\x12\x13\n\x0fPAUSE_MODE_WAIT\x10\x02\x32\xcc\x07\n\x0eRolloutService\x12W\n\x08Generate\x12#.rollway.rollout.v1.GenerateRequest\x1a$.rollway.rollout.v1.GenerateResponse0\x01\x12j\n\x0fInitWeightGroup\x12*.rollway.rollout.v1.InitWeightGroupRequest\x1a+.rollway.rollout.v1.InitWeightGroupResponse\x12\x64\n\rUpdateWeights\x12(.rollway.rollout.v1.UpdateWeightsRequest\x1a).rollway.rollout.v1.UpdateWeightsResponse\x12j\n\x0fScrambleWeights\x12*.rollway.rollout.v1.ScrambleWeightsRequest\x1a+.rollway.rollout.v1.ScrambleWeightsResponse\x12L\n\x05Pause\x12 .rollway.rollout.v1.PauseRequest\x1a!.rollway.rollout.v1.PauseResponse\x12O\n\x06Resume\x12!.rollway.rollout.v1.ResumeRequest\x1a\".rollway.rollout.v1.ResumeResponse\x12\x64\n\rReleaseMemory\x12(.rollway.rollout.v1.ReleaseMemoryRequest\x1a).rollway.rollout.v1.ReleaseMemoryResponse\x12\x61\n\x0cResumeMemory\x12\'.rollway.rollout.v1.ResumeMemoryRequest\x1a(.rollway.rollout.v1.ResumeMemoryResponse\x12g\n\x0eWeightChecksum\x12).rollway.rollout.v1.WeightChecksumRequest\x1a*.rollway.rollout.v1.WeightChecksumResponse\x12R\n\x07GetInfo\x12\".rollway.rollout.v1.GetInfoRequest\x1a#.rollway.rollout.v1.GetInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n rollway/rollout/v1/rollout.proto\x12\x12rollway.rollout.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1erollway/common/v1/common.proto\"\xcc\x01\n\x06Prompt\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\r\n\x05label\x18\x02 \x01(\t\x12)\n\x08metadata\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x18\n\x0bgroup_index\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12;\n\x0fresponse_prefix\x18\x06 \x01(\x0b\x32\".rollway.rollout.v1.ResponsePrefixB\x0e\n\x0c_group_index\"6\n\x0eResponsePrefix\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x11\n\tlog_probs\x18\x02 \x03(\x02\"\xbc\x01\n\x0fGenerateRequest\x12+\n\x07prompts\x18\x01 \x03(\x0b\x32\x1a.rollway.rollout.v1.Prompt\x12\x1c\n\x14n_samples_per_prompt\x18\x02 \x01(\x05\x12:\n\x0fsampling_params\x18\x03 \x01(\x0b\x32!.rollway.common.v1.SamplingParams\x12\x0e\n\x06reward\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"=\n\x10GenerateResponse\x12)\n\x06sample\x18\x01 \x01(\x0b\x32\x19.rollway.common.v1.Sample\"K\n\x16InitWeightGroupRequest\x12\x31\n\x05group\x18\x01 \x01(\x0b\x32\".rollway.common.v1.WeightGroupSpec\"E\n\x17InitWeightGroupResponse\x12\r\n\x05ranks\x18\x01 \x03(\x05\x12\x1b\n\x13\x61lready_initialized\x18\x02 \x01(\x08\"`\n\x14UpdateWeightsRequest\x12\x33\n\x08manifest\x18\x01 \x01(\x0b\x32!.rollway.common.v1.WeightManifest\x12\x13\n\x0b\x61\x63knowledge\x18\x02 \x01(\x08\"\x7f\n\x15UpdateWeightsResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x17\n\x0f\x61lready_applied\x18\x02 \x01(\x08\x12\x35\n\x07timings\x18\x03 \x01(\x0b\x32$.rollway.common.v1.WeightSyncTimings\";\n\x0cPauseRequest\x12+\n\x04mode\x18\x01 \x01(\x0e\x32\x1d.rollway.rollout.v1.PauseMode\"$\n\rPauseResponse\x12\x13\n\x0bnum_aborted\x18\x01 \x01(\x05\"\x0f\n\rResumeRequest\"\x10\n\x0eResumeResponse\"$\n\x14ReleaseMemoryRequest\x12\x0c\n\x04tags\x18\x01 \x03(\t\"\x17\n\x15ReleaseMemoryResponse\"#\n\x13ResumeMemoryRequest\x12\x0c\n\x04tags\x18\x01 \x03(\t\"\x16\n\x14ResumeMemoryResponse\"&\n\x15WeightChecksumRequest\x12\r\n\x05\x64type\x18\x01 \x01(\t\"N\n\x16WeightChecksumResponse\x12\x34\n\x08\x63hecksum\x18\x01 \x01(\x0b\x32\".rollway.common.v1.WeightsChecksum\"&\n\x16ScrambleWeightsRequest\x12\x0c\n\x04seed\x18\x01 \x01(\x03\".\n\x17ScrambleWeightsResponse\x12\x13\n\x0bnum_tensors\x18\x01 \x01(\x03\"\x10\n\x0eGetInfoRequest\"\xba\x03\n\x0fGetInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x0e\n\x06paused\x18\x04 \x01(\x08\x12\x13\n\x0bnum_workers\x18\x05 \x01(\x05\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0f\n\x07rewards\x18\x07 \x03(\t\x12\x17\n\x0fmemory_released\x18\x08 \x01(\x08\x12\x17\n\x0fmax_context_len\x18\t \x01(\x03\x12\x12\n\nvocab_size\x18\n \x01(\x03\x12\x15\n\reos_token_ids\x18\x0b \x03(\x05\x12\x16\n\x0e\x64\x65\x66\x61ult_reward\x18\x0c \x01(\t\x12\x1d\n\x15num_samples_generated\x18\r \x01(\x03\x12\x1b\n\x13num_samples_aborted\x18\x0e \x01(\x03\x12\x19\n\x11num_reward_errors\x18\x0f \x01(\x03\x12\x1b\n\x13num_reward_timeouts\x18\x10 \x01(\x03\x12\x1d\n\x15num_samples_in_flight\x18\x11 \x01(\x03\x12#\n\x1b\x61\x63knowledges_weight_updates\x18\x12 \x01(\x08\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"$\n\rAbortResponse\x12\x13\n\x0bnum_aborted\x18\x01 \x01(\x05*R\n\tPauseMode\x12\x1a\n\x16PAUSE_MODE_UNSPECIFIED\x10\x00\x12\x14\n\x10PAUSE_MODE_ABORT\x10\x01\x12\x13\n\x0fPAUSE_MODE_WAIT\x10\x02\x32\x9a\x08\n\x0eRolloutService\x12W\n\x08Generate\x12#.rollway.rollout.v1.GenerateRequest\x1a$.rollway.rollout.v1.GenerateResponse0\x01\x12j\n\x0fInitWeightGroup\x12*.rollway.rollout.v1.InitWeightGroupRequest\x1a+.rollway.rollout.v1.InitWeightGroupResponse\x12\x64\n\rUpdateWeights\x12(.rollway.rollout.v1.UpdateWeightsRequest\x1a).rollway.rollout.v1.UpdateWeightsResponse\x12j\n\x0fScrambleWeights\x12*.rollway.rollout.v1.ScrambleWeightsRequest\x1a+.rollway.rollout.v1.ScrambleWeightsResponse\x12L\n\x05Pause\x12 .rollway.rollout.v1.PauseRequest\x1a!.rollway.rollout.v1.PauseResponse\x12O\n\x06Resume\x12!.rollway.rollout.v1.ResumeRequest\x1a\".rollway.rollout.v1.ResumeResponse\x12\x64\n\rReleaseMemory\x12(.rollway.rollout.v1.ReleaseMemoryRequest\x1a).rollway.rollout.v1.ReleaseMemoryResponse\x12\x61\n\x0cResumeMemory\x12\'.rollway.rollout.v1.ResumeMemoryRequest\x1a(.rollway.rollout.v1.ResumeMemoryResponse\x12g\n\x0eWeightChecksum\x12).rollway.rollout.v1.WeightChecksumRequest\x1a*.rollway.rollout.v1.WeightChecksumResponse\x12R\n\x07GetInfo\x12\".rollway.rollout.v1.GetInfoRequest\x1a#.rollway.rollout.v1.GetInfoResponse\x12L\n\x05\x41\x62ort\x12 .rollway.rollout.v1.AbortRequest\x1a!.rollway.rollout.v1.AbortResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rollway.rollout.v1.rollout_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PAUSEMODE']._serialized_start=1822
-  _globals['_PAUSEMODE']._serialized_end=1904
+  _globals['_PAUSEMODE']._serialized_start=2013
+  _globals['_PAUSEMODE']._serialized_end=2095
   _globals['_PROMPT']._serialized_start=119
-  _globals['_PROMPT']._serialized_end=262
-  _globals['_GENERATEREQUEST']._serialized_start=265
-  _globals['_GENERATEREQUEST']._serialized_end=453
-  _globals['_GENERATERESPONSE']._serialized_start=455
-  _globals['_GENERATERESPONSE']._serialized_end=516
-  _globals['_INITWEIGHTGROUPREQUEST']._serialized_start=518
-  _globals['_INITWEIGHTGROUPREQUEST']._serialized_end=593
-  _globals['_INITWEIGHTGROUPRESPONSE']._serialized_start=595
-  _globals['_INITWEIGHTGROUPRESPONSE']._serialized_end=664
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=666
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=762
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=764
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=891
-  _globals['_PAUSEREQUEST']._serialized_start=893
-  _globals['_PAUSEREQUEST']._serialized_end=952
-  _globals['_PAUSERESPONSE']._serialized_start=954
-  _globals['_PAUSERESPONSE']._serialized_end=990
-  _globals['_RESUMEREQUEST']._serialized_start=992
-  _globals['_RESUMEREQUEST']._serialized_end=1007
-  _globals['_RESUMERESPONSE']._serialized_start=1009
-  _globals['_RESUMERESPONSE']._serialized_end=1025
-  _globals['_RELEASEMEMORYREQUEST']._serialized_start=1027
-  _globals['_RELEASEMEMORYREQUEST']._serialized_end=1063
-  _globals['_RELEASEMEMORYRESPONSE']._serialized_start=1065
-  _globals['_RELEASEMEMORYRESPONSE']._serialized_end=1088
-  _globals['_RESUMEMEMORYREQUEST']._serialized_start=1090
-  _globals['_RESUMEMEMORYREQUEST']._serialized_end=1125
-  _globals['_RESUMEMEMORYRESPONSE']._serialized_start=1127
-  _globals['_RESUMEMEMORYRESPONSE']._serialized_end=1149
-  _globals['_WEIGHTCHECKSUMREQUEST']._serialized_start=1151
-  _globals['_WEIGHTCHECKSUMREQUEST']._serialized_end=1189
-  _globals['_WEIGHTCHECKSUMRESPONSE']._serialized_start=1191
-  _globals['_WEIGHTCHECKSUMRESPONSE']._serialized_end=1269
-  _globals['_SCRAMBLEWEIGHTSREQUEST']._serialized_start=1271
-  _globals['_SCRAMBLEWEIGHTSREQUEST']._serialized_end=1309
-  _globals['_SCRAMBLEWEIGHTSRESPONSE']._serialized_start=1311
-  _globals['_SCRAMBLEWEIGHTSRESPONSE']._serialized_end=1357
-  _globals['_GETINFOREQUEST']._serialized_start=1359
-  _globals['_GETINFOREQUEST']._serialized_end=1375
-  _globals['_GETINFORESPONSE']._serialized_start=1378
-  _globals['_GETINFORESPONSE']._serialized_end=1820
-  _globals['_ROLLOUTSERVICE']._serialized_start=1907
-  _globals['_ROLLOUTSERVICE']._serialized_end=2879
+  _globals['_PROMPT']._serialized_end=323
+  _globals['_RESPONSEPREFIX']._serialized_start=325
+  _globals['_RESPONSEPREFIX']._serialized_end=379
+  _globals['_GENERATEREQUEST']._serialized_start=382
+  _globals['_GENERATEREQUEST']._serialized_end=570
+  _globals['_GENERATERESPONSE']._serialized_start=572
+  _globals['_GENERATERESPONSE']._serialized_end=633
+  _globals['_INITWEIGHTGROUPREQUEST']._serialized_start=635
+  _globals['_INITWEIGHTGROUPREQUEST']._serialized_end=710
+  _globals['_INITWEIGHTGROUPRESPONSE']._serialized_start=712
+  _globals['_INITWEIGHTGROUPRESPONSE']._serialized_end=781
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=783
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=879
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=881
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1008
+  _globals['_PAUSEREQUEST']._serialized_start=1010
+  _globals['_PAUSEREQUEST']._serialized_end=1069
+  _globals['_PAUSERESPONSE']._serialized_start=1071
+  _globals['_PAUSERESPONSE']._serialized_end=1107
+  _globals['_RESUMEREQUEST']._serialized_start=1109
+  _globals['_RESUMEREQUEST']._serialized_end=1124
+  _globals['_RESUMERESPONSE']._serialized_start=1126
+  _globals['_RESUMERESPONSE']._serialized_end=1142
+  _globals['_RELEASEMEMORYREQUEST']._serialized_start=1144
+  _globals['_RELEASEMEMORYREQUEST']._serialized_end=1180
+  _globals['_RELEASEMEMORYRESPONSE']._serialized_start=1182
+  _globals['_RELEASEMEMORYRESPONSE']._serialized_end=1205
+  _globals['_RESUMEMEMORYREQUEST']._serialized_start=1207
+  _globals['_RESUMEMEMORYREQUEST']._serialized_end=1242
+  _globals['_RESUMEMEMORYRESPONSE']._serialized_start=1244
+  _globals['_RESUMEMEMORYRESPONSE']._serialized_end=1266
+  _globals['_WEIGHTCHECKSUMREQUEST']._serialized_start=1268
+  _globals['_WEIGHTCHECKSUMREQUEST']._serialized_end=1306
+  _globals['_WEIGHTCHECKSUMRESPONSE']._serialized_start=1308
+  _globals['_WEIGHTCHECKSUMRESPONSE']._serialized_end=1386
+  _globals['_SCRAMBLEWEIGHTSREQUEST']._serialized_start=1388
+  _globals['_SCRAMBLEWEIGHTSREQUEST']._serialized_end=1426
+  _globals['_SCRAMBLEWEIGHTSRESPONSE']._serialized_start=1428
+  _globals['_SCRAMBLEWEIGHTSRESPONSE']._serialized_end=1474
+  _globals['_GETINFOREQUEST']._serialized_start=1476
+  _globals['_GETINFOREQUEST']._serialized_end=1492
+  _globals['_GETINFORESPONSE']._serialized_start=1495
+  _globals['_GETINFORESPONSE']._serialized_end=1937
+  _globals['_ABORTREQUEST']._serialized_start=1939
+  _globals['_ABORTREQUEST']._serialized_end=1973
+  _globals['_ABORTRESPONSE']._serialized_start=1975
+  _globals['_ABORTRESPONSE']._serialized_end=2011
+  _globals['_ROLLOUTSERVICE']._serialized_start=2098
+  _globals['_ROLLOUTSERVICE']._serialized_end=3148
 # @@protoc_insertion_point(module_scope)

@@ -19,18 +19,28 @@ PAUSE_MODE_ABORT: PauseMode
 PAUSE_MODE_WAIT: PauseMode
 
 class Prompt(_message.Message):
-    __slots__ = ("token_ids", "label", "metadata", "source", "group_index")
+    __slots__ = ("token_ids", "label", "metadata", "source", "group_index", "response_prefix")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     GROUP_INDEX_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_PREFIX_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     label: str
     metadata: _struct_pb2.Struct
     source: str
     group_index: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., label: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., source: _Optional[str] = ..., group_index: _Optional[int] = ...) -> None: ...
+    response_prefix: ResponsePrefix
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., label: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., source: _Optional[str] = ..., group_index: _Optional[int] = ..., response_prefix: _Optional[_Union[ResponsePrefix, _Mapping]] = ...) -> None: ...
+
+class ResponsePrefix(_message.Message):
+    __slots__ = ("token_ids", "log_probs")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    log_probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., log_probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompts", "n_samples_per_prompt", "sampling_params", "reward", "request_id")
@@ -191,3 +201,15 @@ class GetInfoResponse(_message.Message):
     num_samples_in_flight: int
     acknowledges_weight_updates: bool
     def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., weight_version: _Optional[int] = ..., paused: _Optional[bool] = ..., num_workers: _Optional[int] = ..., dtype: _Optional[str] = ..., rewards: _Optional[_Iterable[str]] = ..., memory_released: _Optional[bool] = ..., max_context_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., default_reward: _Optional[str] = ..., num_samples_generated: _Optional[int] = ..., num_samples_aborted: _Optional[int] = ..., num_reward_errors: _Optional[int] = ..., num_reward_timeouts: _Optional[int] = ..., num_samples_in_flight: _Optional[int] = ..., acknowledges_weight_updates: _Optional[bool] = ...) -> None: ...
+
+class AbortRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class AbortResponse(_message.Message):
+    __slots__ = ("num_aborted",)
+    NUM_ABORTED_FIELD_NUMBER: _ClassVar[int]
+    num_aborted: int
+    def __init__(self, num_aborted: _Optional[int] = ...) -> None: ...

@@ -85,6 +85,11 @@ class RolloutServiceStub:
                 request_serializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.GetInfoRequest.SerializeToString,
                 response_deserializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.GetInfoResponse.FromString,
                 _registered_method=True)
+        self.Abort = channel.unary_unary(
+                '/rollway.rollout.v1.RolloutService/Abort',
+                request_serializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.AbortRequest.SerializeToString,
+                response_deserializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.AbortResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -179,6 +184,16 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Abort(self, request, context):
+        """Aborts the unfinished samples of the running Generate calls with this request_id: they
+        stream back at once with FINISH_REASON_ABORT and the tokens generated so far (Miles' abort of
+        leftovers; with --partial-rollout the coordinator continues them later). Idempotent; 0 when
+        no such call is running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -231,6 +246,11 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.GetInfo,
                     request_deserializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.GetInfoRequest.FromString,
                     response_serializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.GetInfoResponse.SerializeToString,
+            ),
+            'Abort': grpc.unary_unary_rpc_method_handler(
+                    servicer.Abort,
+                    request_deserializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.AbortRequest.FromString,
+                    response_serializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.AbortResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -504,6 +524,33 @@ class RolloutService:
             '/rollway.rollout.v1.RolloutService/GetInfo',
             rollway_dot_rollout_dot_v1_dot_rollout__pb2.GetInfoRequest.SerializeToString,
             rollway_dot_rollout_dot_v1_dot_rollout__pb2.GetInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Abort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollway.rollout.v1.RolloutService/Abort',
+            rollway_dot_rollout_dot_v1_dot_rollout__pb2.AbortRequest.SerializeToString,
+            rollway_dot_rollout_dot_v1_dot_rollout__pb2.AbortResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,6 +7,7 @@ from rollway.common.v1 import common_pb2
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines.base import ModelInfo
 from rollway.rollout.request_validation import plan_generation
+from rollway.rollout.rewards.types import RewardFunction
 from rollway.rollout.v1 import rollout_pb2
 
 INFO = ModelInfo(model="m", vocab_size=100, max_context_len=64, eos_token_ids=frozenset({2}), dtype="float32")
@@ -21,7 +22,10 @@ CONFIG = RolloutConfig(
     rollout_stop_token_ids=[7],
     sampling_seed=1000,
 )
-REWARDS = {"exact_match": object()}
+REWARDS = {
+    "exact_match": RewardFunction("exact_match", lambda sample: 0.0),
+    "group_rm": RewardFunction("group_rm", lambda samples: [0.0] * len(samples), group=True),
+}
 
 
 def _plan(prompts, **kw):
@@ -63,3 +67,21 @@ def test_limits():
         _plan([[1] * 64])
     with pytest.raises(ResourceExhausted, match="4096"):
         _plan([[1]], n_samples_per_prompt=4097)
+
+
+def test_a_response_prefix_extends_the_engine_prompt_and_counts_against_max_new_tokens():
+    prefix = rollout_pb2.ResponsePrefix(token_ids=[5, 6, 8], log_probs=[-0.1, -0.2, -0.3])
+    request = rollout_pb2.GenerateRequest(
+        prompts=[
+            rollout_pb2.Prompt(token_ids=[1, 2], response_prefix=prefix),
+            rollout_pb2.Prompt(token_ids=[1]),
+        ],
+        n_samples_per_prompt=1,
+        sampling_params=common_pb2.SamplingParams(max_new_tokens=10),
+    )
+    plan = plan_generation(request, CONFIG, INFO, REWARDS)
+    assert [s.prompt_token_ids for s in plan.samples] == [(1, 2, 5, 6, 8), (1,)]
+    assert [s.params.max_new_tokens for s in plan.samples] == [7, 10]
+    request.reward = "group_rm"
+    with pytest.raises(InvalidArgument, match=r"prompts\[0\].response_prefix: a group reward"):
+        plan_generation(request, CONFIG, INFO, REWARDS)
