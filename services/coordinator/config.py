@@ -43,6 +43,12 @@ class CoordinatorConfig:
     dynamic_sampling_filter_path: str = setting(
         "", "group filter, e.g. check_reward_nonzero_std (drop zero-std groups)"
     )
+    partial_rollout: bool = setting(
+        False, "samples aborted once a rollout has enough groups continue in the next rollout"
+    )
+    mask_offpolicy_in_partial_rollout: bool = setting(
+        False, "partial rollout: loss-mask the tokens generated before the sample was aborted"
+    )
 
     # Sampling
     rollout_temperature: float = setting(1.0, "sampling temperature (also divides logits for log-probs)")
@@ -153,6 +159,13 @@ class CoordinatorConfig:
             raise ConfigError("max_weight_staleness", "must be at least 1 (async overlaps one step)")
         if self.dynamic_sampling_filter_path not in ("", "check_reward_nonzero_std"):
             raise ConfigError("dynamic_sampling_filter_path", "supported filters: check_reward_nonzero_std")
+        if self.partial_rollout and not self.dynamic_sampling_filter_path:
+            raise ConfigError(
+                "partial_rollout",
+                "needs dynamic_sampling_filter_path (only a filtered rollout aborts samples)",
+            )
+        if self.mask_offpolicy_in_partial_rollout and not self.partial_rollout:
+            raise ConfigError("mask_offpolicy_in_partial_rollout", "needs partial_rollout")
         if not 0 <= self.update_weight_master_port < 65536:
             raise ConfigError("update_weight_master_port", "must be in [0, 65535]")
         if self.rollout_temperature < 0:

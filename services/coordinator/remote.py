@@ -25,6 +25,7 @@ from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 SAMPLES_PER_CHUNK = 64
 # Generation and training calls may run for a long time; everything else uses the client default.
 LONG_CALL_SECONDS = 3600.0
+CONTROL_CALL_SECONDS = 30.0
 
 
 def to_struct(mapping: dict) -> struct_pb2.Struct:
@@ -98,12 +99,14 @@ class Services:
         reward: str,
         request_id: str,
         enough: Callable[[common_pb2.Sample], bool] | None = None,
+        keep_aborted: bool = False,
     ) -> list[common_pb2.Sample]:
         """Spread prompt groups over the rollout services, collect every sample (any arrival order).
 
-        `enough` sees each sample as it arrives (from several threads); once it returns True every
-        call is cancelled, the rollout services abort the samples still generating, and only the
-        samples received so far come back."""
+        `enough` sees each sample as it arrives (from several threads); once it returns True the
+        rollout services abort the samples still generating. By default the calls are cancelled and
+        only the samples received so far come back; with `keep_aborted` each service is sent
+        Abort(request_id) and the aborted samples stream back too, with their partial responses."""
         shards: list[list[rollout_pb2.Prompt]] = [[] for _ in self.rollouts]
         for i, prompt in enumerate(prompts):
             shards[i % len(self.rollouts)].append(prompt)
@@ -113,9 +116,15 @@ class Services:
 
         def stop_all() -> None:
             with lock:
+                if stopped.is_set():
+                    return
                 stopped.set()
-                for call in calls:
-                    call.cancel()
+                if not keep_aborted:
+                    for call in calls:
+                        call.cancel()
+            if keep_aborted:
+                for stub in self.rollouts:
+                    stub.Abort(rollout_pb2.AbortRequest(request_id=request_id), timeout=CONTROL_CALL_SECONDS)
 
         def run(
             stub: rollout_pb2_grpc.RolloutServiceStub, shard: list[rollout_pb2.Prompt]
@@ -132,7 +141,7 @@ class Services:
             call = stub.Generate(request, timeout=LONG_CALL_SECONDS)
             with lock:
                 calls.append(call)
-                if stopped.is_set():
+                if stopped.is_set() and not keep_aborted:
                     call.cancel()
             samples = []
             try:

@@ -10,6 +10,7 @@ Or, with --load-debug-rollout-data, the samples saved by an earlier run (replay)
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from rollway.coordinator.rollout_batch import (
     to_prompts,
 )
 from rollway.coordinator.run_state import RunState
+from rollway.rollout.v1 import rollout_pb2
 
 MAX_REFILLS = 16
 
@@ -59,6 +61,7 @@ class GroupCollector:
         self.kept: list[list[common_pb2.Sample]] = []
         self.num_dropped = 0
         self.wanted = 0  # stop once this many groups are kept (0: never stop early)
+        self.partial: list[list[common_pb2.Sample]] = []  # complete groups with aborted samples
         self._open: dict[int, list[common_pb2.Sample]] = {}
         self._lock = threading.Lock()
 
@@ -73,9 +76,12 @@ class GroupCollector:
             group.append(sample)
             if len(group) == self.n_samples_per_prompt:
                 del self._open[sample.group_index]
-                kept, dropped = keep_groups(group_samples(group), self.filter_name)
-                self.kept += kept
-                self.num_dropped += dropped
+                if any(s.finish_reason == common_pb2.FINISH_REASON_ABORT for s in group):
+                    self.partial.append(sorted(group, key=lambda s: s.index))  # not scored as a group
+                else:
+                    kept, dropped = keep_groups(group_samples(group), self.filter_name)
+                    self.kept += kept
+                    self.num_dropped += dropped
             return 0 < self.wanted <= len(self.kept)
 
     def batch(self, num_groups: int) -> list[list[common_pb2.Sample]]:
@@ -98,8 +104,12 @@ def collect_rollout(
         samples = debug_data.load_rollout(c.load_debug_rollout_data, rollout_id)
         return Rollout(rollout_id, samples, rollout_metrics(samples), 0.0)
     groups = GroupCollector(c.n_samples_per_prompt, c.dynamic_sampling_filter_path)
+    groups.wanted = c.rollout_batch_size if c.dynamic_sampling_filter_path else 0
+    num_continued = _continue_partial_groups(c, services, state, groups, rollout_id)
     for attempt in range(MAX_REFILLS):
         missing = c.rollout_batch_size - len(groups.kept)
+        if missing <= 0:  # the continued groups filled the batch
+            break
         batch = services.next_batch(
             missing if attempt == 0 else max(c.over_sampling_batch_size, missing), state.next_batch_id
         )
@@ -112,13 +122,20 @@ def collect_rollout(
         # Seeds follow the global group index: a refill draws new samples, a resumed run the same
         # samples as the uninterrupted run would have.
         sampling.seed = c.rollout_seed + prompts[0].group_index * c.n_samples_per_prompt
-        groups.wanted = c.rollout_batch_size if c.dynamic_sampling_filter_path else 0
         services.generate(
-            prompts, c.n_samples_per_prompt, sampling, c.rm_type, f"rollout-{rollout_id}", enough=groups.add
+            prompts,
+            c.n_samples_per_prompt,
+            sampling,
+            c.rm_type,
+            f"rollout-{rollout_id}",
+            enough=groups.add,
+            keep_aborted=c.partial_rollout,
         )
         if len(groups.kept) >= c.rollout_batch_size or not c.dynamic_sampling_filter_path:
             break
     kept = groups.batch(c.rollout_batch_size)
+    if c.partial_rollout:
+        state.partial_groups = [[_encode(s) for s in g] for g in groups.partial]
     if c.train_only is False and len(kept) * c.n_samples_per_prompt < c.global_batch_size:
         raise RuntimeError(
             f"rollout {rollout_id}: only {len(kept)} groups with reward variance after "
@@ -131,4 +148,74 @@ def collect_rollout(
     metrics = rollout_metrics(
         samples[:usable], num_dropped_groups=groups.num_dropped, num_groups=groups.num_complete
     )
+    if c.partial_rollout:
+        metrics["rollout/partial/continued_samples"] = float(num_continued)
+        metrics["rollout/partial/carried_groups"] = float(len(state.partial_groups))
     return Rollout(rollout_id, samples[:usable], metrics, time.perf_counter() - start)
+
+
+# --- partial rollout (--partial-rollout) ---------------------------------------------------------
+def _encode(sample: common_pb2.Sample) -> str:
+    return base64.b64encode(sample.SerializeToString()).decode("ascii")
+
+
+def _decode(text: str) -> common_pb2.Sample:
+    return common_pb2.Sample.FromString(base64.b64decode(text))
+
+
+def _continue_partial_groups(
+    config: CoordinatorConfig, services: Services, state: RunState, groups: GroupCollector, rollout_id: int
+) -> int:
+    """Continue the groups the previous rollout aborted (state.partial_groups), before any new
+    prompt: finished samples are kept as they are, each aborted one resumes after its partial
+    response (rollout.Prompt.response_prefix; one aborted before its first token starts over).
+    A continued sample keeps its index and its
+    weight_version (that of its oldest tokens, so staleness is not understated); with
+    --mask-offpolicy-in-partial-rollout its earlier tokens are loss-masked. Returns the number
+    of samples continued."""
+    if not state.partial_groups:
+        return 0
+    carried = [[_decode(text) for text in group] for group in state.partial_groups]
+    state.partial_groups = []
+    originals: list[common_pb2.Sample] = []
+    prompts: list[rollout_pb2.Prompt] = []
+    for group in carried:
+        for sample in group:
+            if sample.finish_reason != common_pb2.FINISH_REASON_ABORT:
+                groups.add(sample)
+                continue
+            prompt = rollout_pb2.Prompt(
+                token_ids=sample.prompt_token_ids,
+                label=sample.label,
+                source=sample.source,
+                group_index=sample.group_index,
+                response_prefix=rollout_pb2.ResponsePrefix(
+                    token_ids=sample.response_token_ids, log_probs=sample.rollout_log_probs
+                ),
+            )
+            if sample.HasField("metadata"):
+                prompt.metadata.CopyFrom(sample.metadata)
+            originals.append(sample)
+            prompts.append(prompt)
+
+    def continued(sample: common_pb2.Sample) -> bool:
+        original = originals[sample.index]  # the continuation request has one sample per prompt
+        num_old = len(original.response_token_ids)
+        sample.index, sample.weight_version = original.index, original.weight_version
+        if config.mask_offpolicy_in_partial_rollout:
+            del sample.loss_mask[:]
+            sample.loss_mask.extend([0] * num_old + [1] * (len(sample.response_token_ids) - num_old))
+        return groups.add(sample)
+
+    sampling = sampling_params(config)
+    sampling.seed = config.rollout_seed + state.next_group_index * config.n_samples_per_prompt + rollout_id
+    services.generate(
+        prompts,
+        1,
+        sampling,
+        config.rm_type,
+        f"rollout-{rollout_id}-continued",
+        enough=continued,
+        keep_aborted=True,
+    )
+    return len(prompts)

@@ -79,7 +79,7 @@ class Run:
         # Data position (dataloader cursor, next batch id, next group index) to store with the next
         # checkpoint. Taken before batches are fetched ahead for a later step (SFT prefetch, async
         # generation), so a resume neither skips nor repeats data.
-        self._data_position: tuple[str | None, int, int] | None = None
+        self._data_position: tuple[str | None, int, int, list] | None = None
 
     # --- setup ---
     def total_steps(self) -> int:
@@ -126,13 +126,18 @@ class Run:
         state = dataclasses.replace(self.state)
         cursor = self._data_cursor()
         if self._data_position is not None:
-            cursor, state.next_batch_id, state.next_group_index = self._data_position
+            cursor, state.next_batch_id, state.next_group_index, state.partial_groups = self._data_position
         run_state.write_checkpoint(directory, state, cursor)
         log.info("checkpoint saved", path=str(directory))
 
     def _mark_data_position(self) -> None:
         if self.config.save:
-            self._data_position = (self._data_cursor(), self.state.next_batch_id, self.state.next_group_index)
+            self._data_position = (
+                self._data_cursor(),
+                self.state.next_batch_id,
+                self.state.next_group_index,
+                list(self.state.partial_groups),
+            )
 
     def _data_cursor(self) -> str | None:
         if self.services.dataloader is None or not self.config.save:

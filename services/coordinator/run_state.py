@@ -32,6 +32,9 @@ class RunState:
     tokens_seen: int = 0
     epoch: int = 0
     rng_state: dict = field(default_factory=dict)
+    # --partial-rollout: groups with aborted samples, to continue in the next rollout (each
+    # sample a base64 serialized common.v1.Sample; see rollout_collect.py).
+    partial_groups: list[list[str]] = field(default_factory=list)
 
     def capture_rng(self) -> None:
         version, internal, gauss = random.getstate()

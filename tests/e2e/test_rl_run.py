@@ -22,7 +22,13 @@ def parity(sample):
 
 
 def start_rl_stack(
-    stack: ExitStack, workdir, model_dir, data_dir, *, rollout: bool = True
+    stack: ExitStack,
+    workdir,
+    model_dir,
+    data_dir,
+    *,
+    rollout: bool = True,
+    rollout_args: tuple[str, ...] = (),
 ) -> dict[str, ServiceProcess]:
     (workdir / "rewards").mkdir(parents=True, exist_ok=True)
     (workdir / "rewards" / "parity_reward.py").write_text(REWARD_MODULE)
@@ -53,7 +59,13 @@ def start_rl_stack(
         ],
     }
     if rollout:
-        args["rollout"] = ["--hf-checkpoint", str(model_dir), "--custom-rm-path", "parity_reward:parity"]
+        args["rollout"] = [
+            "--hf-checkpoint",
+            str(model_dir),
+            "--custom-rm-path",
+            "parity_reward:parity",
+            *rollout_args,
+        ]
     env = {"PYTHONPATH": str(workdir / "rewards") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     services = {
         name: stack.enter_context(ServiceProcess(name, a, workdir, env=env)) for name, a in args.items()
@@ -86,10 +98,17 @@ def read_metrics(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def run_rl(tmp_path, model_dir, data_dir, name: str, **extra) -> list[dict]:
+def run_rl(
+    tmp_path, model_dir, data_dir, name: str, rollout_args: tuple[str, ...] = (), **extra
+) -> list[dict]:
     with ExitStack() as stack:
         services = start_rl_stack(
-            stack, tmp_path / name, model_dir, data_dir, rollout=not extra.get("load_debug_rollout_data")
+            stack,
+            tmp_path / name,
+            model_dir,
+            data_dir,
+            rollout=not extra.get("load_debug_rollout_data"),
+            rollout_args=rollout_args,
         )
         stub = coordinator_stub(services["coordinator"])
         start_run(stub, name, rl_config(services, **extra))
@@ -129,6 +148,35 @@ def test_async_grpo_overlaps_generation_with_bounded_staleness(tiny_model_dir, d
     # Rollout k+1 is generated while rollout k trains: with the weights of k, one version behind.
     assert [m["rollout/staleness/max"] for m in metrics] == [0.0, 1.0, 1.0, 1.0]
     assert [m["rollout/weight_version"] for m in metrics] == [2.0, 3.0, 4.0, 5.0]
+
+
+def test_async_grpo_with_dynamic_sampling_and_partial_rollout(tiny_model_dir, demo_data_dir, tmp_path):
+    # The whole path with the trainer: filtered refills abort their leftovers, carried groups are
+    # continued in the next rollout with their earlier tokens loss-masked, and training goes on.
+    # One sample decoded at a time, so a refill that has enough groups always has leftovers.
+    metrics = run_rl(
+        tmp_path,
+        tiny_model_dir,
+        demo_data_dir,
+        "partial",
+        rollout_args=("--max-running-requests", "1"),
+        n_samples_per_prompt=2,
+        global_batch_size=8,
+        rollout_max_response_len=16,
+        dynamic_sampling_filter_path="check_reward_nonzero_std",
+        over_sampling_batch_size=4,
+        partial_rollout=True,
+        mask_offpolicy_in_partial_rollout=True,
+        async_mode=True,
+    )
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert all(m["rollout/num_samples"] == 8.0 and m["rollout/raw_reward"] == 0.5 for m in metrics)
+    carried = [m["rollout/partial/carried_groups"] for m in metrics]
+    continued = [m["rollout/partial/continued_samples"] for m in metrics]
+    assert continued[0] == 0.0 and sum(carried[:-1]) > 0
+    assert all((continued[k + 1] > 0) == (carried[k] > 0) for k in range(len(metrics) - 1))
+    assert all(m["train/grad_norm"] > 0 for m in metrics)
+    assert [m["rollout/weight_version"] for m in metrics] == [2.0, 3.0, 4.0]
 
 
 def test_dumped_rollouts_replay_to_the_same_losses(tiny_model_dir, demo_data_dir, tmp_path):

@@ -16,6 +16,8 @@ from rollway.coordinator.config import CoordinatorConfig
         ({"eval_prompt_data": ["only-a-name"]}, "eval_prompt_data"),
         ({"max_weight_staleness": 0}, "max_weight_staleness"),
         ({"dynamic_sampling_filter_path": "my.module.fn"}, "dynamic_sampling_filter_path"),
+        ({"partial_rollout": True}, "partial_rollout"),
+        ({"mask_offpolicy_in_partial_rollout": True}, "mask_offpolicy_in_partial_rollout"),
     ],
 )
 def test_bad_settings_are_named(settings, name):

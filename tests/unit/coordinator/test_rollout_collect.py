@@ -2,6 +2,7 @@
 
 from unit.coordinator.test_rollout_batch import sample
 
+from rollway.common.v1 import common_pb2
 from rollway.coordinator.rollout_collect import GroupCollector
 
 
@@ -30,3 +31,11 @@ def test_without_a_filter_every_group_is_kept_and_generation_never_stops_early()
     flags = [groups.add(sample(g, i, 1.0)) for g in (1, 0) for i in (1, 0)]
     assert flags == [False] * 4 and groups.num_dropped == 0
     assert [g[0].group_index for g in groups.batch(5)] == [0, 1]
+
+
+def test_a_group_with_an_aborted_sample_is_set_aside_not_filtered():
+    groups = GroupCollector(2, "check_reward_nonzero_std")
+    groups.add(sample(4, 1, 0.0, finish=common_pb2.FINISH_REASON_ABORT))
+    groups.add(sample(4, 0, 1.0))
+    assert groups.kept == [] and groups.num_dropped == 0 and groups.num_complete == 0
+    assert [[s.index for s in g] for g in groups.partial] == [[0, 1]]
