@@ -1,9 +1,10 @@
 """Collecting one rollout batch: prompts from the dataloader, samples from the rollout services.
 
-    dataloader.NextBatch ──> rollout.Generate ──> dynamic sampling (keep_groups) ──┐
-         ^  refill (over_sampling_batch_size) while fewer than rollout_batch_size   │
-         └──────────────────────── groups survived <────────────────────────────────┘
-                                                        ──> advantages ──> Rollout
+    carried groups (--partial-rollout) ──> rollout.Generate (continuations) ──┐
+    dataloader.NextBatch ──> rollout.Generate ──> dynamic sampling, group by group (GroupCollector)
+         ^  refill (over_sampling_batch_size) while fewer than       │   enough groups: Abort or
+         └──────────── rollout_batch_size groups survived <──────────┘   cancel the leftovers
+                                       ──> advantages ──> Rollout; aborted groups ──> carried
 
 Or, with --load-debug-rollout-data, the samples saved by an earlier run (replay).
 """
@@ -135,7 +136,7 @@ def collect_rollout(
             break
     kept = groups.batch(c.rollout_batch_size)
     if c.partial_rollout:
-        state.partial_groups = [[_encode(s) for s in g] for g in groups.partial]
+        state.partial_groups = [[encode_sample(s) for s in g] for g in groups.partial]
     if c.train_only is False and len(kept) * c.n_samples_per_prompt < c.global_batch_size:
         raise RuntimeError(
             f"rollout {rollout_id}: only {len(kept)} groups with reward variance after "
@@ -155,11 +156,11 @@ def collect_rollout(
 
 
 # --- partial rollout (--partial-rollout) ---------------------------------------------------------
-def _encode(sample: common_pb2.Sample) -> str:
+def encode_sample(sample: common_pb2.Sample) -> str:
     return base64.b64encode(sample.SerializeToString()).decode("ascii")
 
 
-def _decode(text: str) -> common_pb2.Sample:
+def decode_sample(text: str) -> common_pb2.Sample:
     return common_pb2.Sample.FromString(base64.b64decode(text))
 
 
@@ -175,7 +176,7 @@ def _continue_partial_groups(
     of samples continued."""
     if not state.partial_groups:
         return 0
-    carried = [[_decode(text) for text in group] for group in state.partial_groups]
+    carried = [[decode_sample(text) for text in group] for group in state.partial_groups]
     state.partial_groups = []
     originals: list[common_pb2.Sample] = []
     prompts: list[rollout_pb2.Prompt] = []

@@ -19,7 +19,7 @@ from rollway.common.v1 import common_pb2
 from rollway.coordinator import run_state
 from rollway.coordinator.config import CoordinatorConfig
 from rollway.coordinator.remote import Services
-from rollway.coordinator.rollout_collect import _decode, collect_rollout
+from rollway.coordinator.rollout_collect import collect_rollout, decode_sample
 from rollway.coordinator.run_state import RunState
 
 ABORT = common_pb2.FINISH_REASON_ABORT
@@ -70,7 +70,7 @@ def test_aborted_groups_are_carried_over_and_continued_first(services, tmp_path)
     first = collect_rollout(config, services, state, 0)
     assert sorted({s.group_index for s in first.samples}) == [0, 2] and len(first.samples) == 4
     assert all(s.finish_reason != ABORT for s in first.samples)
-    carried = [[_decode(text) for text in group] for group in state.partial_groups]
+    carried = [[decode_sample(text) for text in group] for group in state.partial_groups]
     carried_groups = [g[0].group_index for g in carried]
     assert 5 in carried_groups and set(carried_groups) <= {3, 4, 5}  # group 3 may have finished first
     assert all(any(s.finish_reason == ABORT for s in g) for g in carried)
