@@ -16,6 +16,7 @@ import grpc
 import pytest
 from google.protobuf import struct_pb2
 from support.processes import ServiceProcess
+from support.trainer_steps import train_sft_step as train
 
 from rollway.common.v1 import common_pb2
 from rollway.coordinator.remote import Services
@@ -91,23 +92,6 @@ def refused(call, code: grpc.StatusCode, fragment: str) -> None:
         call()
     assert err.value.code() == code, err.value.details()
     assert fragment in err.value.details()
-
-
-def train(services: Services, step_id: int) -> None:
-    samples = [
-        common_pb2.Sample(
-            prompt_token_ids=[1, 40 + k], response_token_ids=[50 + k, 51, 52, 2], loss_mask=[1] * 4
-        )
-        for k in range(4)
-    ]
-    overrides = struct_pb2.Struct()
-    overrides.update({"loss_type": "sft_loss"})
-    header = trainer_pb2.TrainStepHeader(step_id=step_id, num_samples=len(samples), overrides=overrides)
-    chunks = [
-        trainer_pb2.TrainStepRequest(header=header),
-        trainer_pb2.TrainStepRequest(samples={"samples": samples}),
-    ]
-    services.trainer.TrainStep(iter(chunks))
 
 
 def greedy(stub) -> list[tuple[list[int], list[float]]]:

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from google.protobuf import struct_pb2
 from support.processes import ServiceProcess
+from support.trainer_steps import train_sft_step as train
 
-from rollway.common.v1 import common_pb2
 from rollway.coordinator.remote import Services
 from rollway.coordinator.weight_sync import WeightSyncSettings, init_weight_group, sync_weights
 from rollway.rollout.v1 import rollout_pb2
@@ -46,23 +46,6 @@ def services(tiny_model_dir, tmp_path_factory):
     finally:
         trainer.stop()
         rollout.stop()
-
-
-def train(services: Services, step_id: int) -> None:
-    samples = [
-        common_pb2.Sample(
-            prompt_token_ids=[1, 40 + k], response_token_ids=[50 + k, 51, 52, 2], loss_mask=[1] * 4
-        )
-        for k in range(4)
-    ]
-    overrides = struct_pb2.Struct()
-    overrides.update({"loss_type": "sft_loss"})
-    header = trainer_pb2.TrainStepHeader(step_id=step_id, num_samples=len(samples), overrides=overrides)
-    chunks = [
-        trainer_pb2.TrainStepRequest(header=header),
-        trainer_pb2.TrainStepRequest(samples={"samples": samples}),
-    ]
-    services.trainer.TrainStep(iter(chunks))
 
 
 def in_sync(services: Services) -> bool:

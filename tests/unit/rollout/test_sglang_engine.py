@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from support.sglang_engine import start_sglang_engine as _engine
 
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines.base import EngineError, SampleRequest
@@ -20,19 +21,6 @@ from rollway.rollout.engines.sglang_http import (
 )
 from rollway.rollout.engines.sglang_server import ServerProcess, Supervisor, launch_command
 from rollway.rollout.sampling import SamplingParams
-
-
-def _engine(model_dir, *peers, **overrides) -> SGLangEngine:
-    config = RolloutConfig(
-        hf_checkpoint=str(model_dir),
-        rollout_engine="sglang",
-        sglang_urls=[p.url for p in peers],
-        sglang_health_interval=3600,
-        **overrides,
-    )
-    engine = SGLangEngine(config)
-    engine.start()
-    return engine
 
 
 def _request(index, prompt=(5, 6, 7), **params):

@@ -12,27 +12,14 @@ import grpc
 import pytest
 import torch
 from safetensors.torch import save_file
+from support.sglang_engine import start_sglang_engine as _engine
 
 from rollway.common.bucket_checksum import BucketChecksum, as_bytes
 from rollway.common.errors import FailedPrecondition, InvalidArgument, RollwayError
 from rollway.common.v1 import common_pb2
 from rollway.common.weight_buckets import TensorEntry, bucket_file_name, plan_buckets, to_manifest
-from rollway.rollout.config import RolloutConfig
-from rollway.rollout.engines.sglang import SGLangEngine
 from rollway.rollout.v1 import rollout_pb2
 from rollway.rollout.weight_receive import WeightReceiver
-
-
-def _engine(model_dir, *peers) -> SGLangEngine:
-    config = RolloutConfig(
-        hf_checkpoint=str(model_dir),
-        rollout_engine="sglang",
-        sglang_urls=[p.url for p in peers],
-        sglang_health_interval=3600,
-    )
-    engine = SGLangEngine(config)
-    engine.start()
-    return engine
 
 
 def _spec(world_size=3, rank_offset=1) -> common_pb2.WeightGroupSpec:
