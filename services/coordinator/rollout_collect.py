@@ -170,10 +170,9 @@ def _continue_partial_groups(
     """Continue the groups the previous rollout aborted (state.partial_groups), before any new
     prompt: finished samples are kept as they are, each aborted one resumes after its partial
     response (rollout.Prompt.response_prefix; one aborted before its first token starts over).
-    A continued sample keeps its index and its
-    weight_version (that of its oldest tokens, so staleness is not understated); with
-    --mask-offpolicy-in-partial-rollout its earlier tokens are loss-masked. Returns the number
-    of samples continued."""
+    A continued sample keeps its index and its weight_version (that of its oldest tokens, so
+    staleness is not understated); with --mask-offpolicy-in-partial-rollout its earlier tokens
+    are loss-masked. Returns the number of samples continued."""
     if not state.partial_groups:
         return 0
     carried = [[decode_sample(text) for text in group] for group in state.partial_groups]
@@ -209,6 +208,7 @@ def _continue_partial_groups(
         return groups.add(sample)
 
     sampling = sampling_params(config)
+    # Reproducible, and different from the seeds of the fresh prompts of the same rollout.
     sampling.seed = config.rollout_seed + state.next_group_index * config.n_samples_per_prompt + rollout_id
     services.generate(
         prompts,
