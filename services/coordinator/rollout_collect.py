@@ -208,7 +208,8 @@ def _continue_partial_groups(
         return groups.add(sample)
 
     sampling = sampling_params(config)
-    # Reproducible, and different from the seeds of the fresh prompts of the same rollout.
+    # Reproducible from the run seed, the data position and the rollout id (a resumed run draws
+    # the same continuations).
     sampling.seed = config.rollout_seed + state.next_group_index * config.n_samples_per_prompt + rollout_id
     services.generate(
         prompts,
