@@ -24,7 +24,7 @@ RUN_STATE_FAILED: RunState
 RUN_STATE_STOPPED: RunState
 
 class RunInfo(_message.Message):
-    __slots__ = ("run_id", "state", "step", "num_steps", "run_dir", "error", "last_metrics")
+    __slots__ = ("run_id", "state", "step", "num_steps", "run_dir", "error", "last_metrics", "checkpoint_dir", "hf_export_dir", "service_addresses", "num_restarts")
     class LastMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,13 @@ class RunInfo(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class ServiceAddressesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +46,10 @@ class RunInfo(_message.Message):
     RUN_DIR_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     LAST_METRICS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    HF_EXPORT_DIR_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    NUM_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     state: RunState
     step: int
@@ -46,7 +57,11 @@ class RunInfo(_message.Message):
     run_dir: str
     error: str
     last_metrics: _containers.ScalarMap[str, float]
-    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., step: _Optional[int] = ..., num_steps: _Optional[int] = ..., run_dir: _Optional[str] = ..., error: _Optional[str] = ..., last_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    checkpoint_dir: str
+    hf_export_dir: str
+    service_addresses: _containers.ScalarMap[str, str]
+    num_restarts: int
+    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., step: _Optional[int] = ..., num_steps: _Optional[int] = ..., run_dir: _Optional[str] = ..., error: _Optional[str] = ..., last_metrics: _Optional[_Mapping[str, float]] = ..., checkpoint_dir: _Optional[str] = ..., hf_export_dir: _Optional[str] = ..., service_addresses: _Optional[_Mapping[str, str]] = ..., num_restarts: _Optional[int] = ...) -> None: ...
 
 class StartRunRequest(_message.Message):
     __slots__ = ("config", "run_id")

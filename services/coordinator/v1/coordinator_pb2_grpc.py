@@ -67,7 +67,9 @@ class CoordinatorServiceServicer:
     """
 
     def StartRun(self, request, context):
-        """Validates a configuration and starts a run.
+        """Validates a run configuration (the flat YAML of `rollway run`, same keys, every error at once
+        in INVALID_ARGUMENT, each naming its setting) and starts the run. With no service addresses
+        in the config the coordinator starts the services the run needs and stops them at its end.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -88,7 +90,8 @@ class CoordinatorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StopRun(self, request, context):
-        """Stops a run (after the current step, or at once).
+        """Stops a run: after the current step, or at once (immediate: generation is aborted and the
+        trainer's step abandoned; the last checkpoint stays intact).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -156,3 +156,37 @@ class EvalBatchResponse(_message.Message):
     num_rows: int
     num_dropped: int
     def __init__(self, items: _Optional[_Iterable[_Union[DataItem, _Mapping]]] = ..., next_offset: _Optional[int] = ..., done: _Optional[bool] = ..., num_rows: _Optional[int] = ..., num_dropped: _Optional[int] = ...) -> None: ...
+
+class InitRequest(_message.Message):
+    __slots__ = ("config", "run_id")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    config: _struct_pb2.Struct
+    run_id: str
+    def __init__(self, config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class InitResponse(_message.Message):
+    __slots__ = ("run_id", "already_initialized", "settings", "vocab_size", "error")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_INITIALIZED_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    already_initialized: bool
+    settings: _struct_pb2.Struct
+    vocab_size: int
+    error: str
+    def __init__(self, run_id: _Optional[str] = ..., already_initialized: _Optional[bool] = ..., settings: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., vocab_size: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class EndRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class EndRunResponse(_message.Message):
+    __slots__ = ("was_holding",)
+    WAS_HOLDING_FIELD_NUMBER: _ClassVar[int]
+    was_holding: bool
+    def __init__(self, was_holding: _Optional[bool] = ...) -> None: ...

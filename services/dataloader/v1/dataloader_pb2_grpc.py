@@ -35,6 +35,16 @@ class DataloaderServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Init = channel.unary_unary(
+                '/rollway.dataloader.v1.DataloaderService/Init',
+                request_serializer=rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.InitRequest.SerializeToString,
+                response_deserializer=rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.InitResponse.FromString,
+                _registered_method=True)
+        self.EndRun = channel.unary_unary(
+                '/rollway.dataloader.v1.DataloaderService/EndRun',
+                request_serializer=rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.EndRunRequest.SerializeToString,
+                response_deserializer=rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.EndRunResponse.FromString,
+                _registered_method=True)
         self.NextBatch = channel.unary_unary(
                 '/rollway.dataloader.v1.DataloaderService/NextBatch',
                 request_serializer=rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.NextBatchRequest.SerializeToString,
@@ -65,6 +75,24 @@ class DataloaderServiceStub:
 class DataloaderServiceServicer:
     """Serves tokenised batches in a resumable order.
     """
+
+    def Init(self, request, context):
+        """Starts (or continues) a run on this dataloader: the run's settings override the start-up
+        flags, so a dataloader started without flags is configured by its run. A new run id opens a
+        new stream (its own cursor, batch ids from 0); the same run id with the same settings is a
+        no-op (already_initialized). FAILED_PRECONDITION naming the holder while another run holds
+        the dataloader (EndRun frees it); INVALID_ARGUMENT naming a bad setting.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndRun(self, request, context):
+        """Ends a run's hold on the dataloader so that another run may Init. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def NextBatch(self, request, context):
         """Returns the next batch of items. A retry with the same batch_id returns the same batch (the
@@ -112,6 +140,16 @@ class DataloaderServiceServicer:
 
 def add_DataloaderServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Init': grpc.unary_unary_rpc_method_handler(
+                    servicer.Init,
+                    request_deserializer=rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.InitRequest.FromString,
+                    response_serializer=rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.InitResponse.SerializeToString,
+            ),
+            'EndRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndRun,
+                    request_deserializer=rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.EndRunRequest.FromString,
+                    response_serializer=rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.EndRunResponse.SerializeToString,
+            ),
             'NextBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.NextBatch,
                     request_deserializer=rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.NextBatchRequest.FromString,
@@ -148,6 +186,60 @@ def add_DataloaderServiceServicer_to_server(servicer, server):
 class DataloaderService:
     """Serves tokenised batches in a resumable order.
     """
+
+    @staticmethod
+    def Init(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollway.dataloader.v1.DataloaderService/Init',
+            rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.InitRequest.SerializeToString,
+            rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.InitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollway.dataloader.v1.DataloaderService/EndRun',
+            rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.EndRunRequest.SerializeToString,
+            rollway_dot_dataloader_dot_v1_dot_dataloader__pb2.EndRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def NextBatch(request,

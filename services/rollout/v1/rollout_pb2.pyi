@@ -213,3 +213,39 @@ class AbortResponse(_message.Message):
     NUM_ABORTED_FIELD_NUMBER: _ClassVar[int]
     num_aborted: int
     def __init__(self, num_aborted: _Optional[int] = ...) -> None: ...
+
+class InitRequest(_message.Message):
+    __slots__ = ("config", "run_id")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    config: _struct_pb2.Struct
+    run_id: str
+    def __init__(self, config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class InitResponse(_message.Message):
+    __slots__ = ("run_id", "already_initialized", "settings", "model", "vocab_size", "weight_version")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_INITIALIZED_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    already_initialized: bool
+    settings: _struct_pb2.Struct
+    model: str
+    vocab_size: int
+    weight_version: int
+    def __init__(self, run_id: _Optional[str] = ..., already_initialized: _Optional[bool] = ..., settings: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., weight_version: _Optional[int] = ...) -> None: ...
+
+class EndRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class EndRunResponse(_message.Message):
+    __slots__ = ("was_holding",)
+    WAS_HOLDING_FIELD_NUMBER: _ClassVar[int]
+    was_holding: bool
+    def __init__(self, was_holding: _Optional[bool] = ...) -> None: ...

@@ -35,6 +35,16 @@ class RolloutServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Init = channel.unary_unary(
+                '/rollway.rollout.v1.RolloutService/Init',
+                request_serializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.InitRequest.SerializeToString,
+                response_deserializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.InitResponse.FromString,
+                _registered_method=True)
+        self.EndRun = channel.unary_unary(
+                '/rollway.rollout.v1.RolloutService/EndRun',
+                request_serializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.EndRunRequest.SerializeToString,
+                response_deserializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.EndRunResponse.FromString,
+                _registered_method=True)
         self.Generate = channel.unary_stream(
                 '/rollway.rollout.v1.RolloutService/Generate',
                 request_serializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.GenerateRequest.SerializeToString,
@@ -95,6 +105,25 @@ class RolloutServiceStub:
 class RolloutServiceServicer:
     """Generates and scores samples; receives weight updates.
     """
+
+    def Init(self, request, context):
+        """Starts (or continues) a run on this rollout service: the run's settings override the
+        start-up flags, so a service started without flags loads the run's model here. A new run id
+        destroys the weight group and serves the base weights of hf_checkpoint again (weight version
+        0); the same run id with the same settings is a no-op (already_initialized).
+        FAILED_PRECONDITION naming the holder while another run holds the service (EndRun frees it),
+        or naming both values when the run asks for another model or engine than the one served.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndRun(self, request, context):
+        """Ends a run's hold on the rollout service so that another run may Init. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def Generate(self, request, context):
         """Generates n_samples_per_prompt samples per prompt and streams each as soon as it finishes
@@ -197,6 +226,16 @@ class RolloutServiceServicer:
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Init': grpc.unary_unary_rpc_method_handler(
+                    servicer.Init,
+                    request_deserializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.InitRequest.FromString,
+                    response_serializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.InitResponse.SerializeToString,
+            ),
+            'EndRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndRun,
+                    request_deserializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.EndRunRequest.FromString,
+                    response_serializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.EndRunResponse.SerializeToString,
+            ),
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
                     request_deserializer=rollway_dot_rollout_dot_v1_dot_rollout__pb2.GenerateRequest.FromString,
@@ -263,6 +302,60 @@ def add_RolloutServiceServicer_to_server(servicer, server):
 class RolloutService:
     """Generates and scores samples; receives weight updates.
     """
+
+    @staticmethod
+    def Init(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollway.rollout.v1.RolloutService/Init',
+            rollway_dot_rollout_dot_v1_dot_rollout__pb2.InitRequest.SerializeToString,
+            rollway_dot_rollout_dot_v1_dot_rollout__pb2.InitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollway.rollout.v1.RolloutService/EndRun',
+            rollway_dot_rollout_dot_v1_dot_rollout__pb2.EndRunRequest.SerializeToString,
+            rollway_dot_rollout_dot_v1_dot_rollout__pb2.EndRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Generate(request,

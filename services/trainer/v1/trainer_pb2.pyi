@@ -17,18 +17,38 @@ class InitRequest(_message.Message):
     def __init__(self, config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class InitResponse(_message.Message):
-    __slots__ = ("num_parameters", "world_size", "global_step", "model", "already_initialized")
+    __slots__ = ("num_parameters", "world_size", "global_step", "model", "already_initialized", "run_id", "vocab_size", "settings", "rebuilt")
     NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ALREADY_INITIALIZED_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    REBUILT_FIELD_NUMBER: _ClassVar[int]
     num_parameters: int
     world_size: int
     global_step: int
     model: str
     already_initialized: bool
-    def __init__(self, num_parameters: _Optional[int] = ..., world_size: _Optional[int] = ..., global_step: _Optional[int] = ..., model: _Optional[str] = ..., already_initialized: _Optional[bool] = ...) -> None: ...
+    run_id: str
+    vocab_size: int
+    settings: _struct_pb2.Struct
+    rebuilt: bool
+    def __init__(self, num_parameters: _Optional[int] = ..., world_size: _Optional[int] = ..., global_step: _Optional[int] = ..., model: _Optional[str] = ..., already_initialized: _Optional[bool] = ..., run_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., settings: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., rebuilt: _Optional[bool] = ...) -> None: ...
+
+class EndRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class EndRunResponse(_message.Message):
+    __slots__ = ("was_holding",)
+    WAS_HOLDING_FIELD_NUMBER: _ClassVar[int]
+    was_holding: bool
+    def __init__(self, was_holding: _Optional[bool] = ...) -> None: ...
 
 class ComputeLogProbsHeader(_message.Message):
     __slots__ = ("temperature", "with_entropy", "use_reference")

@@ -40,6 +40,11 @@ class TrainerServiceStub:
                 request_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.InitRequest.SerializeToString,
                 response_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.InitResponse.FromString,
                 _registered_method=True)
+        self.EndRun = channel.unary_unary(
+                '/rollway.trainer.v1.TrainerService/EndRun',
+                request_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.EndRunRequest.SerializeToString,
+                response_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.EndRunResponse.FromString,
+                _registered_method=True)
         self.ComputeLogProbs = channel.stream_stream(
                 '/rollway.trainer.v1.TrainerService/ComputeLogProbs',
                 request_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.ComputeLogProbsRequest.SerializeToString,
@@ -82,8 +87,19 @@ class TrainerServiceServicer:
     """
 
     def Init(self, request, context):
-        """Loads the model and builds optimizer and schedule. Settings in the request override the
-        trainer's start-up configuration. A repeated Init with the same settings is a no-op.
+        """Starts (or continues) a run on this trainer: the run's settings override the start-up flags,
+        so a trainer started without flags is configured by its run. A new run id rebuilds everything
+        the trainer keeps for a run (ranks, model from hf_checkpoint, optimizer, schedule, step
+        results, weight group); the same run id with the same settings is a no-op
+        (already_initialized), with other training settings it rebuilds the optimizer only.
+        FAILED_PRECONDITION naming the holder while another run holds the trainer (EndRun frees it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndRun(self, request, context):
+        """Ends a run's hold on the trainer so that another run may Init. Idempotent.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -160,6 +176,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     request_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.InitRequest.FromString,
                     response_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.InitResponse.SerializeToString,
             ),
+            'EndRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndRun,
+                    request_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.EndRunRequest.FromString,
+                    response_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.EndRunResponse.SerializeToString,
+            ),
             'ComputeLogProbs': grpc.stream_stream_rpc_method_handler(
                     servicer.ComputeLogProbs,
                     request_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.ComputeLogProbsRequest.FromString,
@@ -224,6 +245,33 @@ class TrainerService:
             '/rollway.trainer.v1.TrainerService/Init',
             rollway_dot_trainer_dot_v1_dot_trainer__pb2.InitRequest.SerializeToString,
             rollway_dot_trainer_dot_v1_dot_trainer__pb2.InitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollway.trainer.v1.TrainerService/EndRun',
+            rollway_dot_trainer_dot_v1_dot_trainer__pb2.EndRunRequest.SerializeToString,
+            rollway_dot_trainer_dot_v1_dot_trainer__pb2.EndRunResponse.FromString,
             options,
             channel_credentials,
             insecure,
