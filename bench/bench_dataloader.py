@@ -89,8 +89,10 @@ def measure(
 
         def next_batch():
             nonlocal batch_id
-            batch_id += 1
-            return stub.NextBatch(pb.NextBatchRequest(batch_id=batch_id, batch_size=batch_size), timeout=600)
+            batch_id += 1  # batch ids count from 0
+            return stub.NextBatch(
+                pb.NextBatchRequest(batch_id=batch_id - 1, batch_size=batch_size), timeout=600
+            )
 
         next_batch()  # warm up (first tokenisation, connection); sustained rate from here, no head start
         start, rows, tokens = time.perf_counter(), 0, 0

@@ -54,7 +54,6 @@ class DataStream:
         self.settings = settings
         self._lock = threading.Lock()
         self._batches: OrderedDict[int, tuple[int, dataloader_pb2.NextBatchResponse]] = OrderedDict()
-        self._last_batch_id: int | None = None
         self._start(settings.seed, settings.shuffle, None, Counter(), 0)
 
     def _start(
@@ -97,7 +96,11 @@ class DataStream:
         return self._order.finished(self._cursor)
 
     def next_batch(self, batch_id: int, batch_size: int, timeout: float) -> dataloader_pb2.NextBatchResponse:
-        """The batch `batch_id`: served once, then answered from the cache on retries."""
+        """The batch `batch_id`: served once, then answered from the cache on retries.
+
+        A new batch_id must be the number of batches served so far (ids count batches from 0, and a
+        restored cursor carries its count). Any other id is refused before the stream is touched, so
+        a stray id (-1, 10**12) cannot move the expected id away from the caller's real ones."""
         with self._lock:
             cached = self._batches.get(batch_id)
             if cached is not None:
@@ -107,17 +110,27 @@ class DataStream:
                         f"batch_id {batch_id} was served with batch_size {cached[0]}, not {batch_size}",
                     )
                 return cached[1]
-            if self._last_batch_id is not None and batch_id <= self._last_batch_id:
-                raise FailedPrecondition(
-                    f"batch_id {batch_id} is not after the last served batch_id {self._last_batch_id} and is "
-                    f"no longer cached (the last {CACHED_BATCHES} batches are); batch ids must increase"
+            if batch_id != self.expected_batch_id:
+                raise InvalidArgument(
+                    "batch_id", f"{batch_id} is outside the expected range: {self._expected_range()}"
                 )
             response = self._serve(batch_size, timeout)
             self._batches[batch_id] = (batch_size, response)
             while len(self._batches) > CACHED_BATCHES:
                 self._batches.popitem(last=False)
-            self._last_batch_id = batch_id
             return response
+
+    @property
+    def expected_batch_id(self) -> int:
+        """The batch_id of the next new batch (a caller counting batches from 0 sends exactly this)."""
+        return self._num_batches
+
+    def _expected_range(self) -> str:
+        text = f"expected the next batch_id {self.expected_batch_id}"
+        if self._batches:
+            ids = list(self._batches)
+            text += f" or a retry of batch_id {ids[0]}..{ids[-1]} (the last {len(ids)} served)"
+        return text
 
     def _serve(self, batch_size: int, timeout: float) -> dataloader_pb2.NextBatchResponse:
         entries = []
@@ -189,7 +202,6 @@ class DataStream:
                 self._start(self.seed, self.shuffle, self._cursor, self._counters, self._num_batches)
                 raise InvalidArgument("state_json", f"bad cursor: {exc}") from None
             self._batches.clear()
-            self._last_batch_id = None
             log.info("restored", epoch=self.epoch, cursor=self._cursor, seed=self.seed)
             return self.epoch
 

@@ -258,8 +258,7 @@ def test_restore_continues_the_stream_mid_epoch_and_at_the_boundary(tmp_path, ti
             epoch = fresh.stub.RestoreState(pb.RestoreStateRequest(state_json=state_json)).epoch
             assert epoch == (cut * 6) // 24
             resumed = [
-                [(i.source, i.row_index, i.epoch) for i in fresh.batch(1000 + b, 6).items]
-                for b in range(cut, 12)
+                [(i.source, i.row_index, i.epoch) for i in fresh.batch(b, 6).items] for b in range(cut, 12)
             ]
             assert resumed == stream[cut:], f"restored at batch {cut}"
             assert fresh.stub.GetState(pb.GetStateRequest()).num_batches_served == 12
@@ -291,7 +290,30 @@ def test_prefetch_queue_depth_and_bad_requests(tmp_path, tiny_model_dir):
             with pytest.raises(grpc.RpcError) as info:
                 dl.stub.RestoreState(pb.RestoreStateRequest(state_json=state_json))
             assert info.value.code() == code and "state_json" in info.value.details()
-        assert len(dl.batch(10**13, 3).items) == 3  # still serving
+        assert len(dl.batch(next(batch_ids), 3).items) == 3  # still serving
     assert list(cache.iterdir()) == []  # removed on shutdown
     with Dataloader(tmp_path, tiny_model_dir, ["--prompt-data", path, "--prefetch-size", "0"]) as dl:
         assert [dl.batch(b, 5).prefetch_queue_depth for b in range(3)] == [0, 0, 0]
+
+
+def test_a_batch_id_outside_the_expected_range_is_refused_and_the_stream_goes_on(tmp_path, tiny_model_dir):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"input": f"row {i}"} for i in range(40)])
+    with Dataloader(tmp_path, tiny_model_dir, ["--prompt-data", path, "--rollout-shuffle"]) as dl:
+        start = dl.stub.GetState(pb.GetStateRequest()).state_json
+        served = dl.keys(range(2), 4)
+        for bad_id, expected in [
+            (10**12, "batch_id: 1000000000000 is outside the expected range: expected the next batch_id 2 "
+                     "or a retry of batch_id 0..1 (the last 2 served)"),
+            (-1, "batch_id: -1 is outside the expected range: expected the next batch_id 2"),
+            (3, "batch_id: 3 is outside the expected range: expected the next batch_id 2"),
+        ]:  # fmt: skip
+            with pytest.raises(grpc.RpcError) as info:
+                dl.batch(bad_id, 4)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert info.value.details().startswith(expected), info.value.details()
+        assert dl.stub.GetState(pb.GetStateRequest()).num_batches_served == 2
+        served += dl.keys(range(2, 4), 4)
+        # The same service, restored to its start, serves the undisturbed stream.
+        dl.stub.RestoreState(pb.RestoreStateRequest(state_json=start))
+        assert dl.keys(range(4), 4) == served
+        assert len(set(served)) == 16

@@ -97,10 +97,10 @@ def test_restore_continues_exactly_despite_prefetched_items(make_stream, cut, we
     assert (num_batches, epoch) == (cut, 1 if cut == 4 else 0)
     resumed = make_stream(weights, prefetch_size=3)
     assert resumed.restore(state_json) == epoch
-    assert serve(resumed, sizes[cut:], first_id=100) == full[cut:]
+    assert serve(resumed, sizes[cut:], first_id=cut) == full[cut:]
     assert resumed.counters()["items_served"] == 40
     # The first stream continues as if nothing happened: GetState took nothing from it.
-    assert serve(first, sizes[cut:], first_id=100) == full[cut:]
+    assert serve(first, sizes[cut:], first_id=cut) == full[cut:]
 
 
 def test_epochs_wrap_and_the_stream_ends_after_num_epoch(make_stream):
@@ -118,17 +118,43 @@ def test_epochs_wrap_and_the_stream_ends_after_num_epoch(make_stream):
 
 def test_a_retried_batch_id_returns_the_same_batch(make_stream):
     stream = make_stream()
-    first = stream.next_batch(7, 4, timeout=30)
-    assert stream.next_batch(7, 4, timeout=30) == first
-    second = stream.next_batch(8, 4, timeout=30)
+    first = stream.next_batch(0, 4, timeout=30)
+    assert stream.next_batch(0, 4, timeout=30) == first
+    second = stream.next_batch(1, 4, timeout=30)
     assert labels(second) != labels(first)
-    assert stream.next_batch(7, 4, timeout=30) == first  # still cached
+    assert stream.next_batch(0, 4, timeout=30) == first  # still cached
     with pytest.raises(InvalidArgument, match="batch_size"):
-        stream.next_batch(8, 5, timeout=30)
-    for batch_id in range(9, 14):
+        stream.next_batch(1, 5, timeout=30)
+    for batch_id in range(2, 7):
         stream.next_batch(batch_id, 1, timeout=30)
-    with pytest.raises(FailedPrecondition, match="no longer cached"):
-        stream.next_batch(7, 4, timeout=30)
+    with pytest.raises(InvalidArgument, match=r"batch_id: 0 is outside .* retry of batch_id 3\.\.6"):
+        stream.next_batch(0, 4, timeout=30)
+
+
+@pytest.mark.parametrize("bad_id", [-1, 10**12, 4, 8])
+def test_a_batch_id_outside_the_expected_range_is_refused_and_changes_nothing(make_stream, bad_id):
+    reference = serve(make_stream(), [3] * 6)
+    stream = make_stream()
+    assert serve(stream, [3] * 3) == reference[:3]
+    state = stream.get_state()
+    with pytest.raises(InvalidArgument) as info:
+        stream.next_batch(bad_id, 3, timeout=30)
+    assert str(info.value) == (
+        f"batch_id: {bad_id} is outside the expected range: expected the next batch_id 3 "
+        "or a retry of batch_id 0..2 (the last 3 served)"
+    )
+    assert stream.get_state() == state
+    assert serve(stream, [3] * 3, first_id=3) == reference[3:]
+
+
+def test_after_restore_the_next_batch_id_is_the_restored_count(make_stream):
+    first = make_stream()
+    serve(first, [2, 2])
+    resumed = make_stream()
+    resumed.restore(first.get_state()[0])
+    with pytest.raises(InvalidArgument, match="expected the next batch_id 2$"):
+        resumed.next_batch(0, 2, timeout=30)  # the cache did not travel: batch 0 is not replayed
+    assert labels(resumed.next_batch(2, 2, timeout=30)) == labels(first.next_batch(2, 2, timeout=30))
 
 
 def test_too_long_prompts_are_dropped_and_counted(make_stream, tokenizer):
@@ -168,7 +194,7 @@ def test_a_row_the_tokenizer_rejects_stops_the_stream_until_skipped(make_stream,
     assert "forbidden word" in str(info.value)
     before = stream.get_state()[0]
     with pytest.raises(FailedPrecondition):  # the next call answers the same error, nothing consumed
-        stream.next_batch(50, 1, timeout=30)
+        stream.next_batch(batch_id, 1, timeout=30)
     assert stream.get_state()[0] == before
 
     skipping = make_stream(paths=(bad, one), num_epoch=1, tok=tok, skip=True)
