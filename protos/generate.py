@@ -4,6 +4,10 @@ The proto package rollway.<service>.v1 maps to the Python package rollway.<servi
 is services/<service>/v1/ (pyproject maps `rollway` to services/). protoc writes the mirrored
 tree to a temporary directory; this script copies it into place.
 
+It also writes services/common/v1/descriptors.binpb: a FileDescriptorSet of every proto (and its
+imports) with source info, so that server reflection (rollway.common.reflection) serves the
+.proto comments as documentation.
+
     python protos/generate.py           # regenerate
     python protos/generate.py --check   # exit 1 if the committed code is stale
 """
@@ -20,11 +24,14 @@ from grpc_tools import protoc
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
 SERVICES = ["common", "dataloader", "rollout", "trainer", "coordinator"]
+# Relative to the generated `rollway` tree; rollway.common.reflection reads it from there.
+DESCRIPTOR_SET = Path("common") / "v1" / "descriptors.binpb"
 
 
 def _generate(out: Path) -> None:
     protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
     well_known = Path(protoc.__file__).parent / "_proto"
+    (out / "rollway" / DESCRIPTOR_SET).parent.mkdir(parents=True, exist_ok=True)
     args = [
         "protoc",
         f"-I{PROTO_ROOT}",
@@ -32,6 +39,9 @@ def _generate(out: Path) -> None:
         f"--python_out={out}",
         f"--pyi_out={out}",
         f"--grpc_python_out={out}",
+        f"--descriptor_set_out={out / 'rollway' / DESCRIPTOR_SET}",
+        "--include_imports",
+        "--include_source_info",
         *protos,
     ]
     if protoc.main(args) != 0:
@@ -39,11 +49,14 @@ def _generate(out: Path) -> None:
 
 
 def _generated_files(base: Path) -> dict[str, Path]:
-    return {
+    files = {
         str(p.relative_to(base)): p
         for service in SERVICES
         for p in (base / service / "v1").glob("*_pb2*.py*")
     }
+    if (base / DESCRIPTOR_SET).exists():
+        files[str(DESCRIPTOR_SET)] = base / DESCRIPTOR_SET
+    return files
 
 
 def main() -> int:

@@ -10,12 +10,19 @@
 
 Health is NOT_SERVING from start until the service says it is ready, and again while draining,
 so load balancers stop sending work before in-flight calls are allowed `grace_seconds` to finish.
+
+A service started by a rollway launcher (ROLLWAY_PARENT_PID, see parent_watch) drains and exits
+when that launcher dies, within PARENT_GONE_GRACE_S: it never outlives the launcher as an orphan.
+A port already held by another process is refused (no SO_REUSEPORT), so two services never
+split one port's clients between them.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from concurrent import futures
@@ -25,14 +32,43 @@ from typing import Any, Literal
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from rollway.common.config import ConfigError, setting
 from rollway.common.interceptors import AuthInterceptor, ContextInterceptor
 from rollway.common.log import configure_logging, get_logger
+from rollway.common.parent_watch import parent_gone, watch_parent
+from rollway.common.reflection import enable_reflection
 from rollway.common.tracing import configure_tracing, server_interceptor, shutdown_tracing
 
 MiB = 1024 * 1024
+# When the launcher is gone nobody waits for a long drain: in-flight calls get this long, and the
+# process exits PARENT_GONE_EXIT_S later whatever it is doing (a hung hook, a load in progress).
+PARENT_GONE_GRACE_S = 3.0
+PARENT_GONE_EXIT_S = 10.0
+
+
+class PortInUseError(OSError):
+    """The port a service was told to bind is held by another process."""
+
+
+def _bind_error(host: str, port: int) -> OSError:
+    """Why gRPC could not bind host:port (it does not say): bind a plain socket there to find out."""
+    address = f"{host}:{port}"
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.bind(sockaddr)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return PortInUseError(
+                exc.errno,
+                f"could not bind {address}: port {port} is already in use by another process "
+                "(a rollway service already there?); pick another --port, or 0 for a free one",
+            )
+        return OSError(exc.errno, f"could not bind {address}: {exc.strerror}")
+    return OSError(f"could not bind {address}")
 
 
 @dataclass
@@ -99,7 +135,12 @@ class RollwayServer:
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix=f"{service}-rpc"),
             interceptors=interceptors,
-            options=channel_options(config.max_message_mb, config.keepalive_seconds),
+            # Without SO_REUSEPORT a second server on a held port fails to bind instead of
+            # silently sharing it (the kernel would split new connections between the two).
+            options=[
+                *channel_options(config.max_message_mb, config.keepalive_seconds),
+                ("grpc.so_reuseport", 0),
+            ],
         )
         self._health = health.HealthServicer(experimental_non_blocking=True)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
@@ -108,6 +149,14 @@ class RollwayServer:
         self._stopped = threading.Event()
         self._finished = threading.Event()
         self.port: int | None = None
+        watch_parent(self._parent_gone)
+
+    def _parent_gone(self, parent_pid: int) -> None:
+        self.log.warning("launcher gone: stopping", parent_pid=parent_pid)
+        exit_timer = threading.Timer(PARENT_GONE_GRACE_S + PARENT_GONE_EXIT_S, os._exit, args=(1,))
+        exit_timer.daemon = True
+        exit_timer.start()
+        self.stop(min(self.config.grace_seconds, PARENT_GONE_GRACE_S))
 
     def add_service(
         self, add_to_server: Callable[[Any, grpc.Server], None], servicer: Any, descriptor: Any
@@ -122,8 +171,7 @@ class RollwayServer:
 
     def start(self) -> int:
         """Bind and start serving (health NOT_SERVING). Returns the bound port."""
-        names = [*self._service_names, reflection.SERVICE_NAME, health.SERVICE_NAME]
-        reflection.enable_server_reflection(names, self._server)
+        enable_reflection(self._server, [*self._service_names, health.SERVICE_NAME])
         self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self.config.host}:{self.config.port}"
         if self.config.tls_cert:
@@ -134,11 +182,17 @@ class RollwayServer:
                 else None,
                 require_client_auth=bool(self.config.tls_client_ca),
             )
-            self.port = self._server.add_secure_port(address, credentials)
         else:
-            self.port = self._server.add_insecure_port(address)
+            credentials = None
+        try:
+            if credentials is not None:
+                self.port = self._server.add_secure_port(address, credentials)
+            else:
+                self.port = self._server.add_insecure_port(address)
+        except RuntimeError:  # grpcio raises on a failed bind (older versions returned 0)
+            self.port = 0
         if not self.port:
-            raise RuntimeError(f"could not bind {address}")
+            raise _bind_error(self.config.host, self.config.port)
         self._server.start()
         if self.config.port_file:
             tmp = Path(self.config.port_file + ".tmp")
@@ -189,8 +243,10 @@ class RollwayServer:
 
         def handle(signum, _frame):
             self.log.info("signal", signal=signal.Signals(signum).name)
+            # The launcher's death signal: drain as the parent watch does, briefly.
+            grace = min(self.config.grace_seconds, PARENT_GONE_GRACE_S) if parent_gone() else None
             # Drain off the signal handler: stop() blocks for up to grace_seconds.
-            threading.Thread(target=self.stop, daemon=True).start()
+            threading.Thread(target=self.stop, args=(grace,), daemon=True).start()
 
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)

@@ -10,12 +10,23 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf import descriptor_pb2
+from grpc_reflection.v1alpha import reflection_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from support.processes import ServiceProcess
 
 from rollway.common.local_launch import demo_service_args
 
 BUF = Path(sys.executable).parent / "buf"
+PROTOS = Path(__file__).resolve().parents[2] / "protos"
+SERVICES = [
+    ("dataloader", "rollway.dataloader.v1.DataloaderService", "NextBatch"),
+    ("rollout", "rollway.rollout.v1.RolloutService", "Generate"),
+    ("trainer", "rollway.trainer.v1.TrainerService", "TrainStep"),
+    ("coordinator", "rollway.coordinator.v1.CoordinatorService", "StartRun"),
+]
+# FileDescriptorProto field numbers, for source_code_info paths: service = 6, its method = 2.
+SERVICE_FIELD, METHOD_FIELD = 6, 2
 
 
 @pytest.fixture(scope="module")
@@ -31,44 +42,132 @@ def services(tiny_model_dir, demo_data_dir, tmp_path_factory):
             svc.stop()
 
 
-@pytest.mark.parametrize(
-    ("name", "service", "method"),
-    [
-        ("dataloader", "rollway.dataloader.v1.DataloaderService", "NextBatch"),
-        ("rollout", "rollway.rollout.v1.RolloutService", "Generate"),
-        ("trainer", "rollway.trainer.v1.TrainerService", "TrainStep"),
-        ("coordinator", "rollway.coordinator.v1.CoordinatorService", "StartRun"),
-    ],
-)
+@pytest.mark.parametrize(("name", "service", "method"), SERVICES)
 def test_reflection_lists_and_describes_each_rollway_service(services, name, service, method):
     with grpc.insecure_channel(services[name].address) as channel:
         database = ProtoReflectionDescriptorDatabase(channel)
         names = set(database.get_services())
-        assert {service, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
+        assert {
+            service,
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1alpha.ServerReflection",
+            "grpc.reflection.v1.ServerReflection",
+        } <= names
         descriptor = database.FindFileContainingSymbol(service)
         methods = {m.name for s in descriptor.service for m in s.method}
         assert method in methods
 
 
-def test_buf_curl_calls_health_check_through_reflection_only(services):
-    if not BUF.exists() and shutil.which("buf") is None:
+def reflect_v1(address: str, *requests: reflection_pb2.ServerReflectionRequest):
+    """A raw grpc.reflection.v1 client. v1's messages are v1alpha's under another package name
+    (identical on the wire), so v1alpha's classes encode them; the method path is v1's."""
+    with grpc.insecure_channel(address) as channel:
+        info = channel.stream_stream(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
+        return list(info(iter(requests), timeout=30))
+
+
+def proto_comment_above(proto_file: Path, line_prefix: str) -> str:
+    """The `//` comment lines right above the line starting with `line_prefix`, as protoc keeps them."""
+    lines = proto_file.read_text().splitlines()
+    index = next(i for i, line in enumerate(lines) if line.strip().startswith(line_prefix))
+    comment = []
+    while lines[index - 1].strip().startswith("//"):
+        index -= 1
+        comment.insert(0, lines[index].strip()[2:])
+    return "".join(line + "\n" for line in comment)
+
+
+@pytest.mark.parametrize(("name", "service", "method"), SERVICES)
+def test_reflection_v1_serves_each_service_with_its_proto_comments(services, name, service, method):
+    listed, found = reflect_v1(
+        services[name].address,
+        reflection_pb2.ServerReflectionRequest(list_services=""),
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol=service),
+    )
+    assert {s.name for s in listed.list_services_response.service} >= {
+        service,
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    }
+    files = [
+        descriptor_pb2.FileDescriptorProto.FromString(raw)
+        for raw in found.file_descriptor_response.file_descriptor_proto
+    ]
+    file = next(f for f in files if service.rsplit(".", 1)[1] in {s.name for s in f.service})
+    assert file.name == f"rollway/{name}/v1/{name}.proto"
+    s_index, s_proto = next((i, s) for i, s in enumerate(file.service) if s.name == service.rsplit(".", 1)[1])
+    m_index = next(i for i, m in enumerate(s_proto.method) if m.name == method)
+    comments = {
+        tuple(loc.path): loc.leading_comments
+        for loc in file.source_code_info.location
+        if loc.leading_comments
+    }
+    expected = proto_comment_above(PROTOS / file.name, f"rpc {method}(")
+    assert expected.strip(), f"{file.name} documents rpc {method}"
+    assert comments[(SERVICE_FIELD, s_index, METHOD_FIELD, m_index)] == expected
+
+
+def test_reflection_answers_an_unknown_symbol_with_not_found(services):
+    (reply,) = reflect_v1(
+        services["coordinator"].address,
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol="rollway.nope.v1.Nothing"),
+    )
+    assert reply.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
+    assert "rollway.nope.v1.Nothing" in reply.error_response.error_message
+
+
+def _buf() -> str:
+    if BUF.exists():
+        return str(BUF)
+    if shutil.which("buf") is None:
         pytest.skip("buf not installed")
-    buf = str(BUF) if BUF.exists() else shutil.which("buf")
+    return shutil.which("buf")
+
+
+def buf_curl(address: str, path: str, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [_buf(), "curl", "--protocol", "grpc", "--http2-prior-knowledge", *flags, f"http://{address}/{path}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("protocol", ["grpc-v1", "grpc-v1alpha"])
+def test_buf_curl_calls_health_check_through_reflection_only(services, protocol):
     for svc in services.values():
-        result = subprocess.run(
-            [
-                buf,
-                "curl",
-                "--protocol",
-                "grpc",
-                "--http2-prior-knowledge",
-                "--data",
-                "{}",
-                f"http://{svc.address}/grpc.health.v1.Health/Check",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
+        result = buf_curl(
+            svc.address, "grpc.health.v1.Health/Check", "--reflect-protocol", protocol, "--data", "{}"
         )
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout) == {"status": "SERVING"}
+
+
+def test_buf_curl_calls_rollway_rpcs_through_reflection_v1(services):
+    listed = buf_curl(services["coordinator"].address, "", "--reflect-protocol", "grpc-v1", "--list-methods")
+    assert listed.returncode == 0, listed.stderr
+    assert "rollway.coordinator.v1.CoordinatorService/StartRun" in listed.stdout.split()
+    runs = buf_curl(
+        services["coordinator"].address,
+        "rollway.coordinator.v1.CoordinatorService/ListRuns",
+        "--reflect-protocol",
+        "grpc-v1",
+        "--data",
+        "{}",
+    )
+    assert runs.returncode == 0, runs.stderr
+    assert json.loads(runs.stdout) == {}
+    described = buf_curl(
+        services["dataloader"].address,
+        "rollway.dataloader.v1.DataloaderService/Describe",
+        "--reflect-protocol",
+        "grpc-v1",
+        "--data",
+        "{}",
+    )
+    assert described.returncode == 0, described.stderr
+    assert json.loads(described.stdout)["mode"] == "rl"
