@@ -1,4 +1,5 @@
-"""deploy/docker-compose.yml: schema validation, and its wiring run as local processes.
+"""deploy/docker-compose.yml: schema validation, docker-compose 1.29's own parsing, and the wiring
+run as local processes.
 
 No container engine runs here. The wiring test takes each service of the `cpu` profile exactly as
 the compose file gives it (command, environment, health check, depends_on order) and starts it as
@@ -10,15 +11,20 @@ services must pass their own health check; one-shot containers must exit 0. That
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
 import shutil
 import signal
 import socket
+import socketserver
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -53,6 +59,115 @@ def test_compose_file_matches_the_compose_schema():
     assert [e.message for e in validator.iter_errors(compose)] == []
     compose["services"]["trainer"]["helthcheck"] = {}  # a typo is caught
     assert any("helthcheck" in e.message for e in validator.iter_errors(compose))
+
+
+def strict_schema() -> dict:
+    """The compose schema as docker-compose 1.29 applies it to an interpolated file.
+
+    The schema lets number and boolean fields also be strings because compose v2 casts interpolated
+    values back to the field's type; 1.29 does not (only a few fields, such as healthcheck.retries,
+    are converted), so the string reaches its code: every 1.29 command but `config` crashes on a
+    string `count` of a device request (a TypeError while raising "Invalid value "1" for devices
+    count"). Here `string` is
+    dropped from every such field (free-form maps such as environment and build args excepted),
+    and `count` is an integer or "all", as 1.29 requires.
+    """
+    schema = copy.deepcopy(json.loads(SCHEMA_FILE.read_text()))
+
+    def narrow(node, in_free_map: bool) -> None:
+        if isinstance(node, dict):
+            types = node.get("type")
+            if isinstance(types, list) and "string" in types and not in_free_map:
+                if {"integer", "number", "boolean"} & set(types):
+                    node["type"] = [t for t in types if t != "string"]
+            for key, value in node.items():
+                narrow(value, in_free_map or key == "list_or_dict")
+        elif isinstance(node, list):
+            for value in node:
+                narrow(value, in_free_map)
+
+    narrow(schema, False)
+    schema["definitions"]["devices"]["items"]["properties"]["count"] = {
+        "anyOf": [{"type": "integer"}, {"const": "all"}]
+    }
+    return schema
+
+
+def v1_type_errors(compose: dict, env: dict[str, str]) -> list[str]:
+    """Fields that hold an interpolated string where 1.29 needs a number (and any bad `count`)."""
+    import jsonschema
+
+    validator = jsonschema.Draft201909Validator(strict_schema())
+
+    def leaves(errors):
+        for error in errors:
+            yield error
+            yield from leaves(error.context or [])
+
+    found = []
+    for error in leaves(validator.iter_errors(interpolate(compose, env))):
+        raw = compose
+        for key in error.absolute_path:
+            raw = raw[key]
+        if error.absolute_path and (
+            error.absolute_path[-1] == "count" or (isinstance(raw, str) and "${" in raw)
+        ):
+            found.append(f"{'.'.join(map(str, error.absolute_path))}: {raw!r}")
+    return sorted(set(found))
+
+
+def test_typed_fields_are_not_interpolated_strings_that_compose_1_29_refuses():
+    compose = json.loads(json.dumps(load_compose()))  # no YAML aliases: services edited one by one
+    for env in ({}, {"TRAINER_GPUS": "0,1", "ROLLOUT_GPUS": "2,3", "DEMO_SFT_STEPS": "12"}):
+        assert v1_type_errors(compose, env) == []
+    # What the shipped file had (every 1.29 command but `config` failed on it), and its cousins.
+    device = compose["services"]["trainer-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]
+    for count in ("${TRAINER_NUM_GPUS:-1}", "2"):
+        device["count"] = count
+        assert v1_type_errors(compose, {}) == [
+            f"services.trainer-gpu.deploy.resources.reservations.devices.0.count: {count!r}"
+        ]
+    device["count"] = 2
+    compose["services"]["trainer"]["shm_size"] = "${SHM_SIZE:-1073741824}"
+    assert v1_type_errors(compose, {}) == ["services.trainer.shm_size: '${SHM_SIZE:-1073741824}'"]
+
+
+def test_gpu_services_get_disjoint_gpus_for_the_default_run_config():
+    """count: N would hand GPUs 0..N-1 to each container: the GPUs are picked by CUDA_VISIBLE_DEVICES."""
+    run_config = yaml.safe_load((ROOT / "deploy" / "configs" / "grpo-gpu.yaml").read_text())
+    for env, trainer_gpus, rollout_gpus in (
+        ({}, ["0", "1", "2", "3"], ["4", "5", "6", "7"]),
+        ({"TRAINER_GPUS": "0", "ROLLOUT_GPUS": "1"}, ["0"], ["1"]),
+    ):
+        services = interpolate(load_compose(), env)["services"]
+        trainer, rollout = services["trainer-gpu"], services["rollout-gpu"]
+        assert trainer["environment"]["CUDA_VISIBLE_DEVICES"].split(",") == trainer_gpus
+        assert rollout["environment"]["CUDA_VISIBLE_DEVICES"].split(",") == rollout_gpus
+        for service in (trainer, rollout):
+            (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+            assert (device["count"], device["driver"], device["capabilities"]) == ("all", "nvidia", ["gpu"])
+            assert service["environment"]["NCCL_SOCKET_IFNAME"] == "eth0"  # the shared GPU settings stay
+    defaults = interpolate(load_compose(), {})["services"]
+    assert (
+        len(defaults["trainer-gpu"]["environment"]["CUDA_VISIBLE_DEVICES"].split(","))
+        == run_config["world_size"]
+    )
+    assert (
+        len(defaults["rollout-gpu"]["environment"]["CUDA_VISIBLE_DEVICES"].split(","))
+        == run_config["rollout_num_gpus"]
+    )
+
+
+def test_images_take_the_torch_index_as_a_build_argument():
+    for env, cpu_index, gpu_index in (
+        ({}, "cpu", "cu128"),
+        ({"TORCH_INDEX_CPU": "https://mirror.example/torch/cpu", "TORCH_INDEX_GPU": "cu126"},
+         "https://mirror.example/torch/cpu", "cu126"),
+    ):  # fmt: skip
+        services = interpolate(load_compose(), env)["services"]
+        assert services["trainer"]["build"]["args"] == {"VARIANT": "cpu", "TORCH_INDEX": cpu_index}
+        assert services["trainer-gpu"]["build"]["args"]["TORCH_INDEX"] == gpu_index
+        assert "TORCH_INDEX" not in services["coordinator"]["build"]["args"]  # base: no torch
 
 
 def test_compose_file_wires_every_service_by_name():
@@ -117,6 +232,105 @@ def test_docker_compose_config_accepts_the_file():
             cwd=ROOT,
         )
         assert result.returncode == 0, result.stderr
+
+
+def _docker_compose_v1() -> str | None:
+    path = shutil.which("docker-compose")
+    if path is None:
+        return None
+    version = subprocess.run([path, "version", "--short"], capture_output=True, text=True)
+    return path if version.stdout.startswith("1.") else None
+
+
+class _EngineStub(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """A Docker engine socket that knows no object: every GET is 404, anything else 405.
+
+    docker-compose 1.29 builds its project (where it reads the device requests) only after it has a
+    client; building it looks up the project network (a 404 is "not created yet"). `ps --services`
+    then prints the services without asking the engine anything else.
+    """
+
+    daemon_threads = True
+
+    def __init__(self, path: str):
+        self.requests: list[str] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                stub.requests.append(f"GET {self.path}")
+                self._reply(404, b'{"message": "not found"}')
+
+            def do_POST(self):
+                stub.requests.append(f"POST {self.path}")
+                self._reply(405, b'{"message": "read-only stub"}')
+
+            def _reply(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):  # the client address of a unix socket is ""
+                pass
+
+        super().__init__(path, Handler)
+
+
+@pytest.fixture
+def engine_stub():
+    directory = tempfile.mkdtemp(prefix="engine-", dir="/tmp")  # unix socket paths are short
+    stub = _EngineStub(os.path.join(directory, "docker.sock"))
+    thread = threading.Thread(target=stub.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield stub
+    finally:
+        stub.shutdown()
+        stub.server_close()
+        thread.join(10)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.mark.skipif(
+    _docker_compose_v1() is None,
+    reason="docker-compose 1.x is not installed (apt-get install docker-compose, or pip install "
+    "docker-compose==1.29.2 into a venv of its own); test_typed_fields_... checks the same rule without it",
+)
+def test_docker_compose_1_29_builds_the_project_of_every_profile(engine_stub):
+    """Every 1.29 command but `config` builds the project first; the shipped file failed there."""
+    compose = load_compose()["services"]
+    env = {
+        **os.environ,
+        "DOCKER_HOST": f"unix://{engine_stub.server_address}",
+        "COMPOSE_API_VERSION": "1.41",  # no /version round trip
+    }
+    for profile, extra_env in (("cpu", {}), ("gpu", {}), ("gpu", {"TRAINER_GPUS": "0", "ROLLOUT_GPUS": "1"}),
+                               ("tracing", {})):  # fmt: skip
+        result = subprocess.run(
+            [_docker_compose_v1(), "-f", str(COMPOSE_FILE), "--profile", profile, "ps", "--services"],
+            capture_output=True, text=True, cwd=ROOT, env={**env, **extra_env}, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0, f"--profile {profile}: {result.stderr}"
+        # 1.29 builds every service of the file whatever the profile (the gpu ones' device requests
+        # included), so a bad `count` breaks the cpu demo too.
+        assert set(result.stdout.split()) == set(compose), profile
+        config = subprocess.run(
+            [_docker_compose_v1(), "-f", str(COMPOSE_FILE), "--profile", profile, "config"],
+            capture_output=True, text=True, cwd=ROOT, env={**env, **extra_env}, timeout=60,
+        )  # fmt: skip
+        assert config.returncode == 0, config.stderr
+        if profile == "gpu":
+            resolved = yaml.safe_load(config.stdout)["services"]
+            (device,) = resolved["trainer-gpu"]["deploy"]["resources"]["reservations"]["devices"]
+            assert device["count"] == "all"
+            assert resolved["trainer-gpu"]["environment"]["CUDA_VISIBLE_DEVICES"] == extra_env.get(
+                "TRAINER_GPUS", "0,1,2,3"
+            )
+    assert engine_stub.requests and all(r.startswith("GET ") for r in engine_stub.requests), (
+        engine_stub.requests
+    )
 
 
 # --- the wiring, as local processes -----------------------------------------------------------
