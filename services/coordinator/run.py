@@ -15,6 +15,7 @@ k + 1 - max_weight_staleness (admission), so staleness is bounded without droppi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import threading
@@ -102,26 +103,24 @@ class Run:
 
     def _resume(self) -> None:
         source = self.config.load or self.config.save
-        directory = run_state.find_checkpoint(source) if source else None
-        if directory is None:
+        restore = functools.partial(run_state.restore_services, self.services, self.uses_trainer)
+        resumed = run_state.resume(source, restore) if source else None  # falls back past corrupt ones
+        if resumed is None:
             if self.config.load:
                 raise FileNotFoundError(f"load: no complete run checkpoint under {self.config.load}")
             return
-        self.state, cursor = run_state.read_checkpoint(directory)
+        self.state = resumed.state
         self.state.restore_rng()
-        if self.uses_trainer:
-            self.services.trainer.LoadCheckpoint(
-                trainer_pb2.LoadCheckpointRequest(path=str(directory / "trainer"))
-            )
-        if cursor is not None and self.services.dataloader is not None:
-            self.services.dataloader.RestoreState(dataloader_pb2.RestoreStateRequest(state_json=cursor))
-        log.info("resumed", checkpoint=str(directory), next_rollout_id=self.state.next_rollout_id)
+        log.info("resumed", checkpoint=str(resumed.directory), next_rollout_id=self.state.next_rollout_id,
+                 num_skipped_checkpoints=len(resumed.skipped))  # fmt: skip
 
     def _checkpoint(self) -> None:
         directory = run_state.checkpoint_dir(self.config.save, self.state.next_rollout_id)
         if self.uses_trainer:
+            # The rollout it was saved for: a resume checks it against coordinator.json.
+            extra_state = to_struct({"next_rollout_id": self.state.next_rollout_id})
             self.services.trainer.SaveCheckpoint(
-                trainer_pb2.SaveCheckpointRequest(path=str(directory / "trainer"))
+                trainer_pb2.SaveCheckpointRequest(path=str(directory / "trainer"), extra_state=extra_state)
             )
         state = dataclasses.replace(self.state)
         cursor = self._data_cursor()

@@ -6,6 +6,12 @@ A run checkpoint is a directory SAVE/rollout_{k:07d}/ holding
     coordinator.json    this module's RunState, written last and atomically
 A checkpoint is complete only once coordinator.json exists; SAVE/latest_checkpointed_iteration.txt
 names the newest complete one (Miles' file name). A save killed half-way is never picked up.
+
+Resume (`resume`) tries the complete checkpoints newest first: one whose files do not read (a
+JSON that does not parse or holds the wrong fields), whose trainer checkpoint does not verify, or
+whose cursor the dataloader refuses is skipped with a warning naming the file and why, and the
+previous one is used. The trainer checkpoint loaded is always the one inside the run checkpoint
+used, so the model, optimizer, data cursor and run state come from the same step.
 """
 
 from __future__ import annotations
@@ -13,12 +19,26 @@ from __future__ import annotations
 import json
 import os
 import random
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+import grpc
 import numpy as np
 
+from rollway.common.log import get_logger
+from rollway.dataloader.v1 import dataloader_pb2
+from rollway.trainer.v1 import trainer_pb2
+
 LATEST_FILE = "latest_checkpointed_iteration.txt"
+STATE_FILE = "coordinator.json"
+CURSOR_FILE = "dataloader.json"
+
+log = get_logger("rollway.coordinator.run_state")
+
+
+class RunCheckpointError(RuntimeError):
+    """A run checkpoint cannot be resumed from; the message names the file and the problem."""
 
 
 @dataclass
@@ -70,27 +90,149 @@ def write_checkpoint(directory: Path, state: RunState, dataloader_state: str | N
     """Write the dataloader cursor and the coordinator state (last), then point `latest` at it."""
     directory.mkdir(parents=True, exist_ok=True)
     if dataloader_state is not None:
-        _write_atomic(directory / "dataloader.json", dataloader_state)
+        _write_atomic(directory / CURSOR_FILE, dataloader_state)
     state.capture_rng()
-    _write_atomic(directory / "coordinator.json", json.dumps(asdict(state), indent=1))
+    _write_atomic(directory / STATE_FILE, json.dumps(asdict(state), indent=1))
     _write_atomic(directory.parent / LATEST_FILE, directory.name + "\n")
 
 
 def find_checkpoint(path: str | Path) -> Path | None:
     """`path` itself if it is a complete checkpoint, else the latest complete one inside it."""
+    found = candidates(path)
+    return found[0] if found else None
+
+
+def candidates(path: str | Path) -> list[Path]:
+    """Complete run checkpoints to resume from, best first.
+
+    `path` itself when it is one (named directly: nothing else is tried); else the one SAVE's
+    latest pointer names, then every older complete one, newest first. A checkpoint newer than
+    the pointer is a save that stopped before moving it, and is not used."""
     path = Path(path)
-    if (path / "coordinator.json").exists():
-        return path
+    if (path / STATE_FILE).exists():
+        return [path]
+    if not path.is_dir():
+        return []
+    complete = sorted((p for p in path.glob("rollout_*") if (p / STATE_FILE).exists()), reverse=True)
     latest = path / LATEST_FILE
     if latest.exists():
-        candidate = path / latest.read_text().strip()
-        if (candidate / "coordinator.json").exists():
-            return candidate
-    complete = sorted(p for p in path.glob("rollout_*") if (p / "coordinator.json").exists())
-    return complete[-1] if complete else None
+        name = latest.read_text().strip()
+        if (path / name / STATE_FILE).exists():
+            return [p for p in complete if p.name <= name]
+        log.warning(
+            "the latest pointer names no complete run checkpoint", pointer=str(latest), names=name[:80]
+        )
+    return complete
 
 
 def read_checkpoint(directory: Path) -> tuple[RunState, str | None]:
-    state = RunState(**json.loads((directory / "coordinator.json").read_text()))
-    cursor = directory / "dataloader.json"
-    return state, cursor.read_text() if cursor.exists() else None
+    """The run state and the data cursor (JSON text, or None) of one run checkpoint.
+
+    RunCheckpointError naming the file when either does not read or parse."""
+    state_file = directory / STATE_FILE
+    data = _read_json(state_file)
+    known = {f.name: f for f in fields(RunState)}
+    if not isinstance(data, dict):
+        raise RunCheckpointError(f"{state_file}: not a JSON object")
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise RunCheckpointError(f"{state_file}: unknown field(s) {', '.join(unknown)}")
+    for name, value in data.items():
+        kind = {"int": int, "dict": dict}.get(known[name].type, list)  # the annotations, as strings
+        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
+            raise RunCheckpointError(f"{state_file}: {name} must be a{' non-negative' * (kind is int)} "
+                                     f"{kind.__name__} (got {json.dumps(value)[:40]})")  # fmt: skip
+    cursor_file = directory / CURSOR_FILE
+    if not cursor_file.exists():
+        return RunState(**data), None
+    cursor = _read_text(cursor_file)
+    if not isinstance(_parse_json(cursor_file, cursor), dict):
+        raise RunCheckpointError(f"{cursor_file}: not a JSON object")
+    return RunState(**data), cursor
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunCheckpointError(f"{path}: unreadable ({exc})") from None
+
+
+def _parse_json(path: Path, text: str):
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise RunCheckpointError(f"{path}: not valid JSON ({exc})") from None
+
+
+def _read_json(path: Path):
+    return _parse_json(path, _read_text(path))
+
+
+@dataclass
+class Resumed:
+    """The run checkpoint a run continues from, and the newer ones skipped (why, newest first)."""
+
+    directory: Path
+    state: RunState
+    cursor: str | None
+    skipped: list[str]
+
+
+def resume(path: str | Path, restore: Callable[[Path, RunState, str | None], None]) -> Resumed | None:
+    """Continue from the newest run checkpoint under `path` that reads and restores.
+
+    `restore(directory, state, cursor)` loads the services (restore_services) and raises
+    RunCheckpointError when they refuse that checkpoint; the previous one is tried next, so a
+    later success overrides what an earlier attempt loaded. None when `path` holds no complete
+    checkpoint; RunCheckpointError naming `path` and every reason when none can be used."""
+    skipped: list[str] = []
+    for directory in candidates(path):
+        try:
+            state, cursor = read_checkpoint(directory)
+            restore(directory, state, cursor)
+        except RunCheckpointError as exc:
+            log.warning("run checkpoint unusable, trying the previous one", checkpoint=str(directory),
+                        reason=str(exc))  # fmt: skip
+            skipped.append(str(exc))
+            continue
+        if skipped:
+            log.warning("resumed from an older run checkpoint", checkpoint=str(directory),
+                        num_skipped=len(skipped), skipped=skipped)  # fmt: skip
+        return Resumed(directory, state, cursor, skipped)
+    if skipped:
+        raise RunCheckpointError(f"{path}: no usable run checkpoint ({'; '.join(skipped)})")
+    return None
+
+
+def restore_services(
+    services, uses_trainer: bool, directory: Path, state: RunState, cursor: str | None
+) -> None:
+    """Load one run checkpoint into the trainer (its trainer/ directory) and the dataloader (its cursor).
+
+    A refusal of the checkpoint's content raises RunCheckpointError naming the file; anything else
+    (a service down) propagates. The trainer checkpoint is checked to belong to this run state."""
+    if uses_trainer:
+        trainer_dir = directory / "trainer"
+        try:
+            loaded = services.trainer.LoadCheckpoint(trainer_pb2.LoadCheckpointRequest(path=str(trainer_dir)))
+        except grpc.RpcError as exc:
+            if exc.code() not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+                raise
+            raise RunCheckpointError(f"{trainer_dir}: {exc.details()}") from None
+        saved_for = loaded.extra_state.fields.get("next_rollout_id")
+        if saved_for is not None and int(saved_for.number_value) != state.next_rollout_id:
+            raise RunCheckpointError(
+                f"{loaded.checkpoint_dir}: saved for rollout {int(saved_for.number_value)}, but "
+                f"{directory / STATE_FILE} continues at rollout {state.next_rollout_id}"
+            )
+    if cursor is not None and services.dataloader is not None:
+        request = dataloader_pb2.RestoreStateRequest(state_json=cursor)
+        try:
+            services.dataloader.RestoreState(request)
+        except grpc.RpcError as exc:
+            if exc.code() not in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+                raise
+            raise RunCheckpointError(
+                f"{directory / CURSOR_FILE}: refused by the dataloader: {exc.details()}"
+            ) from None

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ def finalize(tmp: Path, root: Path, step: int, meta: dict[str, Any]) -> Path:
 
 def resolve(path: Path) -> Path:
     """A checkpoint directory: `path` itself, or the one `path`'s latest pointer names."""
-    if (path / META).is_file() or (path / "manifest.json").is_file():
+    if is_checkpoint(path):
         return path
     pointer = path / LATEST
     if pointer.is_file():
@@ -99,19 +100,72 @@ def resolve(path: Path) -> Path:
         return candidate
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint directory")
-    steps = sorted(int(m.group(1)) for p in path.iterdir() if (m := ITER_PATTERN.match(p.name)))
+    steps = _steps(path)
     if not steps:
         raise CheckpointError(f"{path}: holds no checkpoint (no {LATEST}, no iter_* directory)")
     return path / iter_dir_name(steps[-1])
+
+
+def is_checkpoint(path: Path) -> bool:
+    """`path` is one checkpoint (not a directory of them)."""
+    return (path / META).is_file() or (path / "manifest.json").is_file()
+
+
+def _steps(root: Path) -> list[int]:
+    return sorted(int(m.group(1)) for p in root.iterdir() if (m := ITER_PATTERN.match(p.name)))
+
+
+@dataclass(frozen=True)
+class Verified:
+    """The checkpoint to load, and the newer ones passed over because they did not verify."""
+
+    directory: Path
+    meta: dict[str, Any]
+    skipped: list[str]  # why each newer one was passed over (naming its file), newest first
+
+
+def resolve_verified(path: Path) -> Verified:
+    """The newest checkpoint under `path` that verifies, or `path` itself when it is one.
+
+    A directory of checkpoints is tried from the one its latest pointer names (or the highest
+    iter_*) down to the oldest: a corrupt or incomplete latest falls back to the newest one that
+    verifies, and says which it skipped and why. A checkpoint named directly is never replaced by
+    another. CheckpointError naming `path` and every reason when none verifies."""
+    if is_checkpoint(path) or not path.is_dir():
+        directory = resolve(path)
+        return Verified(directory, verify(directory), [])
+    skipped: list[str] = []
+    steps = _steps(path)
+    pointer = path / LATEST
+    if pointer.is_file():
+        text = pointer.read_text().strip()
+        if text.isdigit():
+            steps = [s for s in steps if s <= int(text)]
+            if int(text) not in steps:
+                skipped.append(f"{pointer}: names {iter_dir_name(int(text))}, which does not exist")
+        else:
+            skipped.append(f"{pointer}: not a step number ({text[:40]!r})")
+    for step in reversed(steps):
+        directory = path / iter_dir_name(step)
+        try:
+            return Verified(directory, verify(directory), skipped)
+        except CheckpointError as exc:  # its message names the file and the problem
+            skipped.append(str(exc))
+    if not skipped:
+        raise CheckpointError(f"{path}: holds no checkpoint (no {LATEST}, no iter_* directory)")
+    raise CheckpointError(f"{path}: no checkpoint verifies ({'; '.join(skipped)})")
 
 
 def verify(directory: Path) -> dict[str, Any]:
     """Rank 0, before any rank reads: check the manifest and return meta.json."""
     verify_manifest(directory)
     try:
-        return json.loads((directory / META).read_text())
+        meta = json.loads((directory / META).read_text())
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{directory / META}: unreadable ({exc})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("global_step"), int):
+        raise CheckpointError(f"{directory / META}: no integer global_step")
+    return meta
 
 
 def load_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:

@@ -218,10 +218,12 @@ class TrainerController:
         if not Path(path).exists():
             raise NotFound(f"path: {path} does not exist")
         try:
-            directory = checkpoint.resolve(Path(path))
-            meta = checkpoint.verify(directory)
+            found = checkpoint.resolve_verified(Path(path))
         except CheckpointError as exc:
             raise FailedPrecondition(f"checkpoint refused: {exc}") from None
+        directory, meta = found.directory, found.meta
+        for reason in found.skipped:  # loudly: a resume from an older step than the caller expects
+            _log().warning("newer checkpoint skipped, falling back", reason=reason, loading=str(directory))
         with self.lock:
             self._broadcast("load", directory=str(directory), global_step=int(meta["global_step"]))
             self.results = OrderedDict(

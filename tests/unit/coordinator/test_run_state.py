@@ -1,14 +1,17 @@
-"""Run checkpoints: atomic, latest-complete lookup, RNG round trip; debug rollout dumps."""
+"""Run checkpoints: atomic, latest-complete lookup, RNG round trip, fallback past corrupt ones; debug dumps."""
 
+import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
 from rollway.common.errors import NotFound
 from rollway.common.v1 import common_pb2
 from rollway.coordinator import debug_data, run_state
-from rollway.coordinator.run_state import RunState
+from rollway.coordinator.run_state import RunCheckpointError, RunState
 
 
 def test_checkpoint_round_trip_and_latest(tmp_path):
@@ -33,6 +36,107 @@ def test_checkpoint_round_trip_and_latest(tmp_path):
     first, cursor = run_state.read_checkpoint(run_state.checkpoint_dir(tmp_path, 3))
     assert (first.next_batch_id, first.weight_version, cursor) == (5, 4, '{"cursor": 1}')
     assert run_state.find_checkpoint(tmp_path / "missing") is None
+
+
+def write(save, rollout_id: int, cursor: str | None = '{"cursor": 1}'):
+    directory = run_state.checkpoint_dir(save, rollout_id)
+    run_state.write_checkpoint(
+        directory, RunState(next_rollout_id=rollout_id, next_batch_id=2 * rollout_id), cursor
+    )
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("file", "content", "problem"),
+    [
+        ("coordinator.json", '{"next_rollout_id": 3, "next_batch', "not valid JSON (Unterminated string"),
+        ("coordinator.json", "[1, 2]", "not a JSON object"),
+        ("coordinator.json", '{"next_rollout_id": 3, "cursor": 1}', "unknown field(s) cursor"),
+        (
+            "coordinator.json",
+            '{"next_rollout_id": "3"}',
+            'next_rollout_id must be a non-negative int (got "3")',
+        ),
+        ("coordinator.json", '{"partial_groups": {}}', "partial_groups must be a list (got {})"),
+        ("coordinator.json", b"\xff\xfe", "unreadable ('utf-8' codec can't decode"),
+        ("dataloader.json", '{"cursor": {"epoch": 0', "not valid JSON (Expecting"),
+        ("dataloader.json", '"cursor"', "not a JSON object"),
+    ],
+)
+def test_a_corrupt_checkpoint_file_is_an_error_naming_the_file(tmp_path, file, content, problem):
+    directory = write(tmp_path, 3)
+    path = directory / file
+    path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    with pytest.raises(RunCheckpointError) as info:
+        run_state.read_checkpoint(directory)
+    assert str(info.value).startswith(f"{path}: {problem}")
+
+
+def test_resume_falls_back_past_corrupt_checkpoints_and_says_so(tmp_path):
+    for rollout_id in (2, 4, 6, 8):
+        write(tmp_path, rollout_id, cursor=json.dumps({"at": rollout_id}))
+    (tmp_path / "rollout_0000010" / "trainer").mkdir(parents=True)  # a save killed half-way: not a candidate
+    (tmp_path / "rollout_0000008" / "coordinator.json").write_text("{")  # the latest: truncated
+    (tmp_path / "rollout_0000006" / "dataloader.json").write_text('{"at": 6')  # edited
+    restored = []
+
+    def restore(directory, state, cursor):
+        restored.append((directory.name, state.next_rollout_id, cursor))
+        if directory.name == "rollout_0000004":  # e.g. its trainer checkpoint does not verify
+            raise RunCheckpointError(f"{directory}/trainer: checkpoint refused: corrupt")
+
+    with capture_logs() as logs:
+        resumed = run_state.resume(tmp_path, restore)
+    assert (resumed.directory.name, resumed.state.next_rollout_id, resumed.state.next_batch_id) == (
+        "rollout_0000002",
+        2,
+        4,
+    )
+    assert restored == [("rollout_0000004", 4, '{"at": 4}'), ("rollout_0000002", 2, '{"at": 2}')]
+    assert [reason.split(": ")[0] for reason in resumed.skipped] == [
+        str(tmp_path / "rollout_0000008" / "coordinator.json"),
+        str(tmp_path / "rollout_0000006" / "dataloader.json"),
+        str(tmp_path / "rollout_0000004" / "trainer"),
+    ]
+    warnings = [(e["event"], Path(e["checkpoint"]).name) for e in logs if e["log_level"] == "warning"]
+    assert warnings == [
+        ("run checkpoint unusable, trying the previous one", "rollout_0000008"),
+        ("run checkpoint unusable, trying the previous one", "rollout_0000006"),
+        ("run checkpoint unusable, trying the previous one", "rollout_0000004"),
+        ("resumed from an older run checkpoint", "rollout_0000002"),
+    ]
+    assert logs[0]["reason"] == resumed.skipped[0]
+
+
+def test_resume_when_every_checkpoint_is_corrupt_names_the_directory(tmp_path):
+    for rollout_id in (1, 2):
+        write(tmp_path, rollout_id)
+        (run_state.checkpoint_dir(tmp_path, rollout_id) / "coordinator.json").write_text("")
+    with pytest.raises(RunCheckpointError) as info:
+        run_state.resume(tmp_path, lambda *args: None)
+    message = str(info.value)
+    assert message.startswith(
+        f"{tmp_path}: no usable run checkpoint ({tmp_path}/rollout_0000002/coordinator.json"
+    )
+    assert f"{tmp_path}/rollout_0000001/coordinator.json: not valid JSON" in message
+    assert run_state.resume(tmp_path / "empty", lambda *args: None) is None  # nothing saved yet: a fresh run
+    # A checkpoint named directly is the only one tried.
+    with pytest.raises(RunCheckpointError, match=f"^{tmp_path}/rollout_0000001: no usable run checkpoint"):
+        run_state.resume(run_state.checkpoint_dir(tmp_path, 1), lambda *args: None)
+
+
+def test_the_latest_pointer_bounds_the_candidates(tmp_path):
+    write(tmp_path, 1)
+    write(tmp_path, 2)
+    write(tmp_path, 3)
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("rollout_0000002\n")  # 3 never became latest
+    assert [p.name for p in run_state.candidates(tmp_path)] == ["rollout_0000002", "rollout_0000001"]
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("garbage")
+    assert [p.name for p in run_state.candidates(tmp_path)] == [
+        "rollout_0000003",
+        "rollout_0000002",
+        "rollout_0000001",
+    ]
 
 
 def test_debug_rollout_dump_is_bit_exact(tmp_path):

@@ -79,3 +79,55 @@ def test_atomic_write_text_leaves_no_temporary_file(tmp_path):
     atomic_write_text(target, json.dumps({"a": 2}))
     assert json.loads(target.read_text()) == {"a": 2}
     assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
+
+
+def test_a_corrupt_latest_falls_back_to_the_newest_that_verifies(tmp_path):
+    for step in (3, 5, 7):
+        make_checkpoint(tmp_path, step)
+    shard = tmp_path / "iter_0000007" / "model" / "shard.distcp"
+    shard.write_bytes(shard.read_bytes()[:-10])  # truncated
+    meta = tmp_path / "iter_0000005" / "meta.json"
+    meta.write_text(meta.read_text().replace('"global_step": 5', '"global_step": 6'))  # edited, same size
+    found = checkpoint.resolve_verified(tmp_path)
+    assert found.directory == tmp_path / "iter_0000003" and found.meta["global_step"] == 3
+    assert found.skipped == [
+        f"{shard}: size 690 != 700 in the manifest",
+        f"{meta}: sha256 does not match the manifest (corrupt)",
+    ]
+    # A checkpoint named directly is never replaced by another one.
+    with pytest.raises(CheckpointError, match="size 690 != 700"):
+        checkpoint.resolve_verified(tmp_path / "iter_0000007")
+
+
+def test_a_bad_latest_pointer_falls_back_and_a_save_beyond_it_is_ignored(tmp_path):
+    make_checkpoint(tmp_path, 3)
+    make_checkpoint(tmp_path, 4)
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("3")  # iter 4 renamed, pointer not moved
+    assert checkpoint.resolve_verified(tmp_path).directory == tmp_path / "iter_0000003"
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("x\x00")
+    found = checkpoint.resolve_verified(tmp_path)
+    assert found.directory == tmp_path / "iter_0000004"
+    assert found.skipped == [
+        f"{tmp_path / 'latest_checkpointed_iteration.txt'}: not a step number ('x\\x00')"
+    ]
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("9")
+    found = checkpoint.resolve_verified(tmp_path)
+    assert (found.directory.name, found.skipped[0].split(": ")[1]) == (
+        "iter_0000004",
+        "names iter_0000009, which does not exist",
+    )
+
+
+def test_when_no_checkpoint_verifies_the_error_names_the_directory_and_every_reason(tmp_path):
+    make_checkpoint(tmp_path, 1)
+    make_checkpoint(tmp_path, 2)
+    (tmp_path / "iter_0000001" / "manifest.json").unlink()
+    (tmp_path / "iter_0000002" / "model" / "shard.distcp").unlink()
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.resolve_verified(tmp_path)
+    assert str(info.value) == (
+        f"{tmp_path}: no checkpoint verifies ({tmp_path}/iter_0000002/model/shard.distcp: missing; "
+        f"{tmp_path}/iter_0000001/manifest.json: missing (incomplete checkpoint))"
+    )
+    with pytest.raises(CheckpointError, match="holds no checkpoint"):
+        checkpoint.resolve_verified(tmp_path / "iter_0000001" / "model")

@@ -1,0 +1,73 @@
+"""A corrupt latest run checkpoint: resume falls back to the newest usable one, loudly, and consistently."""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+
+import pytest
+from support.stack import coordinator_stub, sft_service_args, start_run, start_services, wait_run
+
+from rollway.coordinator.v1 import coordinator_pb2
+
+
+def sft_config(services, save, **extra) -> dict:
+    return {
+        "loss_type": "sft_loss",
+        "rollout_batch_size": 16,
+        "global_batch_size": 16,
+        "dataloader_addr": services["dataloader"].address,
+        "trainer_addr": services["trainer"].address,
+        "save": str(save),
+        "save_interval": 2,
+        "num_rollout": 6,
+        **extra,
+    }
+
+
+def run(tmp_path, model_dir, data_dir, name: str, save) -> tuple[coordinator_pb2.RunInfo, dict, dict]:
+    """One SFT run on fresh services (a service holds one run); (final info, losses by step, logs)."""
+    workdir = tmp_path / name
+    with ExitStack() as stack:
+        services = start_services(stack, workdir, sft_service_args(model_dir, data_dir))
+        stub = coordinator_stub(services["coordinator"])
+        start_run(stub, name, sft_config(services, save))
+        final = wait_run(stub, name)
+        metrics = workdir / "runs" / name / "metrics.jsonl"
+        records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+        logs = {name: service.log_text() for name, service in services.items()}
+    return final, {r["step"]: r["sft/loss"] for r in records}, logs
+
+
+def test_resume_skips_corrupt_checkpoints_and_fails_clearly_when_none_is_usable(
+    tiny_model_dir, demo_data_dir, tmp_path
+):
+    save = tmp_path / "save"
+    final, straight, _ = run(tmp_path, tiny_model_dir, demo_data_dir, "first", save)
+    assert final.state == coordinator_pb2.RUN_STATE_SUCCEEDED, final.error
+    assert sorted(straight) == list(range(6))
+
+    # The latest: a truncated trainer shard; the one before: an edited coordinator.json.
+    shard = sorted((save / "rollout_0000006" / "trainer").glob("iter_*/model/*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[:-100])
+    state_file = save / "rollout_0000004" / "coordinator.json"
+    state_file.write_text(state_file.read_text().replace('"next_batch_id": 4', '"next_batch_id": "4"'))
+
+    final, resumed, logs = run(tmp_path, tiny_model_dir, demo_data_dir, "resumed", save)
+    assert final.state == coordinator_pb2.RUN_STATE_SUCCEEDED, final.error
+    # Resumed at rollout 2 with the trainer and data of rollout 2: steps 2..5 redo the same losses.
+    assert sorted(resumed) == [2, 3, 4, 5]
+    assert [resumed[s] for s in range(2, 6)] == pytest.approx([straight[s] for s in range(2, 6)], rel=1e-5)
+    assert "run checkpoint unusable, trying the previous one" in logs["coordinator"]
+    assert f"{shard.name}: size" in logs["coordinator"] and "checkpoint refused" in logs["coordinator"]
+    assert f"{state_file}: next_batch_id must be a non-negative int" in logs["coordinator"]
+    assert "resumed from an older run checkpoint" in logs["coordinator"]
+    assert "newer checkpoint skipped" not in logs["trainer"]  # the trainer never fell back on its own
+
+    for directory in save.glob("rollout_*"):
+        (directory / "dataloader.json").write_text('{"version": 1, "cursor"')
+    final, _, _ = run(tmp_path, tiny_model_dir, demo_data_dir, "hopeless", save)
+    assert final.state == coordinator_pb2.RUN_STATE_FAILED
+    assert f"{save}: no usable run checkpoint ({save}/rollout_0000006/dataloader.json: not valid JSON" in (
+        final.error
+    )
