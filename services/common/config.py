@@ -124,8 +124,11 @@ def _coerce(name: str, tp: Any, value: Any) -> Any:
     return value
 
 
-def from_dict(cls: type[T], data: Mapping[str, Any], *, base: T | None = None) -> T:
-    """Build `cls` from a mapping (keys may use - or _), on top of `base` or the defaults."""
+def from_dict(cls: type[T], data: Mapping[str, Any], *, base: T | None = None, require: bool = True) -> T:
+    """Build `cls` from a mapping (keys may use - or _), on top of `base` or the defaults.
+
+    A component's `check_required()` names a setting a run cannot go without (the model); with
+    `require=False` it is skipped, for a service started bare and configured later by its run."""
     types_ = _field_types(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     values = dataclasses.asdict(base) if base is not None else {}
@@ -154,6 +157,9 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, base: T | None = None) -
             raise ConfigError(
                 name, f"must be one of {', '.join(map(str, choices))} (got {getattr(config, name)!r})"
             )
+    check_required = getattr(config, "check_required", None)
+    if require and check_required is not None:
+        check_required()
     validate = getattr(config, "validate", None)
     if validate is not None:
         validate()
@@ -256,6 +262,7 @@ def parse_components(
     prog: str | None = None,
     description: str | None = None,
     run_config_keys: Callable[[], set[str]] | None = None,
+    require: bool = True,
 ) -> list[Any]:
     """Like `parse` for several component dataclasses sharing one flat namespace of flags and keys.
 
@@ -297,7 +304,10 @@ def parse_components(
             if key not in owners:
                 close = difflib.get_close_matches(key, owners, n=1)
                 raise ConfigError(key, "unknown setting" + (f"; did you mean {close[0]}?" if close else ""))
-        return [from_dict(cls, {k: v for k, v in data.items() if cls in owners[k]}) for cls in classes]
+        return [
+            from_dict(cls, {k: v for k, v in data.items() if cls in owners[k]}, require=require)
+            for cls in classes
+        ]
     except ConfigError as exc:
         parser.error(str(exc))
         raise

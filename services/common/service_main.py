@@ -44,6 +44,7 @@ def run_service(service: str, config_classes: Sequence[type], argv: Sequence[str
         prog=f"python -m rollway.{service}",
         description=f"Run the rollway {service} service.",
         run_config_keys=run_config_keys,
+        require=False,  # a service started without its model is configured by its first run
     )
     module = importlib.import_module(f"rollway.{service}.service")
     module.serve(server_config, *service_configs)

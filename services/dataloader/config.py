@@ -78,14 +78,18 @@ class DataloaderConfig:
             raise SourceSpecError("expects name path pairs")
         return parse_sources(self.eval_prompt_data)
 
-    def validate(self) -> None:
+    def check_required(self) -> None:
+        """What a run cannot go without (a dataloader started bare gets them from its run)."""
         if not self.hf_checkpoint:
             raise ConfigError(
                 "hf_checkpoint", "is required: the dataloader tokenises with the model's tokenizer"
             )
         if not self.prompt_data:
             raise ConfigError("prompt_data", "is required: give a jsonl/parquet path or name path pairs")
-        for name, parse in (("prompt_data", self.sources), ("eval_prompt_data", self.eval_sources)):
+
+    def validate(self) -> None:
+        parsers = (("prompt_data", self.sources), ("eval_prompt_data", self.eval_sources))
+        for name, parse in parsers[0 if self.prompt_data else 1 :]:
             try:
                 parse()
             except SourceSpecError as exc:

@@ -13,11 +13,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from google.protobuf import struct_pb2
+from google.protobuf import json_format, struct_pb2
 
-from rollway.common.config import to_dict
+from rollway.common.config import ConfigError, from_dict, to_dict
 from rollway.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from rollway.common.log import get_logger
+from rollway.common.run_host import RunHost, run_scoped_servicer
 from rollway.common.server import RollwayServer, ServerConfig
 from rollway.dataloader.config import DataloaderConfig
 from rollway.dataloader.datasets import DataError, OpenedSource, open_sources
@@ -45,6 +46,7 @@ class DataloaderService(dataloader_pb2_grpc.DataloaderServiceServicer):
         self.error: str | None = None
         self._opening = True
         self._cache_dir: Path | None = None
+        self.vocab_size = 0
 
     def open(self) -> None:
         """Load the tokenizer and open every source; on failure keep the error to report it."""
@@ -85,6 +87,7 @@ class DataloaderService(dataloader_pb2_grpc.DataloaderServiceServicer):
             for source in sources:
                 source.close()
             raise DataError(f"eval_prompt_data: {exc}") from None
+        self.vocab_size = len(tokenizer)
         self.eval_sets = EvalSets(eval_sources, encoder, config.rollout_max_prompt_len, config.skip_bad_rows)
         self.stream = DataStream(sources, encoder, self._settings())
         summary = [_source_summary(s) for s in sources + eval_sources]
@@ -202,21 +205,65 @@ def _struct(mapping: dict) -> struct_pb2.Struct:
     return struct
 
 
+class DataloaderRuns:
+    """Init and EndRun: which run the dataloader serves; each run gets its own stream."""
+
+    def __init__(self, startup: DataloaderConfig, host: RunHost):
+        self.startup = startup
+        self.host = host
+
+    def Init(self, request, context):
+        try:
+            settings = from_dict(DataloaderConfig, _dict(request.config), base=self.startup)
+        except ConfigError as exc:
+            raise InvalidArgument(f"config.{exc.setting}", exc.problem) from None
+        servicer, already, _ = self.host.init(request.run_id, settings)
+        if servicer.error:
+            self.host.end(request.run_id)
+            raise FailedPrecondition(f"the dataloader cannot serve the run's data: {servicer.error}")
+        return dataloader_pb2.InitResponse(
+            run_id=request.run_id,
+            already_initialized=already,
+            settings=_struct(to_dict(settings)),
+            vocab_size=servicer.vocab_size,
+        )
+
+    def EndRun(self, request, context):
+        return dataloader_pb2.EndRunResponse(was_holding=self.host.end(request.run_id))
+
+
+def _dict(struct: struct_pb2.Struct) -> dict:
+    return json_format.MessageToDict(struct)
+
+
 def serve(server_config: ServerConfig, config: DataloaderConfig) -> None:
-    """Open the datasets, then serve until SIGTERM."""
+    """Open the datasets (when the flags name them), then serve until SIGTERM."""
     server = RollwayServer("dataloader", server_config)
-    servicer = DataloaderService(config, server_config.max_message_mb)
+
+    def build(settings: DataloaderConfig) -> DataloaderService:
+        servicer = DataloaderService(settings, server_config.max_message_mb)
+        try:
+            servicer.open()
+        except BaseException:
+            servicer.close()
+            raise
+        return servicer
+
+    host = RunHost("dataloader", build, DataloaderService.close)
     server.add_service(
         dataloader_pb2_grpc.add_DataloaderServiceServicer_to_server,
-        servicer,
+        run_scoped_servicer(
+            dataloader_pb2_grpc.DataloaderServiceServicer,
+            dataloader_pb2.DESCRIPTOR.services_by_name["DataloaderService"],
+            host,
+            DataloaderRuns(config, host),
+            read_only=frozenset({"Describe", "GetState", "EvalBatch"}),
+        ),
         dataloader_pb2.DESCRIPTOR.services_by_name["DataloaderService"],
     )
-    server.on_stop(servicer.close)
+    server.on_stop(host.close)
     server.start()
-    try:
-        servicer.open()
-    except BaseException:
-        servicer.close()
-        raise
+    if config.hf_checkpoint and config.prompt_data:
+        host.adopt(build(config), config)
     server.set_serving()
     server.wait_for_termination()

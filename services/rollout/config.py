@@ -16,6 +16,34 @@ from rollway.common.config import ConfigError, setting
 
 # Engine names; the registry in engines/__init__.py maps each to its implementation.
 ENGINE_NAMES = ("hf", "sglang")
+# Settings of the engine itself: a run that changes one gets a new engine (runs.py); the other
+# settings are defaults of requests and rewards, per run.
+ENGINE_SETTINGS = frozenset(
+    {
+        "rollout_engine",
+        "hf_checkpoint",
+        "dtype",
+        "device",
+        "attn_implementation",
+        "hf_batching",
+        "max_running_requests",
+        "rollout_max_context_len",
+        "sglang_urls",
+        "rollout_num_gpus",
+        "rollout_num_gpus_per_engine",
+        "sglang_mem_fraction_static",
+        "sglang_port",
+        "sglang_host",
+        "sglang_log_dir",
+        "sglang_enable_memory_saver",
+        "sglang_extra_args",
+        "sglang_startup_timeout",
+        "sglang_request_timeout",
+        "sglang_health_interval",
+        "sglang_max_restarts",
+        "sglang_server_concurrency",
+    }
+)
 RESERVED_REWARDS = ("none",)
 
 
@@ -45,6 +73,19 @@ class RolloutConfig:
     )
     max_samples_per_request: int = setting(
         4096, "most samples (prompts x n_samples_per_prompt) one Generate may ask for (RESOURCE_EXHAUSTED)"
+    )
+    max_generate_calls: int = setting(
+        0, "Generate calls generating at once; more wait in the queue (0: --max-workers minus 4)"
+    )
+    generate_queue_size: int = setting(
+        256, "Generate calls that may wait for a running slot; one more is refused (RESOURCE_EXHAUSTED)"
+    )
+    generate_queue_timeout: float = setting(
+        600.0, "seconds a queued Generate call may wait for a running slot (then DEADLINE_EXCEEDED)"
+    )
+    # --- prompts given as text or chat messages ---
+    chat_template_path: str = setting(
+        "", "file with a Jinja chat template that replaces the tokenizer's (prompts given as messages)"
     )
     # --- sampling defaults (a request's sampling_params override them) ---
     n_samples_per_prompt: int = setting(1, "samples per prompt when a request sets 0")
@@ -84,9 +125,12 @@ class RolloutConfig:
     sglang_max_restarts: int = setting(3, "sglang: restarts of a dead server before giving up")
     sglang_server_concurrency: int = setting(512, "sglang: in-flight /generate calls per server")
 
-    def validate(self) -> None:
+    def check_required(self) -> None:
+        """What a run cannot go without (a rollout service started bare gets it from its run)."""
         if not self.hf_checkpoint:
             raise ConfigError("hf_checkpoint", "is required (model directory with config and tokenizer)")
+
+    def validate(self) -> None:
         positive = {
             "max_running_requests": self.max_running_requests,
             "max_samples_per_request": self.max_samples_per_request,
@@ -103,6 +147,12 @@ class RolloutConfig:
             raise ConfigError("rollout_temperature", f"must be >= 0 (got {self.rollout_temperature})")
         if not 0 < self.rollout_top_p <= 1:
             raise ConfigError("rollout_top_p", f"must be in (0, 1] (got {self.rollout_top_p})")
+        if self.max_generate_calls < 0:
+            raise ConfigError("max_generate_calls", f"must be >= 0 (got {self.max_generate_calls})")
+        if self.generate_queue_size < 0:
+            raise ConfigError("generate_queue_size", f"must be >= 0 (got {self.generate_queue_size})")
+        if self.generate_queue_timeout <= 0:
+            raise ConfigError("generate_queue_timeout", f"must be positive (got {self.generate_queue_timeout})")
         if self.reward_timeout <= 0:
             raise ConfigError("reward_timeout", f"must be positive (got {self.reward_timeout})")
         if self.rollout_max_context_len < 0:

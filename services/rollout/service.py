@@ -13,6 +13,7 @@ import threading
 from rollway.common.config import ConfigError
 from rollway.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from rollway.common.log import get_logger
+from rollway.common.run_host import RunHost, run_scoped_servicer
 from rollway.common.server import RollwayServer, ServerConfig
 from rollway.common.v1 import common_pb2
 from rollway.common.weights_checksum import ALGORITHM, dtype_from_name
@@ -23,6 +24,7 @@ from rollway.rollout.generate_stream import GenerateStream, StreamContext, engin
 from rollway.rollout.generation_gate import GenerationGate
 from rollway.rollout.request_validation import plan_generation
 from rollway.rollout.rewards import RewardRunner, build_rewards
+from rollway.rollout.runs import EngineKeeper, RolloutRuns, close_servicer
 from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from rollway.rollout.weight_receive import WeightReceiver
 
@@ -194,28 +196,47 @@ def _build(config: RolloutConfig) -> tuple[Engine, dict, object]:
 
 
 def serve(server_config: ServerConfig, config: RolloutConfig) -> None:
-    """Serve until SIGTERM. Start-up errors (model, reward module) exit with a message."""
+    """Serve until SIGTERM. With a model in the flags it is loaded first (start-up errors exit
+    with a message); without one, a run's Init loads the run's model (runs.py)."""
     server = RollwayServer("rollout", server_config)
-    try:
-        engine, rewards, tokenizer = _build(config)
-    except (ConfigError, EngineError, OSError, ValueError) as exc:
-        log.error("start-up failed", error=str(exc))
-        sys.exit(f"rollout: {exc}")
-    servicer = RolloutService(config, engine, rewards, tokenizer, max(1, server_config.max_workers - 4))
+    max_calls = max(1, server_config.max_workers - 4)
+    engines = EngineKeeper(_build, lambda *args: RolloutService(*args, max_calls))
+    host = RunHost("rollout", engines.build, close_servicer)
+    if config.hf_checkpoint:
+        try:
+            engine, rewards, tokenizer = _build(config)
+        except (ConfigError, EngineError, OSError, ValueError) as exc:
+            log.error("start-up failed", error=str(exc))
+            sys.exit(f"rollout: {exc}")
     server.add_service(
         rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
-        servicer,
+        run_scoped_servicer(
+            rollout_pb2_grpc.RolloutServiceServicer,
+            rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"],
+            host,
+            RolloutRuns(config, host),
+            read_only=frozenset({"GetInfo", "WeightChecksum"}),
+        ),
         rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"],
     )
-    server.on_stop(servicer.weights.close)
-    server.on_stop(engine.stop)
-    server.on_stop(servicer.runner.shutdown)
+
+    def shutdown() -> None:
+        servicer = host.current()
+        if servicer is not None:
+            servicer.weights.close()
+        engines.stop()
+        host.close()
+
+    server.on_stop(shutdown)
     server.start()
-    try:
-        engine.start()  # health stays NOT_SERVING while the model loads or servers launch
-    except Exception as exc:
-        log.exception("engine start failed")
-        server.stop(0)
-        sys.exit(f"rollout: engine {config.rollout_engine} failed to start: {exc}")
+    if config.hf_checkpoint:
+        try:
+            engine.start()  # health stays NOT_SERVING while the model loads or servers launch
+        except Exception as exc:
+            log.exception("engine start failed")
+            server.stop(0)
+            sys.exit(f"rollout: engine {config.rollout_engine} failed to start: {exc}")
+        engines.adopt(engine, config)
+        host.adopt(RolloutService(config, engine, rewards, tokenizer, max_calls), config)
     server.set_serving()
     server.wait_for_termination()

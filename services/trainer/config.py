@@ -114,9 +114,12 @@ class TrainerConfig:
     tis_clip: float = setting(2.0, "upper clip of the TIS weight")
     tis_clip_low: float = setting(0.0, "lower clip of the TIS weight")
 
-    def validate(self) -> None:
+    def check_required(self) -> None:
+        """What a run cannot go without (a trainer started bare gets it from its run)."""
         if not self.hf_checkpoint:
             raise ConfigError("hf_checkpoint", "is required")
+
+    def validate(self) -> None:
         if self.world_size < 1:
             raise ConfigError("world_size", f"must be at least 1 (got {self.world_size})")
         if self.attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:

@@ -1,7 +1,9 @@
 """The trainer gRPC service (rank 0): protos in, TrainerController calls, protos out.
 
-Start-up: parse config -> spawn ranks 1..N-1 -> serve gRPC (health NOT_SERVING) -> load and shard
-the model on every rank -> SERVING. SIGTERM drains the calls, then stops the other ranks.
+Start-up with a model: parse config -> serve gRPC (health NOT_SERVING) -> spawn ranks 1..N-1 ->
+load and shard the model on every rank -> SERVING. Without one (a bare trainer) it is SERVING at
+once and the first run's Init loads the run's model. Each run gets its own ranks, model,
+optimizer and step results (RunHost); SIGTERM drains the calls, then stops the ranks.
 """
 
 from __future__ import annotations
@@ -10,12 +12,14 @@ import sys
 
 from google.protobuf import json_format, struct_pb2
 
+from rollway.common.config import ConfigError, from_dict, to_dict
 from rollway.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from rollway.common.log import bind_run_context, get_logger
+from rollway.common.run_host import RunHost, run_scoped_servicer
 from rollway.common.server import RollwayServer, ServerConfig
 from rollway.common.v1 import common_pb2
 from rollway.trainer.batch import to_items
-from rollway.trainer.config import TrainerConfig
+from rollway.trainer.config import TRAINING_SETTINGS, TrainerConfig
 from rollway.trainer.controller import TrainerController
 from rollway.trainer.losses import get_loss
 from rollway.trainer.model_loading import ModelLoadError, read_hf_config
@@ -74,19 +78,6 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
         if engine is None:
             raise Unavailable("the trainer is still loading the model")
         return engine
-
-    def Init(self, request, context):
-        engine = self._engine()
-        if request.run_id:
-            bind_run_context(run_id=request.run_id)
-        already = self.controller.init(struct_to_dict(request.config))
-        return trainer_pb2.InitResponse(
-            num_parameters=engine.num_parameters,
-            world_size=self.controller.world_size,
-            global_step=engine.global_step,
-            model=self.controller.startup.hf_checkpoint,
-            already_initialized=already,
-        )
 
     def TrainStep(self, request_iterator, context):
         engine = self._engine()
@@ -184,32 +175,117 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
         )
 
 
-def serve(server_config: ServerConfig, config: TrainerConfig) -> None:
-    """Spawn the ranks, load the model, serve until SIGTERM, then stop every rank."""
-    server = RollwayServer("trainer", server_config)
+class TrainerRuns:
+    """Init and EndRun: which run the trainer serves, with which settings (the rest is per run)."""
+
+    def __init__(self, startup: TrainerConfig, host: RunHost, server: RollwayServer):
+        self.startup = startup
+        self.host = host
+        self.server = server
+
+    def Init(self, request, context):
+        if request.run_id:
+            bind_run_context(run_id=request.run_id)
+        settings = run_settings(self.startup, struct_to_dict(request.config))
+        servicer, already, rebuilt = self.host.init(request.run_id, settings)
+        engine = servicer._engine()
+        self.server.set_serving()  # a rebuild replaces ranks a failed run may have broken
+        repeat = servicer.controller.init(
+            {k: v for k, v in to_dict(settings).items() if k in TRAINING_SETTINGS}
+        )
+        return trainer_pb2.InitResponse(
+            num_parameters=engine.num_parameters,
+            world_size=servicer.controller.world_size,
+            global_step=engine.global_step,
+            model=settings.hf_checkpoint,
+            already_initialized=already and repeat,
+            run_id=request.run_id,
+            vocab_size=engine.vocab_size,
+            settings=dict_to_struct(to_dict(settings)),
+            rebuilt=rebuilt,
+        )
+
+    def EndRun(self, request, context):
+        return trainer_pb2.EndRunResponse(was_holding=self.host.end(request.run_id))
+
+
+def run_settings(startup: TrainerConfig, overrides: dict) -> TrainerConfig:
+    """The run's trainer settings: its overrides on the start-up flags (errors name config.X)."""
     try:
-        read_hf_config(config.hf_checkpoint)
-        check_reference(config)
+        return from_dict(TrainerConfig, overrides, base=startup)
+    except ConfigError as exc:
+        raise InvalidArgument(f"config.{exc.setting}", exc.problem) from None
+
+
+def build_for_run(settings: TrainerConfig, on_broken) -> TrainerService:
+    """Ranks, model and controller for one run (blocks while the model loads on every rank)."""
+    try:
+        read_hf_config(settings.hf_checkpoint)
+        check_reference(settings)
     except ModelLoadError as exc:
-        _log().error("cannot start", error=str(exc))
-        sys.exit(2)
-    runtime = RankRuntime(config, on_broken=lambda reason: server.set_serving(False))
-    controller = TrainerController(config, runtime)
-    servicer = TrainerService(controller)
+        raise InvalidArgument("config.hf_checkpoint", str(exc)) from None
+    runtime = RankRuntime(settings, on_broken=on_broken)
+    servicer = TrainerService(TrainerController(settings, runtime))
+    try:
+        engine = runtime.start()
+    except Exception:
+        runtime.shutdown()
+        raise
+    _log().info("trainer ready", world_size=settings.world_size, num_parameters=engine.num_parameters)
+    return servicer
+
+
+def close_run(servicer: TrainerService) -> None:
+    servicer.pusher.close()
+    servicer.controller.runtime.shutdown()
+
+
+def same_start_up(old: TrainerConfig, new: TrainerConfig) -> bool:
+    """A run may change its training settings in place; anything else rebuilds the ranks."""
+    old_values, new_values = to_dict(old), to_dict(new)
+    return all(old_values[k] == new_values[k] for k in old_values if k not in TRAINING_SETTINGS)
+
+
+def serve(server_config: ServerConfig, config: TrainerConfig) -> None:
+    """Serve until SIGTERM, then stop every rank. With a model in the flags, load it first."""
+    server = RollwayServer("trainer", server_config)
+    bare = not config.hf_checkpoint
+    if not bare:
+        try:
+            read_hf_config(config.hf_checkpoint)
+            check_reference(config)
+        except ModelLoadError as exc:
+            _log().error("cannot start", error=str(exc))
+            sys.exit(2)
+
+    def on_broken(reason: str) -> None:
+        server.set_serving(False)
+
+    host = RunHost(
+        "trainer", lambda settings: build_for_run(settings, on_broken), close_run, in_place=same_start_up
+    )
+    servicer = run_scoped_servicer(
+        trainer_pb2_grpc.TrainerServiceServicer,
+        trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"],
+        host,
+        TrainerRuns(config, host, server),
+        read_only=frozenset({"WeightChecksum"}),
+    )
     server.add_service(
         trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
         servicer,
         trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"],
     )
-    server.on_stop(servicer.pusher.close)
-    server.on_stop(runtime.shutdown)
+    server.on_stop(host.close)
     try:
         server.start()
-        engine = runtime.start()
+        if not bare:
+            host.adopt(build_for_run(config, on_broken), config)
     except Exception:
         _log().exception("trainer failed to start")
         server.stop(0)
         sys.exit(1)
-    _log().info("trainer ready", world_size=config.world_size, num_parameters=engine.num_parameters)
+    if bare:
+        _log().info("trainer ready without a model: a run's Init configures it")
     server.set_serving()
     server.wait_for_termination()

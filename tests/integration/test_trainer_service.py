@@ -110,21 +110,30 @@ def test_train_step_and_save_before_init_are_failed_precondition(stub, tmp_path)
 
 
 def test_init_refuses_start_up_and_unknown_settings_and_repeats_as_a_no_op(stub, local_model):
-    refused(
-        lambda: stub.Init(pb.InitRequest(config=struct({"dtype": "bfloat16"}))),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "config.dtype: cannot be changed",
-    )
-    refused(
-        lambda: stub.Init(pb.InitRequest(config=struct({"learning_rate": 1.0}))),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "config.learning_rate: unknown setting",
-    )
     settings = {"lr": 2e-3, "clip_grad": 0.0, "lr_warmup_iters": 2}
     first = stub.Init(pb.InitRequest(config=struct(settings), run_id="run-1"))
     assert (first.world_size, first.global_step, first.already_initialized) == (2, 0, False)
     assert first.num_parameters == sum(p.numel() for p in local_model.parameters())
-    assert stub.Init(pb.InitRequest(config=struct(settings))).already_initialized
+    assert (first.run_id, first.vocab_size) == ("run-1", local_model.config.vocab_size)
+    assert first.settings["lr"] == 2e-3
+    refused(
+        lambda: stub.Init(pb.InitRequest(config=struct({**settings, "dtype": "bfloat16"}), run_id="run-1")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "config.dtype: cannot be changed within run 'run-1'",
+    )
+    refused(
+        lambda: stub.Init(pb.InitRequest(config=struct({"learning_rate": 1.0}), run_id="run-1")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "config.learning_rate: unknown setting",
+    )
+    assert stub.Init(pb.InitRequest(config=struct(settings), run_id="run-1")).already_initialized
+    refused(
+        lambda: stub.Init(pb.InitRequest(config=struct(settings), run_id="run-2")),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "serves run 'run-1'",
+    )
+    assert stub.EndRun(pb.EndRunRequest(run_id="run-1")).was_holding
+    assert not stub.EndRun(pb.EndRunRequest(run_id="run-1")).was_holding
 
 
 def test_weight_checksum_matches_the_shared_checksum_of_the_checkpoint(stub, local_model):

@@ -162,6 +162,11 @@ class Engine(ABC):
     def resume_memory(self, tags: list[str]) -> None:
         """Re-acquire memory freed by release_memory."""
 
+    def reset_weights(self) -> None:
+        """Serve the base weights of hf_checkpoint again, at weight version 0 (a new run starts
+        from them on a reused engine)."""
+        raise EngineError(f"the {self.name} engine cannot reload its base weights")
+
     @property
     def weights_released(self) -> bool:
         return False
@@ -170,6 +175,11 @@ class Engine(ABC):
     def num_in_flight(self) -> int:
         """Samples queued or being generated."""
         return 0
+
+    @property
+    def running(self) -> bool:
+        """False once the engine will finish no more samples (stopped, or its loop died)."""
+        return True
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy named tensors into the served weights in place; return how many were loaded."""

@@ -126,6 +126,10 @@ class HFEngine(Engine):
     def num_in_flight(self) -> int:
         return self.batcher.num_in_flight
 
+    @property
+    def running(self) -> bool:
+        return self._batcher is not None and self._batcher.running
+
     # --- memory ---
 
     @property
@@ -153,6 +157,13 @@ class HFEngine(Engine):
             self.batcher.model = model
         self.weight_version = 0
         log.info("weights reloaded from checkpoint", model=self.config.hf_checkpoint, weight_version=0)
+
+    def reset_weights(self) -> None:
+        model = self._load_model()
+        with self.batcher.model_lock:
+            self.batcher.model = model
+        self.weight_version = 0
+        log.info("base weights reloaded", model=self.config.hf_checkpoint, weight_version=0)
 
     # --- weight hooks ---
 

@@ -64,6 +64,7 @@ class SGLangEngine(Engine):
         self._load = {id(s): 0 for s in self.servers}
         self._paused = False
         self._released = False
+        self._stopped = False
         self._info: ModelInfo | None = None
 
     def _make_servers(self) -> list[ServerProcess]:
@@ -118,9 +119,16 @@ class SGLangEngine(Engine):
         }
 
     def stop(self) -> None:
+        self._stopped = True
         self.abort_all()
         self.supervisor.stop()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        # Not cancel_futures: a queued sample of an aborted batch finishes at once as aborted, and
+        # a cancelled one would never be reported (its stream would wait for it).
+        self._pool.shutdown(wait=False)
+
+    @property
+    def running(self) -> bool:
+        return not self._stopped
 
     # --- generation ---
 
@@ -279,3 +287,8 @@ class SGLangEngine(Engine):
 
     def update_weights_from_disk(self, model_path: str, weight_version: int) -> None:
         self._each_server_at_once(lambda s: s.client.update_weights_from_disk(model_path, weight_version))
+
+    def reset_weights(self) -> None:
+        # SGLang reloads a Hugging Face directory in place (/update_weights_from_disk).
+        self.update_weights_from_disk(self.config.hf_checkpoint, 0)
+        self.weight_version = 0
