@@ -19,20 +19,32 @@ PAUSE_MODE_ABORT: PauseMode
 PAUSE_MODE_WAIT: PauseMode
 
 class Prompt(_message.Message):
-    __slots__ = ("token_ids", "label", "metadata", "source", "group_index", "response_prefix")
+    __slots__ = ("token_ids", "text", "messages", "label", "metadata", "source", "group_index", "response_prefix")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     GROUP_INDEX_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_PREFIX_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
+    text: str
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     label: str
     metadata: _struct_pb2.Struct
     source: str
     group_index: int
     response_prefix: ResponsePrefix
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., label: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., source: _Optional[str] = ..., group_index: _Optional[int] = ..., response_prefix: _Optional[_Union[ResponsePrefix, _Mapping]] = ...) -> None: ...
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., label: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., source: _Optional[str] = ..., group_index: _Optional[int] = ..., response_prefix: _Optional[_Union[ResponsePrefix, _Mapping]] = ...) -> None: ...
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class ResponsePrefix(_message.Message):
     __slots__ = ("token_ids", "log_probs")
@@ -163,7 +175,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("model", "engine", "weight_version", "paused", "num_workers", "dtype", "rewards", "memory_released", "max_context_len", "vocab_size", "eos_token_ids", "default_reward", "num_samples_generated", "num_samples_aborted", "num_reward_errors", "num_reward_timeouts", "num_samples_in_flight", "acknowledges_weight_updates")
+    __slots__ = ("model", "engine", "weight_version", "paused", "num_workers", "dtype", "rewards", "memory_released", "max_context_len", "vocab_size", "eos_token_ids", "default_reward", "num_samples_generated", "num_samples_aborted", "num_reward_errors", "num_reward_timeouts", "num_samples_in_flight", "acknowledges_weight_updates", "num_generate_calls_running", "num_generate_calls_queued")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +194,8 @@ class GetInfoResponse(_message.Message):
     NUM_REWARD_TIMEOUTS_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     ACKNOWLEDGES_WEIGHT_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    NUM_GENERATE_CALLS_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    NUM_GENERATE_CALLS_QUEUED_FIELD_NUMBER: _ClassVar[int]
     model: str
     engine: str
     weight_version: int
@@ -200,7 +214,9 @@ class GetInfoResponse(_message.Message):
     num_reward_timeouts: int
     num_samples_in_flight: int
     acknowledges_weight_updates: bool
-    def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., weight_version: _Optional[int] = ..., paused: _Optional[bool] = ..., num_workers: _Optional[int] = ..., dtype: _Optional[str] = ..., rewards: _Optional[_Iterable[str]] = ..., memory_released: _Optional[bool] = ..., max_context_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., default_reward: _Optional[str] = ..., num_samples_generated: _Optional[int] = ..., num_samples_aborted: _Optional[int] = ..., num_reward_errors: _Optional[int] = ..., num_reward_timeouts: _Optional[int] = ..., num_samples_in_flight: _Optional[int] = ..., acknowledges_weight_updates: _Optional[bool] = ...) -> None: ...
+    num_generate_calls_running: int
+    num_generate_calls_queued: int
+    def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., weight_version: _Optional[int] = ..., paused: _Optional[bool] = ..., num_workers: _Optional[int] = ..., dtype: _Optional[str] = ..., rewards: _Optional[_Iterable[str]] = ..., memory_released: _Optional[bool] = ..., max_context_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., default_reward: _Optional[str] = ..., num_samples_generated: _Optional[int] = ..., num_samples_aborted: _Optional[int] = ..., num_reward_errors: _Optional[int] = ..., num_reward_timeouts: _Optional[int] = ..., num_samples_in_flight: _Optional[int] = ..., acknowledges_weight_updates: _Optional[bool] = ..., num_generate_calls_running: _Optional[int] = ..., num_generate_calls_queued: _Optional[int] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)

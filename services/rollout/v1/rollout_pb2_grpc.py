@@ -128,8 +128,13 @@ class RolloutServiceServicer:
     def Generate(self, request, context):
         """Generates n_samples_per_prompt samples per prompt and streams each as soon as it finishes
         (with its reward). While generation is paused the call waits for Resume (or its deadline).
-        INVALID_ARGUMENT names a bad field; RESOURCE_EXHAUSTED: more samples than
-        --max-samples-per-request; FAILED_PRECONDITION: engine memory released.
+        Beyond --max-generate-calls running calls, a call waits in a FIFO queue of
+        --generate-queue-size calls for at most --generate-queue-timeout seconds (then
+        DEADLINE_EXCEEDED). INVALID_ARGUMENT names a bad field; RESOURCE_EXHAUSTED: more samples than
+        --max-samples-per-request, or the queue is full; FAILED_PRECONDITION: engine memory released,
+        or messages without a chat template; UNAVAILABLE: the service is shutting down (on SIGTERM
+        queued calls end at once; running ones stream their unfinished samples back aborted shortly
+        before the grace period ends).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
