@@ -207,6 +207,46 @@ def test_cpu_profile_defaults_are_those_of_make_run():
     assert setup[setup.index("--rl-steps") + 1] == defaults["rl-steps"]
 
 
+def test_every_demo_prepared_on_the_volume_gets_its_own_runs(tmp_path, tiny_model_dir, demo_data_dir):
+    """The services of a live stack keep state per run id: a second demo must not reuse the first's."""
+    from rollway.deploy import compose_demo
+
+    demo = tmp_path / "demo"
+    demo.mkdir()
+    (demo / "tiny-model-seed0").symlink_to(tiny_model_dir)  # made once per seed: not rebuilt here
+    (demo / "data-seed0").symlink_to(demo_data_dir)
+    compose_demo.main(["prepare", str(demo), "--sft-steps", "3", "--rl-steps", "2", "--demo-id", "one"])
+    assert compose_demo.run_dir(demo, "sft") == demo / "runs" / "sft-one"
+    first = {n: yaml.safe_load((demo / "configs" / f"{n}.yaml").read_text()) for n in ("sft", "grpo")}
+    assert (first["sft"]["run_id"], first["grpo"]["run_id"]) == ("sft-one", "grpo-one")
+    assert first["sft"]["hf_checkpoint"] == str(demo / "tiny-model-seed0")
+    assert first["sft"]["prompt_data"] == [str(demo / "data-seed0" / "sft.parquet")]
+    assert (first["sft"]["save_hf"], first["grpo"]["save_hf"]) == (
+        str(demo / "exports" / "sft-one"),
+        str(demo / "exports" / "grpo-one"),
+    )
+    assert first["grpo"]["save"] == str(demo / "runs" / "grpo-one" / "checkpoints")
+    assert first["grpo"]["hf_checkpoint"] == str(demo / "sft-model")
+
+    # The first SFT run finished: publish-sft links its export (found through the config's run id).
+    export = demo / "exports" / "sft-one"
+    export.mkdir(parents=True)
+    (export / "config.json").write_text("{}")
+    (demo / "runs" / "sft-one").mkdir(parents=True)
+    (demo / "runs" / "sft-one" / "result.json").write_text(json.dumps({"hf_export_dir": str(export)}))
+    compose_demo.main(["publish-sft", str(demo)])
+    assert (demo / "sft-model").resolve() == export.resolve()
+
+    compose_demo.main(["prepare", str(demo), "--sft-steps", "3", "--rl-steps", "2"])  # a new time stamp
+    second = {n: yaml.safe_load((demo / "configs" / f"{n}.yaml").read_text()) for n in ("sft", "grpo")}
+    stamp = second["sft"]["run_id"].removeprefix("sft-")
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{4}", stamp) and second["grpo"]["run_id"] == f"grpo-{stamp}"
+    assert (demo / "runs" / "sft-one" / "result.json").is_file()  # the first demo's runs are kept
+    assert second["sft"]["hf_checkpoint"] == first["sft"]["hf_checkpoint"]  # model and data shared
+    with pytest.raises(FileNotFoundError):  # the new SFT run has not finished: nothing to publish
+        compose_demo.publish_sft(demo)
+
+
 def _docker_compose() -> list[str] | None:
     if shutil.which("docker-compose"):
         return ["docker-compose"]
@@ -401,6 +441,20 @@ class ComposeProcesses:
                 self.healthy.add(name)
             pending = [name for name in pending if name not in wave]
 
+    def run_jobs_again(self) -> tuple[dict[str, str], str | None]:
+        """The one-shot containers again, in order, on the running services (`up` a second time).
+
+        Returns their outputs and the first one that failed (None when all exited 0).
+        """
+        outputs = {}
+        for name in _order(self.services):
+            if "healthcheck" not in self.services[name]:
+                job = self._spawn(name, capture=True)
+                outputs[name], _ = job.communicate(timeout=300)
+                if job.returncode != 0:
+                    return outputs, name
+        return outputs, None
+
     def _dependencies_met(self, name: str) -> bool:
         rules = self.services[name].get("depends_on", {})
         return all(
@@ -453,6 +507,46 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
 
 
+def demo_run_dirs(demo: Path) -> dict[str, Path]:
+    """This demo's run directories, by the run ids that demo-setup wrote into the configs."""
+    configs = {
+        name: yaml.safe_load((demo / "configs" / f"{name}.yaml").read_text()) for name in ("sft", "grpo")
+    }
+    return {name: Path(c["run_dir"]) / c["run_id"] for name, c in configs.items()}
+
+
+def check_demo(demo: Path, outputs: dict[str, str]) -> dict[str, Path]:
+    """One demo (SFT 12 steps, GRPO 2) ran on the compose services in attach mode."""
+    runs = demo_run_dirs(demo)
+    # Attach mode: the jobs started no service of their own, and the coordinator dialled the
+    # compose services (host names mapped to 127.0.0.1 here, ports from the file).
+    for job in ("sft", "grpo"):
+        assert "starting " not in outputs[job], outputs[job]
+        assert f"run {runs[job].name} SUCCEEDED" in outputs[job]
+    sft_run = json.loads((runs["sft"] / "config.json").read_text())
+    assert (sft_run["trainer_addr"], sft_run["dataloader_addr"]) == ("127.0.0.1:50061", "127.0.0.1:50063")
+    grpo_run = json.loads((runs["grpo"] / "config.json").read_text())
+    assert grpo_run["rollout_addr"] == ["127.0.0.1:50052"] and grpo_run["update_weight_master_port"] == 29600
+
+    sft = read_metrics(runs["sft"])
+    assert [r["step"] for r in sft] == list(range(12))
+    assert sft[-1]["sft/loss"] < 0.5 * sft[0]["sft/loss"]
+    # GRPO started from the SFT export: the services read it through the link publish-sft made.
+    assert (demo / "sft-model").resolve() == Path(
+        json.loads((runs["sft"] / "result.json").read_text())["hf_export_dir"]
+    )
+    grpo = [r for r in read_metrics(runs["grpo"]) if "train/loss" in r]
+    assert [r["rollout/weight_version"] for r in grpo] == [2.0, 3.0]  # pushed before step 0, then after each
+    assert all(r["perf/weight_sync_time"] > 0 for r in grpo)
+    summary = json.loads((demo / "summary.json").read_text())
+    assert (summary["sft_run_id"], summary["grpo_run_id"]) == (runs["sft"].name, runs["grpo"].name)
+    assert summary["rl_steps"] == 2 and 0.0 <= summary["accuracy_before_rl"] <= 1.0
+    evals = [r["eval/accuracy"] for r in read_metrics(runs["grpo"]) if "eval/accuracy" in r]
+    assert (summary["accuracy_before_rl"], summary["accuracy_after_rl"]) == (evals[0], evals[-1])
+    assert "held-out accuracy before RL" in outputs["grpo"]
+    return runs
+
+
 @pytest.mark.slow
 def test_cpu_profile_runs_the_demo_through_the_compose_wiring(tmp_path):
     stack = ComposeProcesses(tmp_path, {"DEMO_SFT_STEPS": "12", "DEMO_RL_STEPS": "2"})
@@ -460,33 +554,18 @@ def test_cpu_profile_runs_the_demo_through_the_compose_wiring(tmp_path):
     assert not busy, f"ports {busy} of the compose file are taken on this machine"
     try:
         stack.up()
+        first = check_demo(stack.data_dir / "demo", dict(stack.outputs))
+        # The demo again on the same (live) services: its own runs, the first ones left as they were.
+        outputs, failed = stack.run_jobs_again()
+        if failed and "it takes another run once that run ends" in outputs[failed]:
+            # The compose side is ready (new run ids); the services still hold the first runs.
+            pytest.xfail(
+                f"{failed}: services are not freed at the end of a run yet: {outputs[failed][-600:]}"
+            )
+        assert failed is None, f"{failed} failed on the second demo:\n{outputs[failed][-4000:]}"
+        second = check_demo(stack.data_dir / "demo", outputs)
     finally:
         stack.down()
-    demo = stack.data_dir / "demo"
-    runs = demo / "runs"
-
-    # Attach mode: the jobs started no service of their own, and the coordinator dialled the
-    # compose services (host names mapped to 127.0.0.1 here, ports from the file).
-    for job in ("sft", "grpo"):
-        assert "starting " not in stack.outputs[job], stack.outputs[job]
-        assert f"run {job} SUCCEEDED" in stack.outputs[job]
-    sft_run = json.loads((runs / "sft" / "config.json").read_text())
-    assert (sft_run["trainer_addr"], sft_run["dataloader_addr"]) == ("127.0.0.1:50061", "127.0.0.1:50063")
-    grpo_run = json.loads((runs / "grpo" / "config.json").read_text())
-    assert grpo_run["rollout_addr"] == ["127.0.0.1:50052"] and grpo_run["update_weight_master_port"] == 29600
-
-    sft = read_metrics(runs / "sft")
-    assert [r["step"] for r in sft] == list(range(12))
-    assert sft[-1]["sft/loss"] < 0.5 * sft[0]["sft/loss"]
-    # GRPO started from the SFT export: the services read it through the link publish-sft made.
-    assert (demo / "sft-model").resolve() == Path(
-        json.loads((runs / "sft" / "result.json").read_text())["hf_export_dir"]
-    )
-    grpo = [r for r in read_metrics(runs / "grpo") if "train/loss" in r]
-    assert [r["rollout/weight_version"] for r in grpo] == [2.0, 3.0]  # pushed before step 0, then after each
-    assert all(r["perf/weight_sync_time"] > 0 for r in grpo)
-    summary = json.loads((demo / "summary.json").read_text())
-    assert summary["rl_steps"] == 2 and 0.0 <= summary["accuracy_before_rl"] <= 1.0
-    evals = [r["eval/accuracy"] for r in read_metrics(runs / "grpo") if "eval/accuracy" in r]
-    assert (summary["accuracy_before_rl"], summary["accuracy_after_rl"]) == (evals[0], evals[-1])
-    assert "held-out accuracy before RL" in stack.outputs["grpo"]
+    assert first["sft"].name.startswith("sft-") and first["grpo"].name.startswith("grpo-")
+    assert {p.name for p in first.values()}.isdisjoint(p.name for p in second.values())
+    assert [r["step"] for r in read_metrics(first["sft"])] == list(range(12))
