@@ -22,8 +22,13 @@ SERVICES = ("dataloader", "rollout", "trainer", "coordinator")
 
 def _serve(argv: list[str]) -> int:
     if not argv or argv[0] not in SERVICES:
-        print(f"usage: rollway serve {{{','.join(SERVICES)}}} [flags]", file=sys.stderr)
-        return 2
+        asked = bool(argv) and argv[0] in ("-h", "--help")
+        print(
+            f"usage: rollway serve {{{','.join(SERVICES)}}} [flags]\n"
+            "`rollway serve SERVICE --help` lists that service's flags.",
+            file=sys.stdout if asked else sys.stderr,
+        )
+        return 0 if asked else 2
     importlib.import_module(f"rollway.{argv[0]}.__main__").main(argv[1:])
     return 0
 

@@ -3,9 +3,15 @@
     channel = open_channel("127.0.0.1:50051", ClientConfig(timeout_seconds=30))
     stub = trainer_pb2_grpc.TrainerServiceStub(channel)
 
-Every call gets a deadline (the config's unless the caller passes `timeout=`). Unary calls to
-methods in IDEMPOTENT_METHODS are retried with backoff when the server is UNAVAILABLE (restarting,
-draining); nothing else is retried, so a mutating call is never applied twice by the client.
+Every call gets a deadline (the config's unless the caller passes `timeout=`). Retries, with
+bounded exponential backoff (jittered, never past the call's deadline):
+  - UNAVAILABLE (restarting, draining): unary calls to methods in IDEMPOTENT_METHODS only, since
+    the call may have been applied before the connection broke.
+  - RESOURCE_EXHAUSTED (the server is busy and refused the call): any unary call, since a refused
+    call was not processed. Not when the message is over gRPC's size limit (retrying cannot help),
+    nor when the server's `grpc-retry-pushback-ms` trailer is negative ("do not retry"); a
+    non-negative pushback is the delay to use. Server-streaming calls: RetryingStream.
+Nothing else is retried, so a mutating call is never applied twice by the client.
 The caller's log context (run_id, step, weight_version) and trace context travel as metadata.
 """
 
@@ -14,9 +20,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import random
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from structlog.contextvars import get_contextvars
@@ -56,7 +66,9 @@ class ClientConfig:
 
     timeout_seconds: float = setting(60.0, "deadline of a call that sets none")
     max_retries: int = setting(4, "retries of an idempotent call that found the server UNAVAILABLE")
+    busy_retries: int = setting(6, "retries of a call the server refused with RESOURCE_EXHAUSTED (busy)")
     retry_backoff_seconds: float = setting(0.25, "first retry delay; doubles each retry")
+    max_retry_backoff_seconds: float = setting(2.0, "longest delay between two retries")
     auth_token: str = setting("", "token sent as `authorization: Bearer TOKEN` (also ROLLWAY_AUTH_TOKEN)")
     tls_ca: str = setting("", "PEM CA to verify the server: use TLS")
     tls_cert: str = setting("", "PEM client certificate for mTLS")
@@ -64,6 +76,39 @@ class ClientConfig:
     tls_server_name: str = setting("", "override the name checked against the server certificate")
     max_message_mb: int = setting(64, "largest message sent or accepted, in MiB")
     keepalive_seconds: float = setting(30.0, "HTTP/2 keepalive ping interval")
+
+
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+
+
+def _refusal_retry_delay(call: Any, delay: float) -> float | None:
+    """The delay before retrying a call the server refused with RESOURCE_EXHAUSTED; None: do not retry.
+
+    gRPC's own size-limit errors say "larger than max": the same message would be refused again.
+    A server's retry pushback (gRPC's retry design, A6) sets the delay, and a negative one forbids it."""
+    if "larger than max" in (call.details() or ""):
+        return None
+    for key, value in call.trailing_metadata() or ():
+        if key == RETRY_PUSHBACK_KEY:
+            try:
+                pushback_ms = int(value)
+            except ValueError:
+                return None
+            return pushback_ms / 1000 if pushback_ms >= 0 else None
+    return delay * random.uniform(0.5, 1.0)  # jitter: refused callers do not come back in step
+
+
+class _Backoff:
+    """Delays of one call's retries: doubling from `first`, at most `longest`."""
+
+    def __init__(self, config: ClientConfig):
+        self._next = config.retry_backoff_seconds
+        self._longest = config.max_retry_backoff_seconds
+
+    def next(self) -> float:
+        delay = min(self._next, self._longest)
+        self._next *= 2
+        return delay
 
 
 class _CallDetails(
@@ -107,23 +152,30 @@ class _PolicyInterceptor(
 
     def intercept_unary_unary(self, continuation, client_call_details, request):
         details = self._details(client_call_details)
-        retries = self._config.max_retries if details.method in IDEMPOTENT_METHODS else 0
+        budget = {
+            grpc.StatusCode.UNAVAILABLE: self._config.max_retries
+            if details.method in IDEMPOTENT_METHODS
+            else 0,
+            grpc.StatusCode.RESOURCE_EXHAUSTED: self._config.busy_retries,
+        }
         deadline = time.monotonic() + details.timeout
-        delay = self._config.retry_backoff_seconds
-        for attempt in range(retries + 1):
+        backoff = _Backoff(self._config)
+        attempt = 0
+        while True:
             remaining = max(deadline - time.monotonic(), 0.001)
             outcome = continuation(details._replace(timeout=remaining), request)
             code = outcome.code()
-            if (
-                code != grpc.StatusCode.UNAVAILABLE
-                or attempt == retries
-                or time.monotonic() + delay >= deadline
-            ):
+            if budget.get(code, 0) <= 0:
                 return outcome
-            log.info("retrying", method=details.method, attempt=attempt + 1, delay_seconds=delay)
+            delay = backoff.next()
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                delay = _refusal_retry_delay(outcome, delay)
+            if delay is None or time.monotonic() + delay >= deadline:
+                return outcome
+            budget[code] -= 1
+            attempt += 1
+            log.info("retrying", method=details.method, code=code.name, attempt=attempt, delay_seconds=delay)
             time.sleep(delay)
-            delay *= 2
-        return outcome
 
     def intercept_unary_stream(self, continuation, client_call_details, request):
         return continuation(self._details(client_call_details), request)
@@ -133,6 +185,64 @@ class _PolicyInterceptor(
 
     def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
         return continuation(self._details(client_call_details), request_iterator)
+
+
+class RetryingStream:
+    """A server-streaming call, started again while the server refuses it before its first response.
+
+        stream = RetryingStream(lambda: stub.Generate(request, timeout=3600), client_config)
+        for sample in stream:          # another thread may call stream.cancel()
+            ...
+
+    A RESOURCE_EXHAUSTED that ends the call before any response arrived means the server refused
+    the whole call (busy), so it is started again after a backoff, up to `config.busy_retries`
+    times (the same rules as unary calls: pushback, size limits). Once a response has arrived the
+    call is never repeated: its error is raised, since the server has done part of the work.
+    `start` must return a new call each time (the call's own `timeout` bounds each attempt).
+    cancel() cancels the current attempt and stops any further one: iterating raises that
+    attempt's error, as a plain call's iteration raises CANCELLED."""
+
+    def __init__(self, start: Callable[[], Any], config: ClientConfig | None = None):
+        self._start = start
+        self._config = config or ClientConfig()
+        self._lock = threading.Lock()
+        self._cancelled = threading.Event()
+        self._call: Any = None
+        self.attempts = 0
+
+    def cancel(self) -> None:
+        """Cancel the current attempt and any retry (safe from any thread, any number of times)."""
+        with self._lock:
+            self._cancelled.set()
+            call = self._call
+        if call is not None:
+            call.cancel()
+
+    def __iter__(self) -> Iterator[Any]:
+        backoff = _Backoff(self._config)
+        retries = self._config.busy_retries
+        while True:
+            with self._lock:
+                self._call = call = self._start()
+                self.attempts += 1
+                if self._cancelled.is_set():
+                    call.cancel()
+            received = False
+            try:
+                for response in call:
+                    received = True
+                    yield response
+                return
+            except grpc.RpcError as exc:
+                if received or retries <= 0 or exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                delay = _refusal_retry_delay(exc, backoff.next())
+                if delay is None:
+                    raise
+                retries -= 1
+                log.info("retrying refused stream", attempt=self.attempts, delay_seconds=delay)
+                if self._cancelled.wait(delay):
+                    raise
 
 
 # Deployments (compose, Ray) turn TLS on for every client of a process through the environment,
@@ -161,6 +271,9 @@ def open_channel(address: str, config: ClientConfig | None = None) -> grpc.Chann
     ROLLWAY_TLS_SERVER_NAME) from the environment turn TLS on."""
     config = _with_tls_env(config or ClientConfig())
     options = channel_options(config.max_message_mb, config.keepalive_seconds)
+    # gRPC's reconnect backoff grows to 120 s by default: a restarted service would wait that
+    # long to be noticed again.
+    options.append(("grpc.max_reconnect_backoff_ms", 5000))
     if config.tls_server_name:
         options.append(("grpc.ssl_target_name_override", config.tls_server_name))
     if config.tls_ca:
@@ -176,23 +289,53 @@ def open_channel(address: str, config: ClientConfig | None = None) -> grpc.Chann
     return grpc.intercept_channel(channel, client_interceptor(), _PolicyInterceptor(config))
 
 
+class UnreachableError(ConnectionError):
+    """Nothing answers at an address (connection refused, or no route): the address is wrong or down."""
+
+
 def wait_until_serving(
-    address: str, timeout_seconds: float = 60.0, config: ClientConfig | None = None, service: str = ""
+    address: str,
+    timeout_seconds: float = 60.0,
+    config: ClientConfig | None = None,
+    service: str = "",
+    *,
+    unreachable_seconds: float = 10.0,
+    check: Callable[[], None] | None = None,
 ) -> None:
-    """Poll grpc.health.v1 until `service` (default: the whole server) is SERVING, or raise TimeoutError."""
+    """Poll grpc.health.v1 until `service` (default: the whole server) is SERVING.
+
+    Raises UnreachableError naming `address` once nothing has answered there for
+    `unreachable_seconds` (refused or unroutable: a wrong address fails in seconds, not after
+    `timeout_seconds`), and TimeoutError when it answers but is not SERVING in time. `check` runs
+    between polls and may raise to stop waiting (ServiceProcess: the process exited)."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    deadline = time.monotonic() + timeout_seconds
+    start = time.monotonic()
+    deadline = start + timeout_seconds
+    last_answer = start  # when something last answered at the address (any status, any error but these)
+    silent = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
     last = "no answer"
+    config = dataclasses.replace(config or ClientConfig(), max_retries=0)  # this loop is the retry
     with open_channel(address, config) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
+        while True:
+            if check is not None:
+                check()
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2.0)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
+                last_answer = time.monotonic()
                 last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
             except grpc.RpcError as exc:
                 last = f"{exc.code().name}: {exc.details()}"
+                if exc.code() not in silent:
+                    last_answer = time.monotonic()
+            now = time.monotonic()
+            if now - last_answer >= unreachable_seconds:
+                raise UnreachableError(
+                    f"{address} is unreachable: nothing answered there for {now - last_answer:.0f}s ({last})"
+                )
+            if now >= deadline:
+                raise TimeoutError(f"{address} not SERVING after {timeout_seconds:.0f}s (last: {last})")
             time.sleep(0.2)
-    raise TimeoutError(f"{address} not SERVING after {timeout_seconds:.0f}s (last: {last})")

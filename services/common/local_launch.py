@@ -3,9 +3,13 @@
     with ServiceProcess("dataloader", ["--prompt-data", path], workdir) as svc:
         stub = DataloaderServiceStub(open_channel(svc.address))
 
-A service binds port 0 and writes the bound port to a file, so there are no port races. Stopping
-sends SIGTERM to the service's own pid and waits for its drain; SIGKILL only if it hangs. Used by
-`rollway up`, the embedded launcher and the tests.
+A service binds port 0 and writes the bound port to a file, so there are no port races. Start-up
+fails at once, with the log tail, if the process exits before it is SERVING. Stopping sends
+SIGTERM to the service's own pid and waits for its drain; SIGKILL (to its process group) only if
+it hangs. Each service runs in a process group of its own, so whatever it starts is stopped with
+it, and it watches this process (parent_watch): if the launcher dies, even by SIGKILL, the
+service drains and exits within seconds. Used by `rollway up`, the embedded launcher and the
+tests.
 """
 
 from __future__ import annotations
@@ -14,10 +18,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from rollway.common.client import ClientConfig, wait_until_serving
+from rollway.common.parent_watch import child_env
+
+LOG_TAIL_CHARS = 4000
+
+
+class ServiceExitedError(RuntimeError):
+    """A service process exited while it was starting."""
 
 
 class ServiceProcess:
@@ -48,6 +60,7 @@ class ServiceProcess:
         self.client_config = client_config
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
+        self._reaped_lock = threading.Lock()
 
     @property
     def address(self) -> str:
@@ -72,28 +85,51 @@ class ServiceProcess:
             *self.args,
         ]
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=child_env(self.env),  # ROLLWAY_PARENT_PID: the service exits when this process dies
+            process_group=0,  # its own group: stop() can end whatever the service started, too
+        )
         deadline = time.monotonic() + self.startup_timeout
-        while not self.port_file.exists():
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.service} exited with {self.proc.returncode}:\n{self.log_text()[-4000:]}"
-                )
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(
-                    f"{self.service} did not bind within {self.startup_timeout}s:\n{self.log_text()[-4000:]}"
-                )
-            time.sleep(0.05)
-        self.port = int(self.port_file.read_text())
-        if self.wait_serving:
-            try:
-                wait_until_serving(self.address, max(deadline - time.monotonic(), 1.0), self.client_config)
-            except TimeoutError:
-                log = self.log_text()[-4000:]
-                self.stop()
-                raise TimeoutError(f"{self.service} never became SERVING:\n{log}") from None
+        try:
+            while not self.port_file.exists():
+                self._raise_if_exited()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{self.service} (pid {self.pid}) did not bind within {self.startup_timeout:.0f}s; "
+                        f"last log lines:\n{self._tail()}"
+                    )
+                time.sleep(0.05)
+            self.port = int(self.port_file.read_text())
+            if self.wait_serving:
+                try:
+                    wait_until_serving(
+                        self.address,
+                        max(deadline - time.monotonic(), 1.0),
+                        self.client_config,
+                        check=self._raise_if_exited,
+                    )
+                except TimeoutError as exc:
+                    raise TimeoutError(
+                        f"{self.service} (pid {self.pid}) never became SERVING ({exc}); "
+                        f"last log lines:\n{self._tail()}"
+                    ) from None
+        except BaseException:
+            self.stop()
+            raise
         return self
+
+    def _raise_if_exited(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ServiceExitedError(
+                f"{self.service} (pid {self.pid}) exited with {self.proc.returncode} during start-up; "
+                f"last log lines:\n{self._tail()}"
+            )
+
+    def _tail(self) -> str:
+        return self.log_text()[-LOG_TAIL_CHARS:]
 
     def log_text(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
@@ -103,18 +139,43 @@ class ServiceProcess:
             os.kill(self.proc.pid, signum)
 
     def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM the process by pid, wait for the drain, SIGKILL if it hangs. Returns the exit code."""
+        """SIGTERM the process by pid, wait for the drain, SIGKILL if it hangs. Returns the exit code.
+
+        Whatever else is left in the service's process group is then killed too, while the
+        service's unreaped exit status still reserves the group id (no stray kill)."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        with self._reaped_lock:
+            if self.proc.returncode is None:
+                if not self._exited_unreaped(0):
+                    self.proc.send_signal(signal.SIGTERM)
+                    if not self._exited_unreaped(timeout):
+                        self._kill_group()
+                        self._exited_unreaped(10.0)
+                self._kill_group()  # the service's own children, should any have outlived it
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+    def _exited_unreaped(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for the process to exit, leaving it unreaped (a zombie keeps its pid)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
+                    return True
+            except ChildProcessError:  # reaped elsewhere (Popen.poll); returncode is set
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+    def _kill_group(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:  # not reaped: the group id is still ours
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def __enter__(self) -> ServiceProcess:
         return self if self.proc is not None else self.start()  # `with svc.start():` starts it once
@@ -130,47 +191,46 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="rollway up", description=main.__doc__)
     parser.add_argument("--workdir", help="where the model, data and service logs go (default: a temp dir)")
-    parser.add_argument("--hold", action="store_true", help="keep the services running until Ctrl-C")
+    parser.add_argument(
+        "--hold", action="store_true", help="keep the services running until Ctrl-C or SIGTERM"
+    )
     args = parser.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rollway-up-"))
-    model_dir, data = _ensure_demo_assets(workdir)
-    specs = {
-        "dataloader": [
-            "--hf-checkpoint",
-            str(model_dir),
-            "--prompt-data",
-            str(data["rl"]),
-            "--input-key",
-            "prompt",
-            "--label-key",
-            "label",
-            "--apply-chat-template",
-        ],
-        "rollout": ["--hf-checkpoint", str(model_dir)],
-        "trainer": ["--hf-checkpoint", str(model_dir)],
-        "coordinator": [],
+    stop_requested = threading.Event()
+    previous = {
+        signum: signal.signal(signum, lambda *_: stop_requested.set())
+        for signum in (signal.SIGINT, signal.SIGTERM)
     }
     services: list[ServiceProcess] = []
     try:
-        for name, service_args in specs.items():
+        model_dir, data_dir = _ensure_demo_assets(workdir)
+        for name, service_args in demo_service_args(model_dir, data_dir, workdir).items():
+            if stop_requested.is_set():
+                print("stopping (signal) before every service was up", flush=True)
+                return 1
             services.append(ServiceProcess(name, service_args, workdir / "logs").start())
-            print(
-                f"{name:<12} SERVING  {services[-1].address}  pid {services[-1].pid}  log {services[-1].log_path}"
-            )
+            svc = services[-1]
+            print(f"{name:<12} SERVING  {svc.address}  pid {svc.pid}  log {svc.log_path}", flush=True)
         if args.hold:
-            print("all four services are up; Ctrl-C stops them")
-            signal.sigwait({signal.SIGINT, signal.SIGTERM})
+            print("all four services are up; Ctrl-C or SIGTERM stops them", flush=True)
+            while not stop_requested.wait(1.0):
+                dead = [s for s in services if s.proc is not None and s.proc.poll() is not None]
+                if dead:
+                    print(f"{dead[0].service} exited with {dead[0].proc.returncode}; stopping", flush=True)
+                    return 1
         else:
-            print("all four services are up and healthy; stopping them")
+            print("all four services are up and healthy; stopping them", flush=True)
         return 0
     finally:
         for service in reversed(services):
             code = service.stop()
-            print(f"{service.service:<12} stopped (exit {code})")
+            print(f"{service.service:<12} stopped (exit {code})", flush=True)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
-def demo_service_args(model_dir: Path, data_dir: Path, workdir: Path) -> dict[str, list[str]]:
-    """Flags that start each service on the tiny model and the demo's RL prompts."""
+def demo_service_args(model_dir: Path, data_dir: Path, workdir: Path | None = None) -> dict[str, list[str]]:
+    """Flags that start each service on the tiny model and the demo's RL prompts (`workdir` is unused)."""
     return {
         "dataloader": [
             "--hf-checkpoint",
@@ -190,6 +250,7 @@ def demo_service_args(model_dir: Path, data_dir: Path, workdir: Path) -> dict[st
 
 
 def _ensure_demo_assets(workdir: Path) -> tuple[Path, Path]:
+    """The tiny model's directory and the demo data directory under `workdir` (built if missing)."""
     from rollway.common.demo_data import make_demo_data
     from rollway.common.tiny_model import make_tiny_model
 

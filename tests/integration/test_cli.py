@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import signal
 import subprocess
 import sys
 
@@ -87,3 +89,116 @@ def test_a_crashed_service_is_reported_with_its_log_and_everything_stops(
     time.sleep(1)
     for name, pid in pids.items():  # the launcher stopped every service it started, by pid
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", name
+
+
+SERVICE_CONFIGS = {
+    "dataloader": ("rollway.dataloader.config", "DataloaderConfig"),
+    "rollout": ("rollway.rollout.config", "RolloutConfig"),
+    "trainer": ("rollway.trainer.config", "TrainerConfig"),
+    "coordinator": ("rollway.coordinator.config", "CoordinatorServiceConfig"),
+}
+
+
+@pytest.mark.parametrize("service", sorted(SERVICE_CONFIGS))
+def test_serve_help_lists_every_flag_of_that_service(service):
+    import dataclasses
+    import importlib
+
+    from rollway.common.config import flag_name
+    from rollway.common.server import ServerConfig
+
+    module, name = SERVICE_CONFIGS[service]
+    config_class = getattr(importlib.import_module(module), name)
+    result = rollway("serve", service, "--help")
+    assert result.returncode == 0, result.stderr
+    listed = {word.rstrip(",") for line in result.stdout.splitlines() for word in line.split()}
+    for cls in (ServerConfig, config_class):
+        for field in dataclasses.fields(cls):
+            flag = flag_name(field.name)
+            assert flag in listed or f"{flag}," in listed, f"{flag} ({cls.__name__}) missing from --help"
+
+
+def _up_workdir(tmp_path, tiny_model_dir):
+    """A `rollway up --workdir` with the session's tiny model already in place (not built again)."""
+    workdir = tmp_path / "up"
+    workdir.mkdir()
+    (workdir / "tiny-model").symlink_to(tiny_model_dir)
+    return workdir
+
+
+UP_LINE = re.compile(r"(\w+)\s+SERVING\s+127\.0\.0\.1:(\d+)\s+pid (\d+)\s+log (\S+)")
+
+
+def test_up_starts_the_four_services_then_stops_each_cleanly(tmp_path, tiny_model_dir):
+    result = rollway("up", "--workdir", str(_up_workdir(tmp_path, tiny_model_dir)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    serving = [UP_LINE.match(line) for line in result.stdout.splitlines() if UP_LINE.match(line)]
+    assert [m.group(1) for m in serving] == ["dataloader", "rollout", "trainer", "coordinator"]
+    stopped = [line.split() for line in result.stdout.splitlines() if " stopped " in line]
+    assert stopped == [
+        [name, "stopped", "(exit", "0)"] for name in ("coordinator", "trainer", "rollout", "dataloader")
+    ]
+    for match in serving:
+        assert not _alive(int(match.group(3))), match.group(1)
+
+
+def test_up_hold_serves_until_sigterm_then_stops_each_cleanly(tmp_path, tiny_model_dir):
+    up = subprocess.Popen(
+        [*ROLLWAY, "up", "--hold", "--workdir", str(_up_workdir(tmp_path, tiny_model_dir))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        lines = _read_until(up, "all four services are up")
+        ports = [int(m.group(2)) for m in map(UP_LINE.match, lines) if m]
+        assert len(ports) == 4, lines
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        from rollway.common.client import open_channel
+
+        for port in ports:  # still serving while held
+            with open_channel(f"127.0.0.1:{port}") as channel:
+                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        up.send_signal(signal.SIGTERM)
+        out, _ = up.communicate(timeout=120)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    assert up.returncode == 0, out
+    stopped = [line.split() for line in out.splitlines() if " stopped " in line]
+    assert stopped == [
+        [name, "stopped", "(exit", "0)"] for name in ("coordinator", "trainer", "rollout", "dataloader")
+    ]
+
+
+def _read_until(proc: subprocess.Popen, marker: str, timeout: float = 180.0) -> list[str]:
+    """Lines of `proc`'s stdout up to the one starting with `marker` (a deadline, not a hang)."""
+    import threading
+
+    lines: list[str] = []
+    found = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(marker):
+                found.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    if not found.wait(timeout):
+        proc.kill()
+        raise AssertionError(f"no {marker!r} within {timeout:.0f}s:\n{''.join(lines)}")
+    return lines
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie."""
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"

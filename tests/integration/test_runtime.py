@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.probe_service import SERVICE
 from support.processes import ServiceProcess
 
-from rollway.common.client import ClientConfig, open_channel
+from rollway.common.client import ClientConfig, RetryingStream, open_channel
 
 TESTS_DIR = str(Path(__file__).resolve().parents[1])
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -223,6 +224,71 @@ def test_client_retries_only_idempotent_calls_on_unavailable(tmp_path):
         checker.join(30)
         assert result.get("error") is None, result
         assert result["status"] in (SERVING, NOT_SERVING)
+
+
+def test_client_retries_calls_the_server_refused_with_resource_exhausted(tmp_path):
+    config = ClientConfig(busy_retries=4, retry_backoff_seconds=0.05, max_retry_backoff_seconds=0.2)
+    with probe(tmp_path) as svc:
+        channel = open_channel(svc.address, config)
+        # Any method (Busy is no idempotent read): a refused call was not processed.
+        assert call(channel, "Busy", b"a 3") == b"attempt 4"
+        with pytest.raises(grpc.RpcError) as exhausted:  # 5 refusals: 1 call + 4 retries, then give up
+            call(channel, "Busy", b"b 5")
+        assert exhausted.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert exhausted.value.details() == "busy: refusing call 5 of b"
+        assert call(channel, "Busy", b"b 5") == b"attempt 6"
+        with pytest.raises(grpc.RpcError) as told_not_to:  # the server's pushback -1: never retry
+            call(channel, "Busy", b"c 1 pushback=-1")
+        assert told_not_to.value.details() == "busy: refusing call 1 of c"
+        assert call(
+            open_channel(svc.address, dataclasses.replace(config, busy_retries=0)), "Busy", b"d 0"
+        ) == (b"attempt 1")
+        with pytest.raises(grpc.RpcError) as not_retried:
+            call(open_channel(svc.address, dataclasses.replace(config, busy_retries=0)), "Busy", b"e 1")
+        assert not_retried.value.details() == "busy: refusing call 1 of e"
+        # The backoff is bounded: 4 retries at 0.05, 0.1, 0.2, 0.2 s (jittered down to half) at most.
+        started = time.monotonic()
+        assert call(channel, "Busy", b"f 4") == b"attempt 5"
+        assert time.monotonic() - started < 0.55 + 2.0  # + the calls themselves on a busy machine
+
+
+def test_retrying_stream_restarts_only_a_stream_refused_before_its_first_response(tmp_path):
+    config = ClientConfig(busy_retries=4, retry_backoff_seconds=0.05, max_retry_backoff_seconds=0.2)
+    with probe(tmp_path) as svc:
+        channel = open_channel(svc.address, config)
+        busy_stream = channel.unary_stream(f"/{SERVICE}/BusyStream")
+
+        stream = RetryingStream(lambda: busy_stream(b"a 2", timeout=10), config)
+        assert list(stream) == [b"attempt 3", b"1", b"2"]
+        assert stream.attempts == 3
+
+        plain = busy_stream(b"b 2", timeout=10)  # without the helper the first refusal is final
+        with pytest.raises(grpc.RpcError) as refused:
+            list(plain)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+        broken = RetryingStream(lambda: busy_stream(b"c 0 broken", timeout=10), config)
+        received = []
+        with pytest.raises(grpc.RpcError) as after_first:
+            for response in broken:
+                received.append(response)
+        assert after_first.value.details() == "busy after the first message"
+        assert (received, broken.attempts) == ([b"attempt 1"], 1), "a started stream is never repeated"
+
+        give_up = RetryingStream(lambda: busy_stream(b"d 9", timeout=10), config)
+        with pytest.raises(grpc.RpcError) as exhausted:
+            list(give_up)
+        assert exhausted.value.details() == "busy: refusing call 5 of d"
+        assert give_up.attempts == 5
+
+        # cancel() during the backoff ends the retries at once.
+        slow = dataclasses.replace(config, retry_backoff_seconds=30.0, max_retry_backoff_seconds=30.0)
+        cancelled = RetryingStream(lambda: busy_stream(b"e 9", timeout=10), slow)
+        threading.Timer(0.5, cancelled.cancel).start()
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError):
+            list(cancelled)
+        assert time.monotonic() - started < 10 and cancelled.attempts == 1
 
 
 def test_log_lines_carry_service_rpc_and_run_context(tmp_path):

@@ -7,6 +7,11 @@ Methods (raw bytes in and out, registered as rollway.test.v1.ProbeService):
   Relay   calls grpc.health.v1 Check on --relay-to             (trace propagation)
   Log     logs an event "probe log" and answers b"logged"      (log context)
   Fail    request b"invalid": InvalidArgument; otherwise RuntimeError  (error mapping)
+  Busy    request b"KEY N [pushback=MS]": the first N calls with KEY are refused RESOURCE_EXHAUSTED
+          (with that grpc-retry-pushback-ms trailer if given); later ones answer b"attempt K"
+  BusyStream  (server-streaming) request b"KEY N [broken]": refused as Busy, then streams
+          b"attempt K", b"1", b"2"; with "broken" every call fails RESOURCE_EXHAUSTED after its
+          first message                                             (client retries)
 """
 
 from __future__ import annotations
@@ -38,6 +43,32 @@ class ProbeConfig:
 
 def _handlers(config: ProbeConfig):
     log = get_logger("probe")
+    attempts: dict[str, int] = {}
+    attempts_lock = threading.Lock()
+
+    def refuse_first(request: bytes, context) -> tuple[int, list[str]]:
+        """Count this call under its key; abort RESOURCE_EXHAUSTED while within the first N."""
+        key, refusals, *options = request.decode().split()
+        with attempts_lock:
+            attempts[key] = attempt = attempts.get(key, 0) + 1
+        if attempt <= int(refusals):
+            for option in options:
+                if option.startswith("pushback="):
+                    context.set_trailing_metadata((("grpc-retry-pushback-ms", option.split("=", 1)[1]),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"busy: refusing call {attempt} of {key}")
+        return attempt, options
+
+    def busy(request: bytes, context) -> bytes:
+        attempt, _ = refuse_first(request, context)
+        return f"attempt {attempt}".encode()
+
+    def busy_stream(request: bytes, context):
+        attempt, options = refuse_first(request, context)
+        yield f"attempt {attempt}".encode()
+        if "broken" in options:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy after the first message")
+        yield b"1"
+        yield b"2"
 
     def sleep(request: bytes, context) -> bytes:
         time.sleep(float(request or b"0"))
@@ -61,7 +92,15 @@ def _handlers(config: ProbeConfig):
         return grpc.unary_unary_rpc_method_handler(fn)
 
     return grpc.method_handlers_generic_handler(
-        SERVICE, {"Sleep": unary(sleep), "Relay": unary(relay), "Log": unary(log_event), "Fail": unary(fail)}
+        SERVICE,
+        {
+            "Sleep": unary(sleep),
+            "Relay": unary(relay),
+            "Log": unary(log_event),
+            "Fail": unary(fail),
+            "Busy": unary(busy),
+            "BusyStream": grpc.unary_stream_rpc_method_handler(busy_stream),
+        },
     )
 
 
