@@ -22,13 +22,11 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-
-import yaml
 
 from rollway.common.client import wait_until_serving
 from rollway.common.config import parse_components
-from rollway.common.local_launch import ServiceProcess
 
 TAIL_LINES = 30
 
@@ -48,12 +46,16 @@ def component_classes() -> dict[str, type]:
     }
 
 
-def parse_run_config(argv: list[str], prog: str = "rollway run") -> dict[str, object]:
-    """All components' settings from `CONFIG [flags]`; exits 2 naming a wrong setting."""
+def parse_run_config(
+    argv: list[str], prog: str = "rollway run", given: dict | None = None
+) -> dict[str, object]:
+    """All components' settings from `CONFIG [flags]`; exits 2 naming a wrong setting. `given`
+    receives the settings as written (the file, then the flags): what StartRun is sent."""
     if argv and not argv[0].startswith("-"):
         argv = ["--config", argv[0], *argv[1:]]
     classes = component_classes()
-    return dict(zip(classes, parse_components(list(classes.values()), argv, prog=prog), strict=True))
+    parsed = parse_components(list(classes.values()), argv, prog=prog, given=given)
+    return dict(zip(classes, parsed, strict=True))
 
 
 def parse_launcher_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -67,6 +69,9 @@ def parse_launcher_options(argv: list[str]) -> tuple[argparse.Namespace, list[st
         "--ray-address", default="", help="Ray cluster to join (default: RAY_ADDRESS or local)"
     )
     group.add_argument("--coordinator-addr", default="", help="a running coordinator to start the run on")
+    group.add_argument(
+        "--trace-file", default="", help="JSON-lines span file of the coordinator this command starts"
+    )
     if "-h" in argv or "--help" in argv:  # the run settings' help follows
         print(parser.format_help().split("\n\n", 1)[1])
     return parser.parse_known_args(argv)
@@ -124,12 +129,6 @@ def plan(configs: dict[str, object]) -> str:
     return "\n".join(lines)
 
 
-def _write_settings(path: Path, settings: dict) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(settings, sort_keys=True))
-    return path
-
-
 def services_needed(c) -> list[str]:
     needed = []
     if not c.load_debug_rollout_data and not c.dataloader_addr:
@@ -141,83 +140,62 @@ def services_needed(c) -> list[str]:
     return needed
 
 
-class Supervisor:
-    """Watches service processes; reports the first that dies with the tail of its log."""
-
-    def __init__(self, processes: list[ServiceProcess]):
-        self.processes = processes
-        self.failure: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(0.5) and self.check() is None:
-            pass
-
-    def check(self) -> str | None:
-        """The first dead process, described with the tail of its log (None while all live)."""
-        if self.failure is None:
-            for p in self.processes:
-                if p.proc is not None and p.proc.poll() is not None:
-                    tail = "\n".join(p.log_text().splitlines()[-TAIL_LINES:])
-                    self.failure = (
-                        f"{p.service} (pid {p.pid}) exited with {p.proc.returncode}; last log lines:\n{tail}"
-                    )
-                    break
-        return self.failure
-
-    def close(self) -> None:
-        self._stop.set()
-
-
 def run(argv: list[str]) -> int:
     options, argv = parse_launcher_options(argv)
-    configs = parse_run_config(argv)
+    given: dict = {}
+    configs = parse_run_config(argv, given=given)
     if options.launcher == "ray":
         from rollway.deploy.ray_launcher import run_on_ray
 
         return run_on_ray(configs, options.ray_address)
     c = configs["coordinator"]
-    from rollway.coordinator.runs import new_run_id
+    from rollway.coordinator.runs import check_run_id, new_run_id
+    from rollway.deploy.supervisor import LocalServiceGroup
 
     run_id = c.run_id or new_run_id()
+    try:
+        check_run_id(run_id)
+    except Exception as exc:
+        print(f"rollway run: {exc}", file=sys.stderr)
+        return 2
     run_dir = (Path(c.run_dir or "runs") / run_id).resolve()
-    workdir = run_dir / "services"
-    started: list[ServiceProcess] = []
     interrupted = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    # The coordinator starts the services the run needs (StartRun's own code path) and stops them.
+    coordinator_args = ["--runs-root", str(run_dir.parent)]
+    if options.trace_file:
+        coordinator_args += ["--trace-file", options.trace_file]
+    group = LocalServiceGroup(run_dir / "services", args={"coordinator": coordinator_args})
     try:
-        addresses = {}
-        for name in services_needed(c):
-            settings = _write_settings(workdir / f"{name}.yaml", non_default_settings(configs[name]))
-            print(f"starting {name} ...", flush=True)
-            started.append(ServiceProcess(name, ["--config", str(settings)], workdir).start())
-            addresses[name] = started[-1].address
-            print(
-                f"{name} pid {started[-1].pid} at {addresses[name]}, log {started[-1].log_path}", flush=True
-            )
         coordinator_address = options.coordinator_addr
         if coordinator_address:
             wait_until_serving(coordinator_address, 120.0)
         else:
-            started.append(
-                ServiceProcess("coordinator", ["--runs-root", str(run_dir.parent)], workdir).start()
-            )
-            coordinator_address = started[-1].address
-        supervisor = Supervisor(started)
+            print("starting the coordinator ...", flush=True)
+            coordinator_address = group.start({"coordinator": 1})["coordinator"][0]
         # A coordinator elsewhere writes under its own --runs-root unless the config names a run_dir.
         remote_default = options.coordinator_addr and not c.run_dir
-        settings = run_settings(c, run_id, "" if remote_default else str(run_dir.parent), addresses)
+        settings = {**given, "run_id": run_id, "run_dir": "" if remote_default else str(run_dir.parent)}
         print(
             f"run {run_id}: {'(coordinator ' + coordinator_address + ')' if remote_default else run_dir}",
             flush=True,
         )
-        return _drive(coordinator_address, run_id, settings, c.num_rollout, supervisor, interrupted)
+        return _drive(
+            coordinator_address, run_id, settings, c.num_rollout, _describe_dead(group), interrupted
+        )
     finally:
         signal.signal(signal.SIGINT, previous)
-        for p in reversed(started):
-            p.stop()
+        group.stop()
+
+
+def _describe_dead(group) -> Callable[[], str | None]:
+    """The launcher's view of its supervisor: a description of the first dead service, or None."""
+
+    def dead() -> str | None:
+        found = group.dead()
+        return str(found) if found else None
+
+    return dead
 
 
 def _drive(
@@ -225,10 +203,11 @@ def _drive(
     run_id: str,
     settings: dict,
     num_steps: int,
-    supervisor: Supervisor,
+    dead: Callable[[], str | None],
     interrupted: threading.Event,
 ) -> int:
-    """StartRun, follow metrics with a progress line, stop on Ctrl-C or a crashed service."""
+    """StartRun, follow metrics with a progress line, stop on Ctrl-C; `dead()` describes a crashed
+    service this launcher started (the coordinator, or Ray actors), reported with its log tail."""
     import grpc
 
     from rollway.common.client import open_channel
@@ -248,27 +227,53 @@ def _drive(
         target=lambda: [progress.update(r.step + 1, dict(r.metrics)) for r in _quiet(stream)], daemon=True
     )
     follower.start()
-    while True:
-        info = stub.GetRun(coordinator_pb2.GetRunRequest(run_id=run_id)).run
-        if info.state not in (coordinator_pb2.RUN_STATE_STARTING, coordinator_pb2.RUN_STATE_RUNNING):
-            break
-        if supervisor.failure:
-            print(f"service crashed: {supervisor.failure}", file=sys.stderr)
-            stub.StopRun(coordinator_pb2.StopRunRequest(run_id=run_id, immediate=True))
-            return 1
-        if interrupted.is_set():
-            print("stopping the run (Ctrl-C)", file=sys.stderr)
-            stub.StopRun(coordinator_pb2.StopRunRequest(run_id=run_id))
-            interrupted.clear()
-        time.sleep(0.5)
+    try:
+        while True:
+            crashed = dead()
+            if crashed:
+                print(f"service crashed: {crashed}", file=sys.stderr)
+                _stop_quietly(stub, run_id)
+                return 1
+            info = stub.GetRun(coordinator_pb2.GetRunRequest(run_id=run_id), timeout=10.0).run
+            if info.state not in (coordinator_pb2.RUN_STATE_STARTING, coordinator_pb2.RUN_STATE_RUNNING):
+                break
+            if interrupted.is_set():
+                print("stopping the run (Ctrl-C)", file=sys.stderr)
+                stub.StopRun(coordinator_pb2.StopRunRequest(run_id=run_id), timeout=10.0)
+                interrupted.clear()
+            time.sleep(0.5)
+    except grpc.RpcError as exc:
+        crashed = _wait_for(dead, 5.0)  # the coordinator process may be exiting: name it when it has
+        print(f"service crashed: {crashed}" if crashed else f"the coordinator at {address} stopped answering: "
+              f"{exc.code().name}: {exc.details()}", file=sys.stderr)  # fmt: skip
+        return 1
+    finally:
+        stream.cancel()
     follower.join(10)
-    supervisor.close()
-    if info.state != coordinator_pb2.RUN_STATE_SUCCEEDED and supervisor.check():
-        # The run usually fails on its own once a service is gone: name the cause.
-        print(f"service crashed: {supervisor.failure}", file=sys.stderr)
     state = coordinator_pb2.RunState.Name(info.state).removeprefix("RUN_STATE_")
     print(f"run {run_id} {state}" + (f": {info.error}" if info.error else ""), flush=True)
     return 0 if info.state == coordinator_pb2.RUN_STATE_SUCCEEDED else 1
+
+
+def _wait_for(dead: Callable[[], str | None], seconds: float) -> str | None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = dead()
+        if found:
+            return found
+        time.sleep(0.1)
+    return None
+
+
+def _stop_quietly(stub, run_id: str) -> None:
+    import grpc
+
+    from rollway.coordinator.v1 import coordinator_pb2
+
+    try:
+        stub.StopRun(coordinator_pb2.StopRunRequest(run_id=run_id, immediate=True), timeout=10.0)
+    except grpc.RpcError:
+        pass  # the coordinator itself is what died
 
 
 def _quiet(stream):

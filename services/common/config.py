@@ -166,6 +166,16 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, base: T | None = None, r
     return config
 
 
+def coerce_setting(cls: type, name: str, value: Any) -> Any:
+    """`value` converted to the type of field `name` of `cls` (ConfigError naming it otherwise);
+    no cross-field validation, so each value of a config can be checked on its own."""
+    value = _coerce(name, _field_types(cls)[name], value)
+    choices = next(f for f in dataclasses.fields(cls) if f.name == name).metadata.get("choices")
+    if choices and value not in choices:
+        raise ConfigError(name, f"must be one of {', '.join(map(str, choices))} (got {value!r})")
+    return value
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping; a missing or malformed file is a ConfigError naming the file."""
     path = Path(path)
@@ -263,6 +273,7 @@ def parse_components(
     description: str | None = None,
     run_config_keys: Callable[[], set[str]] | None = None,
     require: bool = True,
+    given: dict[str, Any] | None = None,
 ) -> list[Any]:
     """Like `parse` for several component dataclasses sharing one flat namespace of flags and keys.
 
@@ -300,6 +311,8 @@ def parse_components(
             {str(k).replace("-", "_"): v for k, v in (load_yaml(config_path) if config_path else {}).items()}
         )
         data.update(args)
+        if given is not None:  # the settings as given (file then flags), for a caller passing them on
+            given.update(data)
         for key in data:
             if key not in owners:
                 close = difflib.get_close_matches(key, owners, n=1)

@@ -43,6 +43,10 @@ class Services:
     rollouts: list[rollout_pb2_grpc.RolloutServiceStub] = field(default_factory=list)
     addresses: dict[str, list[str]] = field(default_factory=dict)
     _channels: list[grpc.Channel] = field(default_factory=list)
+    # Long calls in flight (Generate streams, TrainStep, ComputeLogProbs): cancel_all() ends them.
+    _calls: set = field(default_factory=set)
+    _calls_lock: threading.Lock = field(default_factory=threading.Lock)
+    cancelled: bool = False
 
     @classmethod
     def connect(
@@ -83,6 +87,25 @@ class Services:
     def close(self) -> None:
         for channel in self._channels:
             channel.close()
+
+    def cancel_all(self) -> None:
+        """Cancel every long call in flight, and every later one (StopRun immediate, a dead service)."""
+        with self._calls_lock:
+            self.cancelled = True
+            calls = list(self._calls)
+        for call in calls:
+            call.cancel()
+
+    def _track(self, call):
+        with self._calls_lock:
+            self._calls.add(call)
+            if self.cancelled:
+                call.cancel()
+        return call
+
+    def _untrack(self, call) -> None:
+        with self._calls_lock:
+            self._calls.discard(call)
 
     # --- dataloader ---
     def next_batch(self, batch_size: int, batch_id: int) -> dataloader_pb2.NextBatchResponse:
@@ -138,7 +161,7 @@ class Services:
                 reward=reward,
                 request_id=request_id,
             )
-            call = stub.Generate(request, timeout=LONG_CALL_SECONDS)
+            call = self._track(stub.Generate(request, timeout=LONG_CALL_SECONDS))
             with lock:
                 calls.append(call)
                 if stopped.is_set() and not keep_aborted:
@@ -150,8 +173,10 @@ class Services:
                     if enough is not None and enough(reply.sample):
                         stop_all()
             except grpc.RpcError as exc:
-                if not (stopped.is_set() and exc.code() == grpc.StatusCode.CANCELLED):
+                if self.cancelled or not (stopped.is_set() and exc.code() == grpc.StatusCode.CANCELLED):
                     raise
+            finally:
+                self._untrack(call)
             return samples
 
         with ThreadPoolExecutor(max(len(self.rollouts), 1)) as pool:
@@ -168,19 +193,30 @@ class Services:
         header = trainer_pb2.TrainStepHeader(
             step_id=step_id, num_samples=len(samples), overrides=to_struct(overrides or {})
         )
-        return self.trainer.TrainStep(
-            _header_then_chunks(header, samples, trainer_pb2.TrainStepRequest), timeout=LONG_CALL_SECONDS
+        call = self._track(
+            self.trainer.TrainStep.future(
+                _header_then_chunks(header, samples, trainer_pb2.TrainStepRequest), timeout=LONG_CALL_SECONDS
+            )
         )
+        try:
+            return call.result()
+        finally:
+            self._untrack(call)
 
     def compute_log_probs(
         self, samples: Sequence[common_pb2.Sample], temperature: float, use_reference: bool = False
     ) -> list[list[float]]:
         header = trainer_pb2.ComputeLogProbsHeader(temperature=temperature, use_reference=use_reference)
-        replies = self.trainer.ComputeLogProbs(
-            _header_then_chunks(header, samples, trainer_pb2.ComputeLogProbsRequest),
-            timeout=LONG_CALL_SECONDS,
+        replies = self._track(
+            self.trainer.ComputeLogProbs(
+                _header_then_chunks(header, samples, trainer_pb2.ComputeLogProbsRequest),
+                timeout=LONG_CALL_SECONDS,
+            )
         )
-        results = sorted((r for reply in replies for r in reply.results), key=lambda r: r.index)
+        try:
+            results = sorted((r for reply in replies for r in reply.results), key=lambda r: r.index)
+        finally:
+            self._untrack(replies)
         return [list(r.log_probs) for r in results]
 
 

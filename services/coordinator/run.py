@@ -55,7 +55,6 @@ class Run:
         *,
         evaluator: Evaluator | None = None,
         stop: threading.Event | None = None,
-        trainer_settings: dict | None = None,
         progress: bool = True,
     ):
         self.config = config
@@ -63,7 +62,6 @@ class Run:
         self.run_dir = Path(run_dir)
         self.evaluator = evaluator
         self.stop = stop or threading.Event()
-        self.trainer_settings = trainer_settings or {}
         self.sink = MetricsSink(self.run_dir)
         self.state = RunState()
         self.progress = ProgressLine(self.total_steps()) if progress else None
@@ -76,7 +74,9 @@ class Run:
             master_port=config.update_weight_master_port,
         )
         self.final_metrics: dict[str, float] = {}
+        self.last_step_metrics: dict[str, float] = {}  # of the latest training step (GetRun)
         self.hf_export_dir = ""
+        self.checkpoint_dir = ""  # the newest complete run checkpoint this run wrote
         # Data position (dataloader cursor, next batch id, next group index) to store with the next
         # checkpoint. Taken before batches are fetched ahead for a later step (SFT prefetch, async
         # generation), so a resume neither skips nor repeats data.
@@ -93,13 +93,6 @@ class Run:
     @property
     def uses_trainer(self) -> bool:
         return not self.config.debug_rollout_only
-
-    def _init_trainer(self) -> None:
-        settings = dict(self.trainer_settings)
-        settings["num_steps_per_rollout"] = self.config.samples_per_rollout // self.config.global_batch_size
-        self.services.trainer.Init(
-            trainer_pb2.InitRequest(config=to_struct(settings), run_id=self.run_dir.name)
-        )
 
     def _resume(self) -> None:
         source = self.config.load or self.config.save
@@ -127,6 +120,7 @@ class Run:
         if self._data_position is not None:
             cursor, state.next_batch_id, state.next_group_index, state.partial_groups = self._data_position
         run_state.write_checkpoint(directory, state, cursor)
+        self.checkpoint_dir = str(directory)
         log.info("checkpoint saved", path=str(directory))
 
     def _mark_data_position(self) -> None:
@@ -151,9 +145,7 @@ class Run:
     def execute(self) -> dict[str, float]:
         bind_run_context(run_id=self.run_dir.name)
         try:
-            if self.uses_trainer:
-                self._init_trainer()
-            self._resume()
+            self._resume()  # the services were given the run's settings at its start (run_start.py)
             if self.config.is_sft:
                 self._sft_loop()
             else:
@@ -175,6 +167,7 @@ class Run:
         ):
             self._checkpoint()
         self.sink.log(rollout_id, metrics)
+        self.last_step_metrics = dict(metrics)
         self.final_metrics.update(metrics)
         if self.progress:
             self.progress.update(rollout_id + 1, metrics)

@@ -1,25 +1,41 @@
-"""The coordinator's runs: each run executes in a thread; the gRPC API starts, watches and stops them."""
+"""The coordinator's runs: each run executes in a thread; the gRPC API starts, watches and stops them.
+
+StartRun(config) ─> parse_run_config (every error at once) ─> RunRecord ─> thread: execute()
+execute: start the services the config gives no address for (run_start.py), connect, Init
+         each with its settings, check they agree ─> Run.execute() (run.py)
+         a watcher reports a dead service at once (process exit, failed health checks) and
+         cancels the calls in flight, so the run fails naming it instead of waiting
+         finally: EndRun on every service, stop the services the run started
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollway.common.config import ConfigError, from_dict, to_dict
+from rollway.common.config import to_dict
 from rollway.common.errors import AlreadyExists, InvalidArgument, NotFound
-from rollway.common.log import get_logger
+from rollway.common.log import bind_run_context, get_logger
 from rollway.common.v1 import common_pb2
 from rollway.coordinator.config import CoordinatorConfig
 from rollway.coordinator.evaluation import Evaluator
 from rollway.coordinator.metrics import MetricsSink
 from rollway.coordinator.remote import Services
 from rollway.coordinator.run import Run, RunStopped
+from rollway.coordinator.run_config import COMPONENTS, RunConfig, RunConfigError, parse_run_config
+from rollway.coordinator.run_start import connect, end_run, init_services, start_missing_services
+from rollway.deploy.supervisor import DeadService, HealthWatch, ServiceGroup
 
 log = get_logger("rollway.coordinator.runs")
+
+# A run id names a directory under the runs root: no separators, no "..", no leading dot.
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+WATCH_SECONDS = 0.5
 
 
 @dataclass
@@ -27,42 +43,62 @@ class RunRecord:
     """A run known to this coordinator."""
 
     run_id: str
-    config: CoordinatorConfig
+    run: RunConfig
     run_dir: Path
     state: str = "STARTING"  # STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED
     error: str = ""
     stop: threading.Event = field(default_factory=threading.Event)
-    run: Run | None = None
+    driver: Run | None = None
     thread: threading.Thread | None = None
     created: float = field(default_factory=time.time)
+    services: Services | None = None
+    group: ServiceGroup | None = None
+    addresses: dict[str, list[str]] = field(default_factory=dict)
+    dead: DeadService | None = None  # the service whose death ended the run
+    immediate: bool = False
+    num_restarts: int = 0
+
+    @property
+    def config(self) -> CoordinatorConfig:
+        return self.run.coordinator
 
     @property
     def metrics_path(self) -> Path:
         return self.run_dir / "metrics.jsonl"
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("SUCCEEDED", "FAILED", "STOPPED")
 
 
 def new_run_id() -> str:
     return time.strftime("run-%Y%m%d-%H%M%S-", time.gmtime()) + f"{time.time_ns() % 1_000_000:06d}"
 
 
-def parse_run_config(mapping: dict) -> CoordinatorConfig:
-    """Validate a StartRun config; errors name the setting."""
-    try:
-        return from_dict(CoordinatorConfig, mapping)
-    except ConfigError as exc:
-        raise InvalidArgument(f"config.{exc.setting}", exc.problem) from None
+def check_run_id(run_id: str, setting: str = "run_id") -> str:
+    """A run id that stays inside the runs root (InvalidArgument naming it otherwise)."""
+    if not RUN_ID_PATTERN.fullmatch(run_id):
+        raise InvalidArgument(
+            setting,
+            f"{run_id!r} is not a run id: 1-128 letters, digits, '.', '_' or '-', not starting with "
+            "'.' or '-' (it names a directory under the runs root)",
+        )
+    return run_id
 
 
 def execute(record: RunRecord, *, progress: bool = False) -> None:
-    """Connect to the run's services and drive the run to its end (in the calling thread)."""
+    """Start or attach the run's services and drive the run to its end (in the calling thread)."""
+    bind_run_context(run_id=record.run_id)
     c = record.config
-    services = None
+    services = watcher = None
     try:
-        services = Services.connect(
-            dataloader=c.dataloader_addr if not c.load_debug_rollout_data else "",
-            trainer=c.trainer_addr if not c.debug_rollout_only else "",
-            rollouts=c.rollout_addr if not c.train_only else [],
-        )
+        addresses, record.group = start_missing_services(record.run, record.run_dir / "services")
+        record.addresses = addresses
+        if record.stop.is_set():
+            raise RunStopped()
+        services = record.services = connect(addresses)
+        watcher = _Watcher(record)
+        init_services(services, record.run, record.run_id)
         evaluator = None
         if c.eval_prompt_data and not c.train_only:
             sampling = common_pb2.SamplingParams(
@@ -79,33 +115,78 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
                 sampling=sampling,
                 reward=c.rm_type,
             )
-        record.run = Run(
-            c,
-            services,
-            record.run_dir,
-            evaluator=evaluator,
-            stop=record.stop,
-            trainer_settings=c.trainer_settings,
-            progress=progress,
+        record.driver = Run(
+            c, services, record.run_dir, evaluator=evaluator, stop=record.stop, progress=progress
         )
         record.state = "RUNNING"
-        final = record.run.execute()
+        final = record.driver.execute()
         record.state = "SUCCEEDED"
         (record.run_dir / "result.json").write_text(
             json.dumps(
-                {"run_id": record.run_id, "final_metrics": final, "hf_export_dir": record.run.hf_export_dir},
+                {
+                    "run_id": record.run_id,
+                    "final_metrics": final,
+                    "hf_export_dir": record.driver.hf_export_dir,
+                    "checkpoint_dir": record.driver.checkpoint_dir,
+                },
                 indent=1,
             )
         )
     except RunStopped:
         record.state = "STOPPED"
     except Exception as exc:  # the run fails; the coordinator keeps serving
-        record.state = "FAILED"
-        record.error = describe_error(exc)
-        log.error("run failed", run_id=record.run_id, error=record.error, traceback=traceback.format_exc())
+        if record.stop.is_set() and record.immediate:
+            record.state = "STOPPED"
+        else:
+            record.state = "FAILED"
+            record.error = (
+                f"{record.dead} (the run cannot go on without it)" if record.dead else describe_error(exc)
+            )
+            log.error("run failed", error=record.error, traceback=traceback.format_exc())
     finally:
+        if watcher is not None:
+            watcher.close()
         if services is not None:
+            end_run(services, record.run_id)
             services.close()
+        if record.group is not None:
+            record.group.stop()
+        log.info("run ended", state=record.state)
+
+
+class _Watcher:
+    """Watches a run's services; a dead one cancels the run's calls so that it ends at once."""
+
+    def __init__(self, record: RunRecord):
+        self.record = record
+        attached = {
+            name: addresses
+            for name, addresses in record.addresses.items()
+            if record.group is None or name not in record.group.addresses
+        }
+        self.health = HealthWatch(attached) if any(attached.values()) else None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"watch-{record.run_id}", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCH_SECONDS):
+            record = self.record
+            dead = (record.group.dead() if record.group else None) or (
+                self.health.dead() if self.health else None
+            )
+            if dead is not None and not record.finished:
+                record.dead = dead
+                log.error("service died", service=str(dead).splitlines()[0])
+                if record.services is not None:
+                    record.services.cancel_all()
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        if self.health is not None:
+            self.health.close()
 
 
 def describe_error(exc: BaseException) -> str:
@@ -126,16 +207,23 @@ class RunManager:
         self._lock = threading.Lock()
 
     def start(self, mapping: dict, run_id: str = "") -> RunRecord:
-        config = parse_run_config(mapping)
-        run_id = run_id or config.run_id or new_run_id()
-        run_dir = Path(config.run_dir or self.default_run_root) / run_id
+        try:
+            run = parse_run_config(mapping)
+        except RunConfigError as exc:
+            problems = "; ".join(f"config.{setting}: {problem}" for setting, problem in exc.problems)
+            raise InvalidArgument("config", problems) from None
+        run_id = check_run_id(run_id or run.coordinator.run_id or new_run_id())
+        run_dir = Path(run.coordinator.run_dir or self.default_run_root) / run_id
         with self._lock:
-            if run_id in self._runs and self._runs[run_id].state in ("STARTING", "RUNNING"):
+            if run_id in self._runs and not self._runs[run_id].finished:
                 raise AlreadyExists(f"run {run_id} is already running")
-            record = RunRecord(run_id=run_id, config=config, run_dir=run_dir)
+            record = RunRecord(run_id=run_id, run=run, run_dir=run_dir)
             self._runs[run_id] = record
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
+        resolved = {name: to_dict(run.component(name)) for name in COMPONENTS}
+        (run_dir / "config.json").write_text(
+            json.dumps({"given": run.given, **resolved}, indent=1, default=str)
+        )
         record.thread = threading.Thread(target=execute, args=(record,), name=f"run-{run_id}", daemon=True)
         record.thread.start()
         log.info("run started", run_id=run_id, run_dir=str(run_dir))
@@ -151,24 +239,31 @@ class RunManager:
         with self._lock:
             return sorted(self._runs.values(), key=lambda r: r.created, reverse=True)
 
-    def stop(self, run_id: str) -> RunRecord:
+    def stop(self, run_id: str, immediate: bool = False) -> RunRecord:
+        """Stop after the current step, or at once (the calls in flight are cancelled: generation
+        is aborted and the trainer's step abandoned; checkpoints already written stay)."""
         record = self.get(run_id)
+        record.immediate = record.immediate or immediate
         record.stop.set()
+        if immediate and record.services is not None:
+            record.services.cancel_all()
         return record
 
     def follow(self, run_id: str, from_step: int):
         """Metrics records of a run from `from_step`, following until the run ends."""
         record = self.get(run_id)
-        deadline = time.monotonic() + 60
-        while record.run is None and record.state in ("STARTING",) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if record.run is None:
+        while record.driver is None and not record.finished:
+            time.sleep(0.05)  # the run is starting its services; it either runs or ends
+        if record.driver is None:
             yield from (r for r in MetricsSink.read(record.metrics_path) if r["step"] >= from_step)
             return
-        yield from record.run.sink.follow(from_step)
+        yield from record.driver.sink.follow(from_step)
         if record.thread is not None:
-            record.thread.join(30)  # the stream ends once the run's final state is visible to GetRun
+            record.thread.join(60)  # the stream ends once the run's final state is visible to GetRun
 
     def stop_all(self) -> None:
         for record in self.list():
-            record.stop.set()
+            self.stop(record.run_id, immediate=True)
+        for record in self.list():
+            if record.thread is not None:
+                record.thread.join(30)

@@ -19,15 +19,24 @@ STATES = {
 
 
 def run_info(record: RunRecord) -> coordinator_pb2.RunInfo:
-    last = record.run.sink.last if record.run is not None else {}
+    driver = record.driver
+    addresses = {
+        (name if name != "rollout" else f"rollout_{i}"): address
+        for name, group in record.addresses.items()
+        for i, address in enumerate(group)
+    }
     return coordinator_pb2.RunInfo(
         run_id=record.run_id,
         state=STATES[record.state],
-        step=int(last.get("step", -1)) + 1,
+        step=driver.state.next_rollout_id if driver is not None else 0,
         num_steps=record.config.num_rollout,
         run_dir=str(record.run_dir),
         error=record.error,
-        last_metrics={k: v for k, v in last.items() if k not in ("step", "time")},
+        last_metrics=driver.last_step_metrics if driver is not None else {},
+        checkpoint_dir=driver.checkpoint_dir if driver is not None else "",
+        hf_export_dir=driver.hf_export_dir if driver is not None else "",
+        service_addresses=addresses,
+        num_restarts=record.num_restarts,
     )
 
 
@@ -54,7 +63,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
             )
 
     def StopRun(self, request, context):
-        return coordinator_pb2.StopRunResponse(run=run_info(self.runs.stop(request.run_id)))
+        record = self.runs.stop(request.run_id, immediate=request.immediate)
+        return coordinator_pb2.StopRunResponse(run=run_info(record))
 
     def ListRuns(self, request, context):
         return coordinator_pb2.ListRunsResponse(runs=[run_info(r) for r in self.runs.list()])

@@ -55,7 +55,7 @@ def run_on_ray(configs: dict, ray_address: str = "") -> int:
         settings = run_settings(c, run_id, str(run_dir.parent), addresses)
         settings.update(services.run_overrides(c))
         signal.signal(signal.SIGINT, lambda *_: interrupted.set())  # Ctrl-C while running: StopRun
-        return _drive(coordinator, run_id, settings, c.num_rollout, supervisor, interrupted)
+        return _drive(coordinator, run_id, settings, c.num_rollout, supervisor.check, interrupted)
     except (RuntimeError, TimeoutError) as exc:
         cause = getattr(exc, "cause", None) or exc  # an actor method's own exception, without Ray's frame
         print(f"run {run_id} could not start on Ray: {cause}", file=sys.stderr, flush=True)

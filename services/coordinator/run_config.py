@@ -1,0 +1,182 @@
+"""One run config, one schema: the flat mapping of `rollway run`'s YAML is what StartRun takes.
+
+Every component (coordinator, dataloader, rollout, trainer) declares its settings as a dataclass;
+a run config is one flat namespace of all their keys (Miles' flags). Parsing reports every
+error at once, each naming its setting. What a run pushes to a service at its Init is the part
+of the run config that service declares, as given (a setting the run leaves out keeps the
+service's start-up flag, so a service started with flags keeps them and a bare one gets the
+defaults).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rollway.common.config import ConfigError, coerce_setting, from_dict, to_dict
+from rollway.coordinator.config import CoordinatorConfig
+from rollway.dataloader.config import DataloaderConfig
+from rollway.rollout.config import RolloutConfig
+from rollway.trainer.config import TrainerConfig
+
+# Config modules import no torch, so parsing a run config is instant.
+COMPONENTS: dict[str, type] = {
+    "coordinator": CoordinatorConfig,
+    "dataloader": DataloaderConfig,
+    "rollout": RolloutConfig,
+    "trainer": TrainerConfig,
+}
+SERVICES = ("dataloader", "rollout", "trainer")
+
+
+class RunConfigError(ConfigError):
+    """Every problem of a run config, each as (setting, problem)."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__(problems[0][0], "; ".join(f"{s}: {p}" for s, p in problems[1:]) or problems[0][1])
+        self.args = ("; ".join(f"{setting}: {problem}" for setting, problem in problems),)
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+@dataclass
+class RunConfig:
+    """A parsed run: each component's settings, and the keys the run gave (pushed to services)."""
+
+    coordinator: CoordinatorConfig
+    dataloader: DataloaderConfig
+    rollout: RolloutConfig
+    trainer: TrainerConfig
+    given: dict[str, Any]
+
+    def component(self, name: str):
+        return getattr(self, name)
+
+    def service_settings(self, name: str) -> dict[str, Any]:
+        """The settings a run pushes to service `name` at its Init: the given keys it declares."""
+        fields = _field_names(COMPONENTS[name])
+        settings = {k: v for k, v in self.given.items() if k in fields}
+        if name == "trainer":  # the trainer's share of the coordinator's batch arithmetic
+            c = self.coordinator
+            settings["num_steps_per_rollout"] = c.samples_per_rollout // c.global_batch_size
+            settings.update(c.trainer_settings)
+        return settings
+
+    def services_used(self) -> list[str]:
+        """The services the run calls (debug modes leave some out)."""
+        c = self.coordinator
+        used = []
+        if not c.load_debug_rollout_data:
+            used.append("dataloader")
+        if not c.train_only:
+            used.append("rollout")
+        if not c.debug_rollout_only:
+            used.append("trainer")
+        return used
+
+    def addresses(self) -> dict[str, list[str]]:
+        """Addresses the run config gives for its services (empty list: the coordinator starts it)."""
+        c = self.coordinator
+        given = {
+            "dataloader": [c.dataloader_addr],
+            "rollout": list(c.rollout_addr),
+            "trainer": [c.trainer_addr],
+        }
+        return {name: [a for a in given[name] if a] for name in self.services_used()}
+
+
+def _field_names(cls: type) -> set[str]:
+    names = set()
+    for f in dataclasses.fields(cls):
+        names.add(f.name)
+        names.update(a.replace("-", "_") for a in f.metadata.get("aliases", ()))
+    return names
+
+
+def _canonical(cls: type, key: str) -> str:
+    for f in dataclasses.fields(cls):
+        if key == f.name or key in (a.replace("-", "_") for a in f.metadata.get("aliases", ())):
+            return f.name
+    return key
+
+
+def parse_run_config(mapping: Mapping[str, Any]) -> RunConfig:
+    """Parse a flat run config; RunConfigError lists every problem, each naming its setting."""
+    given = {str(k).replace("-", "_"): v for k, v in mapping.items()}
+    known = set().union(*(_field_names(cls) for cls in COMPONENTS.values()))
+    problems: list[tuple[str, str]] = []
+    for key in given:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            problems.append((key, "unknown setting" + (f"; did you mean {close[0]}?" if close else "")))
+    # Each value on its own first, so that every wrong value is reported, not only the first.
+    for key, value in given.items():
+        for cls in COMPONENTS.values():
+            if key in _field_names(cls):
+                try:
+                    coerce_setting(cls, _canonical(cls, key), value)
+                except ConfigError as exc:
+                    problems.append((exc.setting, exc.problem))
+                    break
+    if problems:
+        raise RunConfigError(_unique(problems))
+    configs = {}
+    for name, cls in COMPONENTS.items():
+        part = {k: v for k, v in given.items() if k in _field_names(cls)}
+        try:
+            configs[name] = from_dict(cls, part, require=False)
+        except ConfigError as exc:
+            problems.append((exc.setting, exc.problem))
+    if problems:
+        raise RunConfigError(_unique(problems))
+    run = RunConfig(**configs, given={_canonical_any(k): v for k, v in given.items()})
+    problems = _missing_for_started_services(run)
+    if problems:
+        raise RunConfigError(problems)
+    return run
+
+
+def _canonical_any(key: str) -> str:
+    for cls in COMPONENTS.values():
+        name = _canonical(cls, key)
+        if name != key:
+            return name
+    return key
+
+
+def _missing_for_started_services(run: RunConfig) -> list[tuple[str, str]]:
+    """Services the coordinator starts get everything from the run: what they require must be there."""
+    problems = []
+    addresses = run.addresses()
+    for name in run.services_used():
+        if addresses[name]:
+            continue  # an attached service may have its own flags
+        try:
+            run.component(name).check_required()
+        except ConfigError as exc:
+            problems.append((exc.setting, f"{exc.problem} (the {name} the run starts has no other source)"))
+    return _unique(problems)
+
+
+def _unique(problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    seen, out = set(), []
+    for setting, problem in problems:
+        if setting not in seen:
+            seen.add(setting)
+            out.append((setting, problem))
+    return out
+
+
+def jsonable(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """A settings mapping as plain JSON data (tuples to lists), for a google.protobuf.Struct."""
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in mapping.items()}
+
+
+def effective(run: RunConfig, name: str) -> dict[str, Any]:
+    """Every setting of component `name` as the run resolved it (for config.json and logs)."""
+    return to_dict(run.component(name))

@@ -1,0 +1,154 @@
+"""The start of a run: its services started or attached, each told the run's settings, agreed.
+
+    addresses in the config? ──no──> LocalServiceGroup.start (bare processes, in parallel)
+    Services.connect (health SERVING; an unreachable address fails in seconds, naming it)
+    Init on every service at once, each with its part of the run config (run_config.py)
+    agreement: model, vocabulary, temperature, estimator ──> a mismatch refuses the run, naming both
+
+At the end of the run (any end), every service gets EndRun (freeing it for the next run) and the
+services the run started are stopped.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+
+from rollway.common.log import get_logger
+from rollway.common.tracing import in_current_context
+from rollway.coordinator.remote import LONG_CALL_SECONDS, Services, to_struct
+from rollway.coordinator.run_config import RunConfig, jsonable
+from rollway.dataloader.v1 import dataloader_pb2
+from rollway.deploy.supervisor import LocalServiceGroup, ServiceGroup
+from rollway.rollout.v1 import rollout_pb2
+from rollway.trainer.v1 import trainer_pb2
+
+log = get_logger("rollway.coordinator.run_start")
+END_RUN_SECONDS = 10.0
+
+
+class RunRefused(RuntimeError):
+    """The run's services cannot serve it together (they disagree, or one refused its Init)."""
+
+
+def start_missing_services(run: RunConfig, workdir: Path) -> tuple[dict[str, list[str]], ServiceGroup | None]:
+    """Addresses of every service the run uses, starting those the config gives no address for."""
+    addresses = run.addresses()
+    missing = {name: 1 for name, given in addresses.items() if not given}
+    if not missing:
+        return addresses, None
+    group = LocalServiceGroup(workdir)
+    log.info("starting services", services=sorted(missing))
+    addresses.update(group.start(missing))
+    return addresses, group
+
+
+def connect(addresses: dict[str, list[str]]) -> Services:
+    return Services.connect(
+        dataloader=(addresses.get("dataloader") or [""])[0],
+        trainer=(addresses.get("trainer") or [""])[0],
+        rollouts=addresses.get("rollout", []),
+    )
+
+
+def init_services(services: Services, run: RunConfig, run_id: str) -> dict[str, object]:
+    """Init every service at once with its settings; the replies by service (rollout_i)."""
+    calls = {}
+    with ThreadPoolExecutor(2 + len(services.rollouts)) as pool:
+        if services.trainer is not None:
+            request = trainer_pb2.InitRequest(config=_struct(run, "trainer"), run_id=run_id)
+            calls["trainer"] = pool.submit(
+                in_current_context(services.trainer.Init), request, timeout=LONG_CALL_SECONDS
+            )
+        if services.dataloader is not None:
+            request = dataloader_pb2.InitRequest(config=_struct(run, "dataloader"), run_id=run_id)
+            calls["dataloader"] = pool.submit(
+                in_current_context(services.dataloader.Init), request, timeout=LONG_CALL_SECONDS
+            )
+        for i, stub in enumerate(services.rollouts):
+            request = rollout_pb2.InitRequest(config=_struct(run, "rollout"), run_id=run_id)
+            calls[f"rollout_{i}"] = pool.submit(
+                in_current_context(stub.Init), request, timeout=LONG_CALL_SECONDS
+            )
+        replies, refusals = {}, []
+        for name, call in calls.items():
+            try:
+                replies[name] = call.result()
+            except grpc.RpcError as exc:
+                refusals.append(f"{name} refused the run: {exc.code().name}: {exc.details()}")
+    if refusals:
+        end_run(services, run_id)
+        raise RunRefused("; ".join(refusals))
+    problems = disagreements(run, replies)
+    if problems:
+        end_run(services, run_id)
+        raise RunRefused("the run's services disagree: " + "; ".join(problems))
+    return replies
+
+
+def _struct(run: RunConfig, name: str):
+    return to_struct(jsonable(run.service_settings(name)))
+
+
+def _same_path(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def disagreements(run: RunConfig, replies: dict[str, object]) -> list[str]:
+    """What the services must agree on and do not, each naming both values."""
+    c = run.coordinator
+    problems = []
+    models = {name: reply.settings["hf_checkpoint"] for name, reply in replies.items()}
+    reference = next(iter(models.items()), None)
+    for name, model in models.items():
+        if reference and not _same_path(model, reference[1]):
+            problems.append(f"hf_checkpoint: {reference[0]} has {reference[1]!r}, {name} has {model!r}")
+    vocab = {name: int(reply.vocab_size) for name, reply in replies.items() if name != "dataloader"}
+    first = next(iter(vocab.items()), None)
+    for name, size in vocab.items():
+        if first and size != first[1]:
+            problems.append(f"vocabulary: {first[0]} has {first[1]} tokens, {name} has {size}")
+    if "dataloader" in replies and first and replies["dataloader"].vocab_size > first[1]:
+        problems.append(
+            f"vocabulary: the dataloader's tokenizer has {replies['dataloader'].vocab_size} tokens, "
+            f"more than {first[0]}'s model ({first[1]})"
+        )
+    trainer = replies.get("trainer")
+    if trainer is not None and not c.is_sft:
+        for setting in ("rollout_temperature", "advantage_estimator"):
+            ours, theirs = getattr(c, setting), trainer.settings[setting]
+            if ours != theirs:
+                problems.append(f"{setting}: the run has {ours!r}, the trainer has {theirs!r}")
+    dataloader = replies.get("dataloader")
+    if dataloader is not None and dataloader.settings["mode"] != "auto":
+        wanted = "sft" if c.is_sft else "rl"
+        if dataloader.settings["mode"] != wanted:
+            problems.append(f"mode: the run is {wanted}, the dataloader serves {dataloader.settings['mode']}")
+    return problems
+
+
+def end_run(services: Services, run_id: str) -> None:
+    """EndRun on every service (best effort: a dead service holds nothing)."""
+    calls = []
+    if services.trainer is not None:
+        calls.append(
+            lambda: services.trainer.EndRun(trainer_pb2.EndRunRequest(run_id=run_id), timeout=END_RUN_SECONDS)
+        )
+    if services.dataloader is not None:
+        calls.append(
+            lambda: services.dataloader.EndRun(
+                dataloader_pb2.EndRunRequest(run_id=run_id), timeout=END_RUN_SECONDS
+            )
+        )
+    for stub in services.rollouts:
+        calls.append(
+            lambda stub=stub: stub.EndRun(rollout_pb2.EndRunRequest(run_id=run_id), timeout=END_RUN_SECONDS)
+        )
+    for call in calls:
+        try:
+            call()
+        except grpc.RpcError as exc:
+            log.warning("EndRun failed", run_id=run_id, error=f"{exc.code().name}: {exc.details()}")

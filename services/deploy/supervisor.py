@@ -1,0 +1,171 @@
+"""Where a run's services come from, and how they are watched: one interface for every launcher.
+
+    group = LocalServiceGroup(workdir)          local processes on loopback ports (bare: each is
+    group.start({"trainer": 1, "rollout": 2})   configured by the run's Init), started in parallel
+    group.addresses   {"trainer": [A], "rollout": [B, C]}
+    group.dead()      the first service found dead, with the tail of its log (None while all live)
+    group.restart("rollout", 1)                 a new process in place of a dead one: its address
+    group.stop()      every process, by its own pid (and its process group)
+
+HealthWatch watches services the coordinator did not start (attached by address): a service that
+stops answering its health checks for a few seconds is reported dead the same way.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from rollway.common.client import ClientConfig, open_channel
+from rollway.common.local_launch import ServiceProcess
+
+TAIL_LINES = 30
+
+
+@dataclass(frozen=True)
+class DeadService:
+    """A service found dead: which one, and what is known about why."""
+
+    name: str
+    index: int
+    detail: str
+
+    def __str__(self) -> str:
+        label = self.name if self.name != "rollout" else f"rollout {self.index}"
+        return f"{label} {self.detail}"
+
+
+class ServiceGroup(ABC):
+    """Services a run started (local processes, Ray actors): addresses, death, restart, stop."""
+
+    addresses: dict[str, list[str]]
+
+    @abstractmethod
+    def start(self, counts: dict[str, int]) -> dict[str, list[str]]:
+        """Start `counts[name]` instances of each service; their addresses."""
+
+    @abstractmethod
+    def dead(self) -> DeadService | None:
+        """The first service found dead (None while all live)."""
+
+    @abstractmethod
+    def restart(self, name: str, index: int) -> str:
+        """A new instance in place of instance `index` of `name`; its address."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop every service of the group."""
+
+
+class LocalServiceGroup(ServiceGroup):
+    """Services as child processes of this one, started bare on free loopback ports."""
+
+    def __init__(
+        self, workdir: Path, *, args: dict[str, list[str]] | None = None, startup_timeout: float = 120.0
+    ):
+        self.workdir = Path(workdir)
+        self.args = args or {}
+        self.startup_timeout = startup_timeout
+        self.processes: dict[str, list[ServiceProcess]] = {}
+        self.addresses: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
+
+    def _process(self, name: str) -> ServiceProcess:
+        return ServiceProcess(
+            name, list(self.args.get(name, [])), self.workdir, startup_timeout=self.startup_timeout
+        )
+
+    def start(self, counts: dict[str, int]) -> dict[str, list[str]]:
+        planned = [(name, self._process(name)) for name, count in counts.items() for _ in range(count)]
+        with ThreadPoolExecutor(max(len(planned), 1)) as pool:
+            futures = [pool.submit(process.start) for _, process in planned]
+            errors = []
+            for future in futures:
+                try:
+                    future.result()
+                except Exception as exc:  # every start is awaited, so none is left running unseen
+                    errors.append(exc)
+        for name, process in planned:
+            self.processes.setdefault(name, []).append(process)
+        if errors:
+            self.stop()
+            raise errors[0]
+        self.addresses = {name: [p.address for p in procs] for name, procs in self.processes.items()}
+        return self.addresses
+
+    def dead(self) -> DeadService | None:
+        with self._lock:
+            for name, procs in self.processes.items():
+                for index, p in enumerate(procs):
+                    if p.proc is not None and p.proc.poll() is not None:
+                        tail = "\n".join(p.log_text().splitlines()[-TAIL_LINES:])
+                        return DeadService(
+                            name,
+                            index,
+                            f"(pid {p.pid}) exited with {p.proc.returncode}; last log lines:\n{tail}",
+                        )
+        return None
+
+    def restart(self, name: str, index: int) -> str:
+        with self._lock:
+            old = self.processes[name][index]
+        old.stop(timeout=5.0)
+        new = self._process(name).start()
+        with self._lock:
+            self.processes[name][index] = new
+            self.addresses[name][index] = new.address
+        return new.address
+
+    def stop(self) -> None:
+        with self._lock:
+            procs = [p for group in self.processes.values() for p in group]
+        with ThreadPoolExecutor(max(len(procs), 1)) as pool:  # each drains on its own
+            list(pool.map(lambda p: p.stop(), procs))
+
+
+class HealthWatch:
+    """Reports an attached service dead once its health checks fail for `grace_seconds`."""
+
+    def __init__(
+        self,
+        addresses: dict[str, list[str]],
+        client_config: ClientConfig | None = None,
+        grace_seconds: float = 5.0,
+    ):
+        from grpc_health.v1 import health_pb2_grpc
+
+        self.grace_seconds = grace_seconds
+        self._channels: list[grpc.Channel] = []
+        self._targets = []
+        for name, group in addresses.items():
+            for index, address in enumerate(group):
+                channel = open_channel(address, client_config)
+                self._channels.append(channel)
+                self._targets.append((name, index, address, health_pb2_grpc.HealthStub(channel)))
+        self._last_ok = {(name, index): time.monotonic() for name, index, _, _ in self._targets}
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+
+    def dead(self) -> DeadService | None:
+        from grpc_health.v1 import health_pb2
+
+        now = time.monotonic()
+        for name, index, address, stub in self._targets:
+            try:
+                stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                self._last_ok[(name, index)] = now
+            except grpc.RpcError as exc:
+                silent = now - self._last_ok[(name, index)]
+                if silent > self.grace_seconds:
+                    return DeadService(
+                        name, index, f"at {address} has not answered for {silent:.0f}s ({exc.code().name})"
+                    )
+        return None
