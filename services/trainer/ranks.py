@@ -1,9 +1,11 @@
 """Rank 0 starts ranks 1..N-1 as child processes and watches them.
 
 Each worker is `python -m rollway.trainer.worker` with torchrun's environment (RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and the trainer's configuration as JSON. No orphans: on
-Linux a worker gets SIGKILL when rank 0 dies (PR_SET_PDEATHSIG), and its command loop exits as
-soon as rank 0's store stops answering; a normal stop sends `shutdown`, then kills by pid.
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and the trainer's configuration as JSON. No orphans: a
+worker watches rank 0 (rollway.common.parent_watch: ROLLWAY_PARENT_PID, and SIGKILL on Linux
+when rank 0 dies where that is safe) and exits within a second of rank 0's death, even mid-load
+or mid-collective; its command loop also exits as soon as rank 0's store stops answering. A
+normal stop sends `shutdown`, then kills by pid.
 
 With `spawn_workers` false nothing is spawned: a launcher (Ray) starts the same workers itself
 and rank 0 only waits for them in its store; it then sees a dead worker as a failed collective
@@ -12,10 +14,8 @@ rather than by its pid, and the launcher watches the worker processes.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +23,7 @@ import time
 
 from rollway.common.config import to_dict
 from rollway.common.log import get_logger
+from rollway.common.parent_watch import child_env
 from rollway.trainer.config import TrainerConfig
 
 
@@ -32,14 +33,6 @@ def _log():
 
 
 CONFIG_ENV = "ROLLWAY_TRAINER_CONFIG"
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass  # not Linux: the worker's store polling still ends it
 
 
 class WorkerRanks:
@@ -54,7 +47,7 @@ class WorkerRanks:
             return
         for rank in range(1, config.world_size):
             env = {
-                **os.environ,
+                **child_env(),  # the worker dies with this process (worker.py watches it)
                 "RANK": str(rank),
                 "LOCAL_RANK": str(rank),
                 "WORLD_SIZE": str(config.world_size),
@@ -63,11 +56,7 @@ class WorkerRanks:
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                 CONFIG_ENV: json.dumps(to_dict(config)),
             }
-            self.procs[rank] = subprocess.Popen(
-                [sys.executable, "-m", "rollway.trainer.worker"],
-                env=env,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-            )
+            self.procs[rank] = subprocess.Popen([sys.executable, "-m", "rollway.trainer.worker"], env=env)
             _log().info("spawned rank", rank=rank, pid=self.procs[rank].pid)
 
     @property

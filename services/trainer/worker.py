@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import traceback
 
@@ -17,6 +18,7 @@ import torch.distributed as dist
 
 from rollway.common.config import from_dict
 from rollway.common.log import bind_run_context, configure_logging, get_logger
+from rollway.common.parent_watch import watch_parent
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.distributed import CommandChannel, create_store, init_process_group
 from rollway.trainer.engine import TrainerEngine
@@ -24,6 +26,7 @@ from rollway.trainer.ranks import CONFIG_ENV
 
 
 def main() -> int:
+    watch_parent(lambda _rank0_pid: os._exit(1), death_signal=signal.SIGKILL)  # no orphan rank
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     config = from_dict(TrainerConfig, json.loads(os.environ[CONFIG_ENV]))
