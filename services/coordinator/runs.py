@@ -207,12 +207,15 @@ class RunManager:
         self._lock = threading.Lock()
 
     def start(self, mapping: dict, run_id: str = "") -> RunRecord:
+        if run_id:
+            check_run_id(run_id)
         try:
             run = parse_run_config(mapping)
         except RunConfigError as exc:
-            problems = "; ".join(f"config.{setting}: {problem}" for setting, problem in exc.problems)
-            raise InvalidArgument("config", problems) from None
-        run_id = check_run_id(run_id or run.coordinator.run_id or new_run_id())
+            (first, problem), *others = exc.problems
+            rest = "".join(f"; config.{setting}: {other}" for setting, other in others)
+            raise InvalidArgument(f"config.{first}", problem + rest) from None
+        run_id = check_run_id(run_id or run.coordinator.run_id or new_run_id(), "config.run_id")
         run_dir = Path(run.coordinator.run_dir or self.default_run_root) / run_id
         with self._lock:
             if run_id in self._runs and not self._runs[run_id].finished:
