@@ -40,13 +40,19 @@ def setting(
     *,
     choices: Sequence[Any] | None = None,
     aliases: Sequence[str] = (),
+    shared: bool = False,
 ):
     """A dataclass field with a one-line doc (the flag's help), optional allowed values and aliases.
 
     Aliases are other names accepted as keys and flags, for names Python cannot use as a field
     (Miles' `--async` is the field `async_mode` with alias "async").
     """
-    metadata = {"doc": doc, "choices": tuple(choices) if choices else None, "aliases": tuple(aliases)}
+    metadata = {
+        "doc": doc,
+        "choices": tuple(choices) if choices else None,
+        "aliases": tuple(aliases),
+        "shared": shared,  # declared once in rollway.common.shared_settings
+    }
     if isinstance(default, list | dict | set):
         value = default
         return dataclasses.field(default_factory=lambda: type(value)(value), metadata=metadata)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from rollway.common import shared_settings
 from rollway.common.advantages import ESTIMATORS
 from rollway.common.config import ConfigError, setting
 
@@ -27,15 +28,13 @@ class CoordinatorConfig:
     num_rollout: int = setting(
         10, "RL steps (rollouts) to run; for SFT, optimizer steps (0: num_epoch epochs)"
     )
-    rollout_seed: int = setting(
-        42, "seed of sampling (per-sample seed = rollout_seed + index) and data order"
-    )
-    loss_type: LossType = setting("policy_loss", "sft_loss runs the SFT loop; policy_loss the RL loop")
-    num_epoch: int = setting(1, "epochs over the prompt data")
+    rollout_seed: int = shared_settings.rollout_seed()
+    loss_type: LossType = shared_settings.loss_type()
+    num_epoch: int = shared_settings.num_epoch()
 
     # Batches
     rollout_batch_size: int = setting(8, "prompts per rollout (RL) or conversations per step (SFT)")
-    n_samples_per_prompt: int = setting(1, "samples per prompt when a request sets 0")
+    n_samples_per_prompt: int = shared_settings.n_samples_per_prompt()
     global_batch_size: int = setting(8, "samples per optimizer step")
     over_sampling_batch_size: int = setting(
         0, "prompts requested per refill when dynamic sampling drops groups"
@@ -51,17 +50,15 @@ class CoordinatorConfig:
     )
 
     # Sampling
-    rollout_temperature: float = setting(1.0, "sampling temperature (also divides logits for log-probs)")
-    rollout_top_p: float = setting(1.0, "nucleus sampling threshold")
-    rollout_top_k: int = setting(-1, "top-k cutoff; -1 disables")
-    rollout_max_response_len: int = setting(1024, "max response tokens when a request sets none")
-    rollout_stop: list[str] = setting([], "stop strings")
+    rollout_temperature: float = shared_settings.rollout_temperature()
+    rollout_top_p: float = shared_settings.rollout_top_p()
+    rollout_top_k: int = shared_settings.rollout_top_k()
+    rollout_max_response_len: int = shared_settings.rollout_max_response_len()
+    rollout_stop: list[str] = shared_settings.rollout_stop()
     rm_type: str = setting("", "reward function name (empty: the rollout service's default)")
 
     # Advantages
-    advantage_estimator: str = setting(
-        "grpo", "grpo, gspo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline"
-    )
+    advantage_estimator: str = shared_settings.advantage_estimator()
     disable_grpo_std_normalization: bool = setting(False, "Dr.GRPO: centre rewards without dividing by std")
     disable_compute_advantages_and_returns: bool = setting(False, "SFT recipe: no advantages")
 
@@ -88,7 +85,7 @@ class CoordinatorConfig:
     eval_interval: int = setting(
         0, "evaluate every N rollouts (0: never; the first and last step always when set)"
     )
-    eval_prompt_data: list[str] = setting([], "eval sources as name path pairs (served by the dataloader)")
+    eval_prompt_data: list[str] = shared_settings.eval_prompt_data()
     n_samples_per_eval_prompt: int = setting(1, "samples per eval prompt (pass@k uses them)")
     eval_temperature: float = setting(0.0, "eval sampling temperature (0: greedy)")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from rollway.common import shared_settings
 from rollway.common.config import ConfigError, setting
 from rollway.dataloader.sources import SourceSpec, SourceSpecError, parse_sources
 
@@ -19,7 +20,7 @@ LossType = Literal["sft_loss", "policy_loss"]
 class DataloaderConfig:
     """Datasets, tokenisation, chat templates, order and prefetch of the dataloader."""
 
-    hf_checkpoint: str = setting("", "Hugging Face model directory whose tokenizer is used (required)")
+    hf_checkpoint: str = shared_settings.hf_checkpoint()
     prompt_data: list[str] = setting(
         [], "a jsonl/parquet path, or name path pairs; path@[start:end] slices rows"
     )
@@ -28,7 +29,7 @@ class DataloaderConfig:
         "sampling weight per --prompt-data source, each source cycling through its own epochs "
         "(empty: every row of every source once per epoch)",
     )
-    eval_prompt_data: list[str] = setting([], "eval sources as name path pairs (served by the dataloader)")
+    eval_prompt_data: list[str] = shared_settings.eval_prompt_data()
     input_key: str = setting(
         "input", "column with the prompt (a string) or the conversation (a list of messages)"
     )
@@ -38,18 +39,16 @@ class DataloaderConfig:
     apply_chat_template: bool = setting(
         False, "render prompts/conversations with the tokenizer's chat template"
     )
-    chat_template_path: str = setting("", "file with a Jinja chat template that replaces the tokenizer's")
+    chat_template_path: str = shared_settings.chat_template_path()
     mode: Literal["auto", "rl", "sft"] = setting(
         "auto", "rl: prompt items; sft: conversations with loss masks; auto: sft when loss_type is sft_loss"
     )
-    loss_type: LossType = setting("policy_loss", "sft_loss runs the SFT loop; policy_loss the RL loop")
+    loss_type: LossType = shared_settings.loss_type()
     rollout_shuffle: bool = setting(
         False, "shuffle the rows each epoch (seeded by rollout_seed and the epoch)"
     )
-    rollout_seed: int = setting(
-        42, "seed of sampling (per-sample seed = rollout_seed + index) and data order"
-    )
-    num_epoch: int = setting(1, "epochs over the prompt data (0: no end; epochs wrap until stopped)")
+    rollout_seed: int = shared_settings.rollout_seed()
+    num_epoch: int = shared_settings.num_epoch()
     rollout_max_prompt_len: int = setting(
         0, "drop (and count) items with more tokens: RL prompts, SFT whole conversations (0: no limit)"
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from rollway.common import shared_settings
 from rollway.common.config import ConfigError, setting
 
 # Engine names; the registry in engines/__init__.py maps each to its implementation.
@@ -55,14 +56,10 @@ class RolloutConfig:
     rollout_engine: str = setting(
         "hf", "inference engine: hf (in-process, CPU or GPU) or sglang", choices=ENGINE_NAMES
     )
-    hf_checkpoint: str = setting(
-        "", "Hugging Face model directory served (weights, config, tokenizer); required"
-    )
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = setting(
-        "auto", "dtype of the weights (auto: bfloat16 on CUDA, float32 on CPU)"
-    )
+    hf_checkpoint: str = shared_settings.hf_checkpoint()
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = shared_settings.dtype()
     device: str = setting("auto", "hf engine: torch device (auto: cuda if available, else cpu)")
-    attn_implementation: Literal["eager", "sdpa"] = setting("sdpa", "hf engine: attention kernel")
+    attn_implementation: Literal["eager", "sdpa"] = shared_settings.attn_implementation()
     hf_batching: Literal["continuous", "static"] = setting(
         "continuous",
         "hf engine: continuous (samples join as others finish) or static (whole batches) batching",
@@ -84,16 +81,14 @@ class RolloutConfig:
         600.0, "seconds a queued Generate call may wait for a running slot (then DEADLINE_EXCEEDED)"
     )
     # --- prompts given as text or chat messages ---
-    chat_template_path: str = setting(
-        "", "file with a Jinja chat template that replaces the tokenizer's (prompts given as messages)"
-    )
+    chat_template_path: str = shared_settings.chat_template_path()
     # --- sampling defaults (a request's sampling_params override them) ---
-    n_samples_per_prompt: int = setting(1, "samples per prompt when a request sets 0")
-    rollout_temperature: float = setting(1.0, "sampling temperature when a request sets none (0: greedy)")
-    rollout_top_p: float = setting(1.0, "nucleus threshold in (0, 1] when a request sets none")
-    rollout_top_k: int = setting(-1, "top-k cutoff when a request sets none (0 or -1: off)")
-    rollout_max_response_len: int = setting(1024, "max response tokens when a request sets none")
-    rollout_stop: list[str] = setting([], "strings that end a response, added to a request's")
+    n_samples_per_prompt: int = shared_settings.n_samples_per_prompt()
+    rollout_temperature: float = shared_settings.rollout_temperature()
+    rollout_top_p: float = shared_settings.rollout_top_p()
+    rollout_top_k: int = shared_settings.rollout_top_k()
+    rollout_max_response_len: int = shared_settings.rollout_max_response_len()
+    rollout_stop: list[str] = shared_settings.rollout_stop()
     rollout_stop_token_ids: list[int] = setting([], "token ids that end a response, besides the EOS ids")
     sampling_seed: int | None = setting(
         None, "base sampling seed when a request sets none: sample i uses seed + i; unset: unseeded"
@@ -152,7 +147,9 @@ class RolloutConfig:
         if self.generate_queue_size < 0:
             raise ConfigError("generate_queue_size", f"must be >= 0 (got {self.generate_queue_size})")
         if self.generate_queue_timeout <= 0:
-            raise ConfigError("generate_queue_timeout", f"must be positive (got {self.generate_queue_timeout})")
+            raise ConfigError(
+                "generate_queue_timeout", f"must be positive (got {self.generate_queue_timeout})"
+            )
         if self.reward_timeout <= 0:
             raise ConfigError("reward_timeout", f"must be positive (got {self.reward_timeout})")
         if self.rollout_max_context_len < 0:

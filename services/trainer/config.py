@@ -14,6 +14,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Literal
 
+from rollway.common import shared_settings
 from rollway.common.advantages import ESTIMATORS, TRAINER_COMPLETED
 from rollway.common.config import ConfigError, setting
 
@@ -30,20 +31,14 @@ class TrainerConfig:
     """Trainer settings: model, ranks, precision, optimizer, schedule, batching."""
 
     # --- start-up: model, ranks, precision (Init cannot change these) ---
-    hf_checkpoint: str = setting("", "Hugging Face model directory to train (required)")
+    hf_checkpoint: str = shared_settings.hf_checkpoint()
     world_size: int = setting(
         1, "number of trainer ranks (processes); rank 0 serves gRPC and spawns the rest"
     )
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = setting(
-        "auto",
-        "compute dtype of the parameters (auto: bfloat16 on CUDA, float32 on CPU); "
-        "master weights and gradient reduction stay fp32",
-    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = shared_settings.dtype()
     fsdp_cpu_offload: bool = setting(False, "keep FSDP2 parameter shards, gradients and optimizer on CPU")
     gradient_checkpointing: bool = setting(False, "recompute decoder-layer activations in backward")
-    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = setting(
-        "sdpa", "attention kernel; flash_attention_2 needs the flash-attn package and a GPU"
-    )
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = shared_settings.attn_implementation()
     spawn_workers: bool = setting(
         True,
         "rank 0 starts ranks 1..N-1 as child processes; false: they are started elsewhere (Ray actors "
@@ -87,15 +82,13 @@ class TrainerConfig:
     pad_to_multiple: int = setting(16, "packed rows are padded to a multiple of this many tokens")
     log_probs_chunk_size: int = setting(1024, "positions per chunk of the fp32 log-softmax")
     # --- loss (TrainStep headers may override) ---
-    loss_type: str = setting("policy_loss", "loss of a train step", choices=LOSS_TYPES)
+    loss_type: str = shared_settings.loss_type(choices=LOSS_TYPES)
     calculate_per_token_loss: bool = setting(
         False, "token-sum loss over the global number of loss tokens (default: per-sample mean)"
     )
     # --- RL (policy_loss; see policy_loss.py) ---
-    advantage_estimator: str = setting(
-        "grpo", "grpo, gspo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline", choices=ESTIMATORS
-    )
-    rollout_temperature: float = setting(1.0, "logits are divided by it before the log-softmax (policy_loss)")
+    advantage_estimator: str = shared_settings.advantage_estimator(choices=ESTIMATORS)
+    rollout_temperature: float = shared_settings.rollout_temperature()
     eps_clip: float = setting(0.2, "PPO clip: ratio is clipped to [1 - eps_clip, 1 + eps_clip_high]")
     eps_clip_high: float | None = setting(None, "upper PPO clip (DAPO clip-higher); default: eps_clip")
     eps_clip_c: float | None = setting(

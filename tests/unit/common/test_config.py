@@ -118,3 +118,27 @@ def test_shared_settings_reach_every_component_and_aliases_work(tmp_path):
     assert rollout.async_mode is True
     with pytest.raises(TypeError, match="lr has different defaults"):
         parse_components([Optim, Clash], [])
+
+
+def test_settings_several_components_read_are_declared_once_in_shared_settings():
+    """One flat run config reaches every component: a key two of them declare must mean the same
+    (one default, one doc), so it is declared once in rollway.common.shared_settings."""
+    import dataclasses
+
+    from rollway.common import shared_settings
+    from rollway.coordinator.run_config import COMPONENTS
+
+    declared: dict[str, list] = {}
+    for cls in COMPONENTS.values():
+        for f in dataclasses.fields(cls):
+            declared.setdefault(f.name, []).append(f)
+    shared = {name: fields for name, fields in declared.items() if len(fields) > 1}
+    assert {"hf_checkpoint", "rollout_temperature", "advantage_estimator"} <= set(shared)
+    for name, fields in shared.items():
+        assert all(f.metadata["shared"] for f in fields), f"{name} is declared by several components"
+        assert hasattr(shared_settings, name)
+        assert len({f.metadata["doc"] for f in fields}) == 1, name
+        defaults = [
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default for f in fields
+        ]
+        assert all(d == defaults[0] for d in defaults), name
