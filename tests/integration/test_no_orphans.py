@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from support.processes import ServiceProcess
+from support.processes import ServiceProcess, alive, descendants, wait_all_gone
 
 from rollway.common.client import ClientConfig, open_channel
 
@@ -20,25 +20,6 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="re
 
 TESTS_DIR = str(Path(__file__).resolve().parents[1])
 EXIT_WITHIN_S = 15.0  # a service drains for up to 3 s, then the interpreter (torch) exits
-
-
-def alive(pid: int) -> bool:
-    """Running and not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"
-
-
-def wait_all_gone(pids: dict[str, int], timeout: float) -> dict[str, int]:
-    """Poll until none of `pids` is alive; return those still alive at the deadline."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(alive(pid) for pid in pids.values()):
-            return {}
-        time.sleep(0.05)
-    return {name: pid for name, pid in pids.items() if alive(pid)}
 
 
 def read_until(proc: subprocess.Popen, marker: str, timeout: float = 180.0) -> list[str]:
@@ -89,7 +70,7 @@ def test_services_exit_within_seconds_when_rollway_up_is_killed(tmp_path, tiny_m
         up.kill()
         up.wait(30)
         killed_at = time.monotonic()
-        left = wait_all_gone(pids, EXIT_WITHIN_S)
+        left = wait_all_gone(pids.values(), EXIT_WITHIN_S)
         assert not left, f"still running {EXIT_WITHIN_S:.0f}s after the launcher was killed: {left}"
         print(f"all four services gone {time.monotonic() - killed_at:.2f}s after SIGKILL of rollway up")
     finally:
@@ -104,7 +85,7 @@ LAUNCHER = textwrap.dedent(
     """
     import os, sys, threading
     from pathlib import Path
-    from support.processes import ServiceProcess
+    from support.processes import ServiceProcess, alive, descendants, wait_all_gone
 
     workdir = Path(sys.argv[1])
     env = {"PYTHONPATH": os.environ["PYTHONPATH"]}
@@ -154,7 +135,7 @@ def test_a_service_outlives_the_thread_that_started_it_but_not_its_launcher(tmp_
             time.sleep(0.1)
         launcher.kill()
         launcher.wait(30)
-        left = wait_all_gone(pids, EXIT_WITHIN_S)
+        left = wait_all_gone(pids.values(), EXIT_WITHIN_S)
         assert not left, f"still running after the launcher was killed: {left}"
     finally:
         for pid in pids.values():
@@ -172,7 +153,49 @@ def test_trainer_ranks_exit_when_the_trainer_is_killed(tiny_model_dir, tmp_path)
         ranks = {f"rank {i + 1}": int(pid) for i, pid in enumerate(children)}
         assert len(ranks) == 1, children
         trainer.signal(signal.SIGKILL)
-        left = wait_all_gone(ranks, EXIT_WITHIN_S)
+        left = wait_all_gone(ranks.values(), EXIT_WITHIN_S)
         assert not left, f"trainer ranks outlived a SIGKILLed trainer: {left}"
     finally:
         trainer.stop()
+
+
+def test_every_process_of_rollway_run_exits_when_it_is_killed_mid_run(
+    tmp_path, tiny_model_dir, demo_data_dir
+):
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"hf_checkpoint: {tiny_model_dir}\nprompt_data: [{demo_data_dir / 'rl.parquet'}]\ninput_key: prompt\n"
+        "label_key: label\napply_chat_template: true\nnum_epoch: 0\nnum_rollout: 1000\nrollout_batch_size: 4\n"
+        "n_samples_per_prompt: 4\nglobal_batch_size: 16\nrollout_max_response_len: 4\n"
+        f"run_dir: {tmp_path / 'runs'}\nrun_id: killed\n"
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-m", "rollway.cli", "run", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    started: dict[int, str] = {}
+    try:
+        read_until(run, "step 2/")  # the run is training
+        started = descendants(run.pid)
+        names = {
+            service
+            for service in ("coordinator", "dataloader", "rollout", "trainer")
+            if any(f"-m rollway.{service} " in cmd for cmd in started.values())
+        }
+        assert names == {"coordinator", "dataloader", "rollout", "trainer"}, started
+        run.kill()
+        run.wait(30)
+        killed_at = time.monotonic()
+        left = wait_all_gone(started, EXIT_WITHIN_S)
+        assert not left, f"orphans of a SIGKILLed `rollway run`: {[started[pid] for pid in left]}"
+        print(
+            f"{len(started)} processes gone {time.monotonic() - killed_at:.2f}s after SIGKILL of rollway run"
+        )
+    finally:
+        for pid in started:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if run.poll() is None:
+            run.kill()

@@ -1,5 +1,50 @@
-"""Start rollway services as real processes for tests (see rollway.common.local_launch)."""
+"""Start rollway services as real processes for tests (see rollway.common.local_launch), and look
+at process trees through /proc (Linux): what a launcher started, and whether it is still running."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
 
 from rollway.common.local_launch import ServiceProcess
 
-__all__ = ["ServiceProcess"]
+__all__ = ["ServiceProcess", "alive", "descendants", "wait_all_gone"]
+
+
+def alive(pid: int) -> bool:
+    """Running and not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every process below `pid` (children, theirs, ...), with its command line."""
+    found: dict[int, str] = {}
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            for child in children:
+                try:
+                    found[child] = Path(f"/proc/{child}/cmdline").read_text().replace("\0", " ").strip()
+                except (FileNotFoundError, ProcessLookupError):
+                    continue
+                pending.append(child)
+    return found
+
+
+def wait_all_gone(pids, timeout: float) -> list[int]:
+    """Poll until none of `pids` is alive; return those still alive at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(alive(pid) for pid in pids):
+            return []
+        time.sleep(0.05)
+    return [pid for pid in pids if alive(pid)]
