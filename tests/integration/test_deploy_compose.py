@@ -523,9 +523,9 @@ def check_demo(demo: Path, outputs: dict[str, str]) -> dict[str, Path]:
     for job in ("sft", "grpo"):
         assert "starting " not in outputs[job], outputs[job]
         assert f"run {runs[job].name} SUCCEEDED" in outputs[job]
-    sft_run = json.loads((runs["sft"] / "config.json").read_text())
+    sft_run = json.loads((runs["sft"] / "config.json").read_text())["coordinator"]  # as the run resolved it
     assert (sft_run["trainer_addr"], sft_run["dataloader_addr"]) == ("127.0.0.1:50061", "127.0.0.1:50063")
-    grpo_run = json.loads((runs["grpo"] / "config.json").read_text())
+    grpo_run = json.loads((runs["grpo"] / "config.json").read_text())["coordinator"]
     assert grpo_run["rollout_addr"] == ["127.0.0.1:50052"] and grpo_run["update_weight_master_port"] == 29600
 
     sft = read_metrics(runs["sft"])
@@ -557,11 +557,6 @@ def test_cpu_profile_runs_the_demo_through_the_compose_wiring(tmp_path):
         first = check_demo(stack.data_dir / "demo", dict(stack.outputs))
         # The demo again on the same (live) services: its own runs, the first ones left as they were.
         outputs, failed = stack.run_jobs_again()
-        if failed and "it takes another run once that run ends" in outputs[failed]:
-            # The compose side is ready (new run ids); the services still hold the first runs.
-            pytest.xfail(
-                f"{failed}: services are not freed at the end of a run yet: {outputs[failed][-600:]}"
-            )
         assert failed is None, f"{failed} failed on the second demo:\n{outputs[failed][-4000:]}"
         second = check_demo(stack.data_dir / "demo", outputs)
     finally:
