@@ -1,6 +1,6 @@
 """No orphans: a process started by a rollway launcher ends soon after that launcher dies.
 
-    parent side:  subprocess.Popen(cmd, env=child_env(env), start_new_session=True)
+    parent side:  subprocess.Popen(cmd, env=child_env(env), process_group=0)
     child side:   watch_parent(on_gone=...)     # once, early; RollwayServer does it for services
 
 The parent passes its pid in ROLLWAY_PARENT_PID. The child then
