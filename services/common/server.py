@@ -146,6 +146,7 @@ class RollwayServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self._service_names: list[str] = []
         self._on_stop: list[Callable[[], None]] = []
+        self._on_drain: list[Callable[[float], None]] = []
         self._stopped = threading.Event()
         self._finished = threading.Event()
         self.port: int | None = None
@@ -168,6 +169,11 @@ class RollwayServer:
     def on_stop(self, hook: Callable[[], None]) -> None:
         """Run `hook` after the server has drained (release engines, process groups, files)."""
         self._on_stop.append(hook)
+
+    def on_drain(self, hook: Callable[[float], None]) -> None:
+        """Run `hook(grace_seconds)` as draining starts, before in-flight calls are waited for: it
+        must return at once (end queued work, schedule what must happen before the grace ends)."""
+        self._on_drain.append(hook)
 
     def start(self) -> int:
         """Bind and start serving (health NOT_SERVING). Returns the bound port."""
@@ -228,7 +234,13 @@ class RollwayServer:
         self.log.info("draining", grace_seconds=grace)
         # NOT_SERVING for every service, and later set() calls are ignored while draining.
         self._health.enter_graceful_shutdown()
-        self._server.stop(grace).wait()
+        stopped = self._server.stop(grace)
+        for drain in self._on_drain:
+            try:
+                drain(grace)
+            except Exception:
+                self.log.exception("on_drain hook failed")
+        stopped.wait()
         for hook in self._on_stop:
             try:
                 hook()

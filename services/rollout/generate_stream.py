@@ -9,6 +9,8 @@
 
 Aborted samples are streamed without a reward. If the engine fails a sample, the call ends with
 an error (its other samples are aborted); if the client goes away, its samples are aborted.
+The events queue is read in short slices, so this thread never outlives its call: a cancelled
+call returns at once, and a stopped engine (every row reported) ends it with UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -34,12 +36,15 @@ from rollway.rollout.engines.base import (
     EngineUnsupported,
     SampleResult,
 )
+from rollway.rollout.generate_queue import SHUTTING_DOWN
 from rollway.rollout.generation_gate import GenerationGate
 from rollway.rollout.request_validation import GenerationPlan
 from rollway.rollout.rewards import NO_REWARD, RewardFunction, RewardRunner, RewardSample
 from rollway.rollout.v1 import rollout_pb2
 
 log = get_logger("rollway.rollout.generate")
+
+POLL_SECONDS = 0.5  # how often a waiting stream checks its client and the engine
 
 FINISH_REASONS = {
     "stop": common_pb2.FINISH_REASON_STOP,
@@ -102,6 +107,8 @@ class StreamContext:
     rewards: dict[str, RewardFunction]
     runner: RewardRunner
     decode: Callable[[tuple[int, ...]], str]
+    # True once the service drains (SIGTERM): calls not yet in the engine end with UNAVAILABLE.
+    shutting_down: Callable[[], bool] = lambda: False
     counters: Counters = field(default_factory=Counters)
     running: RunningCalls = field(default_factory=RunningCalls)
 
@@ -131,7 +138,9 @@ class GenerateStream:
         start, num_tokens = time.monotonic(), 0
         try:
             while pending_out:
-                event = self.events.get()
+                event = self._next_event(is_active)
+                if event is None:
+                    return  # the client went away: its unfinished samples are aborted below
                 if isinstance(event, SampleResult):
                     pending_engine -= 1
                     if pending_engine == 0:
@@ -153,13 +162,30 @@ class GenerateStream:
                 self.ctx.gate.release()
                 self.ctx.counters.count(aborted=True, num_samples=pending_engine)
 
+    def _next_event(self, is_active: Callable[[], bool]) -> SampleResult | _Scored | None:
+        """The next finished sample or scored batch; None once the client has gone away."""
+        while True:
+            try:
+                return self.events.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                if not is_active():
+                    return None
+                if not self.ctx.engine.running:
+                    raise Unavailable("the engine stopped before every sample finished; retry") from None
+
     def _admit(self, is_active):
+        def submit() -> BatchHandle:
+            if self.ctx.shutting_down():
+                raise Unavailable(SHUTTING_DOWN)
+            return self.ctx.engine.submit(self.plan.samples, self.events.put)
+
         try:
-            return self.ctx.gate.admit(
-                lambda: self.ctx.engine.submit(self.plan.samples, self.events.put), is_active
-            )
+            handle = self.ctx.gate.admit(submit, lambda: is_active() and not self.ctx.shutting_down())
         except EngineStateError as exc:
             raise FailedPrecondition(str(exc)) from None
+        if handle is None and self.ctx.shutting_down():
+            raise Unavailable(SHUTTING_DOWN)  # waited for Resume until the service began to drain
+        return handle
 
     def _on_result(self, result: SampleResult) -> list[common_pb2.Sample]:
         if result.error:
@@ -202,7 +228,7 @@ class GenerateStream:
         sample = common_pb2.Sample(
             group_index=self.plan.group_indices[p],
             index=result.request.index,
-            prompt_token_ids=prompt.token_ids,
+            prompt_token_ids=self.plan.prompt_token_ids[p],
             response_token_ids=response,
             loss_mask=[1] * len(response),
             rollout_log_probs=[*prefix.log_probs, *result.log_probs],

@@ -9,7 +9,9 @@ the prompt (else INVALID_ARGUMENT); the default (--rollout-max-response-len) is 
 fits, as Miles does with --rollout-max-context-len. Sample i of the batch (prompt p, sample j: i = p * n + j)
 uses seed + i when a seed is given (Miles: sampling_seed = seed + sample index). A prompt with a
 response prefix (partial rollout) continues after it: the engine's prompt is prompt + prefix and
-max_new_tokens counts the prefix.
+max_new_tokens counts the prefix. A prompt is token ids, text or chat messages (exactly one);
+text and messages are tokenised by the served model's tokenizer (prompt_encoding.py), and errors
+about a prompt name the form it was given in (prompts[3].text).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rollway.common.errors import InvalidArgument, ResourceExhausted
+from rollway.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines.base import ModelInfo, SampleRequest
+from rollway.rollout.prompt_encoding import PromptEncoder, prompt_form
 from rollway.rollout.rewards import NO_REWARD
 from rollway.rollout.sampling import SamplingParams
 from rollway.rollout.v1 import rollout_pb2
@@ -34,6 +37,7 @@ class GenerationPlan:
 
     samples: list[SampleRequest]
     group_indices: list[int]  # per prompt
+    prompt_token_ids: list[tuple[int, ...]]  # per prompt (text and messages tokenised)
     n_samples_per_prompt: int
     reward: str
 
@@ -138,8 +142,31 @@ def _check_prefix(
     return tuple(prefix.token_ids)
 
 
+def prompt_token_ids(
+    p: int, prompt: rollout_pb2.Prompt, encoder: PromptEncoder | None, info: ModelInfo
+) -> tuple[str, tuple[int, ...]]:
+    """The field the prompt was given in (for errors) and its token ids, checked."""
+    form = prompt_form(f"prompts[{p}]", prompt)
+    field = f"prompts[{p}].{form}"
+    if form == "token_ids":
+        _check_token_ids(field, prompt.token_ids, info.vocab_size)
+        return field, tuple(prompt.token_ids)
+    if encoder is None:
+        raise FailedPrecondition(f"{field}: this service has no tokenizer; send token_ids")
+    if form == "text":
+        ids = encoder.encode_text(field, prompt.text)
+    else:
+        ids = encoder.encode_messages(field, prompt.messages)
+    _check_token_ids(field, ids, info.vocab_size)  # a tokenizer larger than the model's vocabulary
+    return field, ids
+
+
 def plan_generation(
-    request: rollout_pb2.GenerateRequest, config: RolloutConfig, info: ModelInfo, registered_rewards
+    request: rollout_pb2.GenerateRequest,
+    config: RolloutConfig,
+    info: ModelInfo,
+    registered_rewards,
+    encoder: PromptEncoder | None = None,
 ) -> GenerationPlan:
     """Validate `request` and lay out its samples (see the module doc)."""
     if not request.prompts:
@@ -160,15 +187,14 @@ def plan_generation(
     group_reward = reward != NO_REWARD and registered_rewards[reward].group
     samples: list[SampleRequest] = []
     group_indices: list[int] = []
+    prompts: list[tuple[int, ...]] = []
     for p, prompt in enumerate(request.prompts):
-        field = f"prompts[{p}].token_ids"
-        if not prompt.token_ids:
-            raise InvalidArgument(field, "empty prompt")
-        _check_token_ids(field, prompt.token_ids, info.vocab_size)
-        max_new_tokens = _max_new_tokens(field, len(prompt.token_ids), params.max_new_tokens, config, info)
+        field, prompt_ids = prompt_token_ids(p, prompt, encoder, info)
+        prompts.append(prompt_ids)
+        max_new_tokens = _max_new_tokens(field, len(prompt_ids), params.max_new_tokens, config, info)
         group_indices.append(prompt.group_index if prompt.HasField("group_index") else p)
         prefix = _check_prefix(f"prompts[{p}].response_prefix", prompt, max_new_tokens, group_reward, info)
-        token_ids = tuple(prompt.token_ids) + prefix  # a continuation's engine prompt ends with its prefix
+        token_ids = prompt_ids + prefix  # a continuation's engine prompt ends with its prefix
         max_new_tokens -= len(prefix)
         for j in range(n):
             index = p * n + j
@@ -179,4 +205,10 @@ def plan_generation(
             samples.append(
                 SampleRequest(index=index, prompt_token_ids=token_ids, params=sample_params, prompt_key=p)
             )
-    return GenerationPlan(samples=samples, group_indices=group_indices, n_samples_per_prompt=n, reward=reward)
+    return GenerationPlan(
+        samples=samples,
+        group_indices=group_indices,
+        prompt_token_ids=prompts,
+        n_samples_per_prompt=n,
+        reward=reward,
+    )

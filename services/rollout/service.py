@@ -7,11 +7,12 @@ receive side of weight sync) go to the WeightReceiver (weight_receive.py).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 
 from rollway.common.config import ConfigError
-from rollway.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from rollway.common.errors import FailedPrecondition, InvalidArgument
 from rollway.common.log import get_logger
 from rollway.common.run_host import RunHost, run_scoped_servicer
 from rollway.common.server import RollwayServer, ServerConfig
@@ -20,8 +21,10 @@ from rollway.common.weights_checksum import ALGORITHM, dtype_from_name
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines import create_engine
 from rollway.rollout.engines.base import MEMORY_TAGS, Engine, EngineError
+from rollway.rollout.generate_queue import GenerateQueue
 from rollway.rollout.generate_stream import GenerateStream, StreamContext, engine_error_status
 from rollway.rollout.generation_gate import GenerationGate
+from rollway.rollout.prompt_encoding import PromptEncoder, load_tokenizer
 from rollway.rollout.request_validation import plan_generation
 from rollway.rollout.rewards import RewardRunner, build_rewards
 from rollway.rollout.runs import EngineKeeper, RolloutRuns, close_servicer
@@ -29,6 +32,10 @@ from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from rollway.rollout.weight_receive import WeightReceiver
 
 log = get_logger("rollway.rollout")
+
+# On SIGTERM, unfinished samples are aborted this long before the grace period ends (at most half
+# of it), leaving time for them to stream back before the server cancels what is left.
+ABORT_LEAD_SECONDS = 2.0
 
 
 def _check_tags(tags) -> list[str]:
@@ -46,13 +53,12 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
     """Generate, pause/resume, memory and weight-checksum RPCs over one engine."""
 
     def __init__(
-        self, config: RolloutConfig, engine: Engine, rewards, tokenizer, max_generate_calls: int = 12
+        self, config: RolloutConfig, engine: Engine, rewards, tokenizer, generate_queue: GenerateQueue
     ):
         self.config = config
-        # Each Generate call holds a server thread for its whole life (also while paused); keep
-        # threads free for Pause/Resume/GetInfo so a full house can never block a Resume.
-        self.max_generate_calls = max_generate_calls
-        self._generate_slots = threading.BoundedSemaphore(max_generate_calls)
+        # Service-wide (it outlives runs): running and queued Generate calls (generate_queue.py).
+        self.generate_queue = generate_queue
+        self.prompts = PromptEncoder(tokenizer)
         self.engine = engine
         self.weights = WeightReceiver(engine)
         self.gate = GenerationGate()
@@ -63,23 +69,19 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
             rewards=rewards,
             runner=self.runner,
             decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True),
+            shutting_down=lambda: generate_queue.closed,
         )
 
     def Generate(self, request, context):
-        plan = plan_generation(request, self.config, self.engine.model_info, self.ctx.rewards)
-        if not self._generate_slots.acquire(blocking=False):
-            raise ResourceExhausted(
-                f"{self.max_generate_calls} Generate calls are already running; "
-                "send fewer at once or raise --max-workers"
-            )
-        try:
+        plan = plan_generation(request, self.config, self.engine.model_info, self.ctx.rewards, self.prompts)
+        with self.generate_queue.slot(context.is_active, context.add_callback) as admitted:
+            if not admitted:
+                return  # the client went away while queued
             log.info(
                 "generate", request_id=request.request_id, num_samples=len(plan.samples), reward=plan.reward
             )
             stream = GenerateStream(self.ctx, request, plan)
             yield from stream.run(context.is_active, context.add_callback)
-        finally:
-            self._generate_slots.release()
 
     def InitWeightGroup(self, request, context):
         if not request.HasField("group"):
@@ -183,24 +185,30 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
             num_reward_timeouts=self.runner.num_timeouts,
             num_samples_in_flight=self.engine.num_in_flight,
             acknowledges_weight_updates=self.engine.receives_weights_in_process,
+            num_generate_calls_running=self.generate_queue.num_running,
+            num_generate_calls_queued=self.generate_queue.num_queued,
         )
 
 
 def _build(config: RolloutConfig) -> tuple[Engine, dict, object]:
     """Rewards, tokenizer and the (not yet started) engine: bad settings fail in seconds."""
-    from transformers import AutoTokenizer
-
     rewards = build_rewards(config)
-    tokenizer = AutoTokenizer.from_pretrained(config.hf_checkpoint)
+    tokenizer = load_tokenizer(config)
     return create_engine(config), rewards, tokenizer
 
 
 def serve(server_config: ServerConfig, config: RolloutConfig) -> None:
     """Serve until SIGTERM. With a model in the flags it is loaded first (start-up errors exit
     with a message); without one, a run's Init loads the run's model (runs.py)."""
+    generate_queue = GenerateQueue(
+        config.max_generate_calls or max(1, server_config.max_workers - 4),
+        config.generate_queue_size,
+        config.generate_queue_timeout,
+    )
+    threads = GenerateQueue.num_threads(generate_queue.max_running, generate_queue.max_queued)
+    server_config = dataclasses.replace(server_config, max_workers=max(server_config.max_workers, threads))
     server = RollwayServer("rollout", server_config)
-    max_calls = max(1, server_config.max_workers - 4)
-    engines = EngineKeeper(_build, lambda *args: RolloutService(*args, max_calls))
+    engines = EngineKeeper(_build, lambda *args: RolloutService(*args, generate_queue))
     host = RunHost("rollout", engines.build, close_servicer)
     if config.hf_checkpoint:
         try:
@@ -227,6 +235,20 @@ def serve(server_config: ServerConfig, config: RolloutConfig) -> None:
         engines.stop()
         host.close()
 
+    def abort_generation() -> None:
+        if engines.engine is not None:
+            num_aborted = engines.engine.abort_all()
+            log.info("draining: unfinished samples aborted", num_aborted=num_aborted)
+
+    def drain(grace: float) -> None:
+        generate_queue.close()  # queued calls (and calls waiting for Resume) end now: UNAVAILABLE
+        # Running calls may finish within the grace; what still generates shortly before it ends
+        # is aborted, so every stream ends with its samples instead of being cancelled.
+        timer = threading.Timer(max(grace - min(ABORT_LEAD_SECONDS, grace / 2), 0.0), abort_generation)
+        timer.daemon = True
+        timer.start()
+
+    server.on_drain(drain)
     server.on_stop(shutdown)
     server.start()
     if config.hf_checkpoint:
@@ -237,6 +259,6 @@ def serve(server_config: ServerConfig, config: RolloutConfig) -> None:
             server.stop(0)
             sys.exit(f"rollout: engine {config.rollout_engine} failed to start: {exc}")
         engines.adopt(engine, config)
-        host.adopt(RolloutService(config, engine, rewards, tokenizer, max_calls), config)
+        host.adopt(RolloutService(config, engine, rewards, tokenizer, generate_queue), config)
     server.set_serving()
     server.wait_for_termination()

@@ -9,7 +9,8 @@
 Continuous: whenever rows finish, waiting samples are prefilled and join the running batch at
 the next step (in chunks of at least 1/8 of the batch, so joins are not paid for one row at a
 time). Static: a new batch starts only once every row of the previous one has finished. Either
-way each sample is reported the moment it finishes.
+way each sample is reported the moment it finishes, and exactly once: `stop` reports every row
+still waiting or running as aborted, so no caller waits for a sample that will never come.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class _Row:
     log_probs: list[float] = field(default_factory=list)
     finish_reason: str = ""
     aborted: bool = False
+    emitted: bool = False  # reported to its handle (once: by the loop, an abort or stop)
 
 
 class Batcher:
@@ -78,18 +80,34 @@ class Batcher:
         self._admitting: list[_Row] = []
         self._batch: PaddedBatch | None = None
         self._stopped = False
+        self._reported_all = False
         self._thread = threading.Thread(target=self._run, name="hf-batcher", daemon=True)
         self.num_forwards = 0
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
-        self.abort_all()
+    def stop(self, timeout: float = 5.0) -> None:
+        """End the loop (after the forward in progress, waiting at most `timeout` seconds) and report
+        every row still waiting or running as aborted."""
         with self._cond:
             self._stopped = True
+            rows = [*self._waiting, *self._live, *self._admitting]
+            self._waiting.clear()
             self._cond.notify_all()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning(
+                "generation step still running at stop; its rows are reported aborted", timeout=timeout
+            )
+        for row in rows:
+            self._emit(row, FINISH_ABORT)
+        self._reported_all = True
+
+    @property
+    def running(self) -> bool:
+        """False once no row will be reported any more: stop() has reported them all, or the loop died."""
+        return not self._reported_all and (self._stopped or self._thread.is_alive())
 
     @property
     def idle(self) -> bool:
@@ -273,15 +291,22 @@ class Batcher:
             self._emit(row, FINISH_ABORT, error=error)
 
     def _emit(self, row: _Row, finish_reason: str, error: str = "") -> None:
-        text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+        with self._cond:
+            if row.emitted:
+                return
+            row.emitted = True
+        # Copies: after a stop that timed out, the loop may still append to the row.
+        log_probs = list(row.log_probs)
+        tokens = row.tokens[: len(log_probs)]
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         if finish_reason == FINISH_STOP and row.request.params.stop:
             # Like SGLang: the text ends before the matched stop string; the tokens keep it.
             cuts = [text.find(s) for s in row.request.params.stop if s in text]
             text = text[: min(cuts)] if cuts else text
         result = SampleResult(
             request=row.request,
-            token_ids=row.tokens,
-            log_probs=row.log_probs,
+            token_ids=tokens,
+            log_probs=log_probs,
             finish_reason=finish_reason,
             text=text,
             weight_version=self.weight_version(),

@@ -166,6 +166,27 @@ def test_abort_ends_running_and_waiting_samples(tiny_model_dir):
     assert len(started) == 2 and all(len(r.token_ids) == len(r.log_probs) < 900 for r in started)
 
 
+def test_stop_reports_every_waiting_and_running_sample_as_aborted(tiny_model_dir):
+    # 2 rows run and 3 wait when the engine stops: all 5 come back aborted, each once, and the
+    # running ones keep the tokens generated so far (a Generate stream waits for every sample).
+    engine = _engine(tiny_model_dir, max_running_requests=2)
+    results = queue.Queue()
+    requests = _requests(lambda i: SamplingParams(temperature=0.0, max_new_tokens=1000))
+    try:
+        engine.submit(requests, results.put)
+        deadline = time.monotonic() + 60
+        while engine.batcher.num_forwards < 5:
+            assert time.monotonic() < deadline, "generation never started"
+            time.sleep(0.01)
+    finally:
+        engine.stop()
+    out = [results.get(timeout=10) for _ in requests]
+    assert results.empty() and not engine.running
+    assert sorted(r.request.index for r in out) == list(range(len(PROMPTS)))
+    assert all(r.finish_reason == "abort" and len(r.token_ids) == len(r.log_probs) for r in out)
+    assert sum(1 for r in out if r.token_ids) == 2
+
+
 def test_in_flight_counts_each_sample_once_while_rows_join_and_leave(tiny_model_dir):
     # Rows move waiting -> admitting -> live -> done on the batcher thread; a row seen in two of
     # those at once would be counted (and aborted) twice.
