@@ -87,7 +87,8 @@ class ContextInterceptor(grpc.ServerInterceptor):
         for name in PROPAGATED_FIELDS:
             value = metadata.get(f"x-rollway-{name.replace('_', '-')}")
             if value is not None:
-                fields[name] = value
+                # step and weight_version are integers in every service's log lines, as in the coordinator's.
+                fields[name] = int(value) if value.lstrip("-").isdigit() else value
         handler = continuation(handler_call_details)
 
         def guard(behaviour, req_stream, resp_stream):

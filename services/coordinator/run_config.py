@@ -126,12 +126,18 @@ def parse_run_config(mapping: Mapping[str, Any]) -> RunConfig:
     if problems:
         raise RunConfigError(_unique(problems))
     configs = {}
+    attached = _attached(given)
     for name, cls in COMPONENTS.items():
-        part = {k: v for k, v in given.items() if k in _field_names(cls)}
+        part = {_canonical(cls, k): v for k, v in given.items() if k in _field_names(cls)}
         try:
             configs[name] = from_dict(cls, part, require=False)
         except ConfigError as exc:
-            problems.append((exc.setting, exc.problem))
+            if name in attached:
+                # An attached service combines these with its own flags and validates the result
+                # itself at Init (INVALID_ARGUMENT naming the setting); the values are checked above.
+                configs[name] = _unvalidated(cls, part)
+            else:
+                problems.append((exc.setting, exc.problem))
     if problems:
         raise RunConfigError(_unique(problems))
     run = RunConfig(**configs, given={_canonical_any(k): v for k, v in given.items()})
@@ -147,6 +153,19 @@ def _canonical_any(key: str) -> str:
         if name != key:
             return name
     return key
+
+
+def _attached(given: Mapping[str, Any]) -> set[str]:
+    keys = {"dataloader": "dataloader_addr", "rollout": "rollout_addr", "trainer": "trainer_addr"}
+    return {name for name, key in keys.items() if given.get(key)}
+
+
+def _unvalidated(cls: type, part: Mapping[str, Any]):
+    values = {}
+    for f in dataclasses.fields(cls):
+        values[f.name] = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    values.update({k: coerce_setting(cls, k, v) for k, v in part.items()})
+    return cls(**values)
 
 
 def _missing_for_started_services(run: RunConfig) -> list[tuple[str, str]]:

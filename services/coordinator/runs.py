@@ -36,6 +36,8 @@ log = get_logger("rollway.coordinator.runs")
 # A run id names a directory under the runs root: no separators, no "..", no leading dot.
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 WATCH_SECONDS = 0.5
+# After a failed call, how long to wait for the watcher to name a service that is dying.
+DEAD_GRACE_SECONDS = 3.0
 
 
 @dataclass
@@ -138,10 +140,9 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
         if record.stop.is_set() and record.immediate:
             record.state = "STOPPED"
         else:
-            record.state = "FAILED"
-            record.error = (
-                f"{record.dead} (the run cannot go on without it)" if record.dead else describe_error(exc)
-            )
+            dead = record.dead or (watcher.wait_for_dead(DEAD_GRACE_SECONDS) if watcher else None)
+            record.error = f"{dead} (the run cannot go on without it)" if dead else describe_error(exc)
+            record.state = "FAILED"  # after the error: GetRun must never show a failure without its cause
             log.error("run failed", error=record.error, traceback=traceback.format_exc())
     finally:
         if watcher is not None:
@@ -181,6 +182,13 @@ class _Watcher:
                 if record.services is not None:
                     record.services.cancel_all()
                 return
+
+    def wait_for_dead(self, seconds: float) -> DeadService | None:
+        """A call failed: the service behind it may be dying. Its death, if it comes in `seconds`."""
+        deadline = time.monotonic() + seconds
+        while self.record.dead is None and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self.record.dead
 
     def close(self) -> None:
         self._stop.set()

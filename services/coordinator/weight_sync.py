@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import grpc
 
 from rollway.common.log import get_logger
+from rollway.common.tracing import in_current_context
 from rollway.common.v1 import common_pb2
 from rollway.coordinator.remote import Services
 from rollway.rollout.v1 import rollout_pb2
@@ -117,7 +118,7 @@ def init_weight_group(
     )
     deadline = settings.timeout_seconds + DEADLINE_MARGIN
     with ThreadPoolExecutor(1 + len(services.rollouts)) as pool:
-        calls = [("trainer", pool.submit(services.trainer.InitWeightGroup, trainer_pb2.InitWeightGroupRequest(group=base), timeout=deadline))]  # fmt: skip
+        calls = [("trainer", pool.submit(in_current_context(services.trainer.InitWeightGroup), trainer_pb2.InitWeightGroupRequest(group=base), timeout=deadline))]  # fmt: skip
         rank = 1
         for i, (stub, info) in enumerate(zip(services.rollouts, infos, strict=True)):
             spec = common_pb2.WeightGroupSpec()
@@ -125,7 +126,12 @@ def init_weight_group(
             spec.rank_offset = rank
             rank += max(info.num_workers, 1)
             request = rollout_pb2.InitWeightGroupRequest(group=spec)
-            calls.append((f"rollout {i}", pool.submit(stub.InitWeightGroup, request, timeout=deadline)))
+            calls.append(
+                (
+                    f"rollout {i}",
+                    pool.submit(in_current_context(stub.InitWeightGroup), request, timeout=deadline),
+                )
+            )
         errors = []
         for who, call in calls:
             try:
@@ -233,7 +239,10 @@ def _push_and_receive(services: Services, weight_version: int, settings: WeightS
         raise WeightSyncError("trainer.PushWeights did not start with a manifest")
     update = rollout_pb2.UpdateWeightsRequest(manifest=first.manifest, acknowledge=acknowledge)
     with ThreadPoolExecutor(max(len(services.rollouts), 1)) as pool:
-        updates = [pool.submit(stub.UpdateWeights, update, timeout=deadline) for stub in services.rollouts]
+        updates = [
+            pool.submit(in_current_context(stub.UpdateWeights), update, timeout=deadline)
+            for stub in services.rollouts
+        ]
         sender, errors, retryable = None, [], False
         try:
             for message in stream:

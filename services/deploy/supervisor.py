@@ -37,7 +37,7 @@ class DeadService:
     detail: str
 
     def __str__(self) -> str:
-        label = self.name if self.name != "rollout" else f"rollout {self.index}"
+        label = self.name if self.index == 0 else f"{self.name}_{self.index}"
         return f"{label} {self.detail}"
 
 
