@@ -94,13 +94,13 @@ def attached(services: dict) -> dict:
 
 
 def test_runs_back_to_back_on_the_same_services_equal_runs_on_fresh_ones(
-    bare_services, tiny_model_dir, demo_data_dir
+    bare_services, tiny_model_dir, demo_data_dir, tmp_path
 ):
     """Run A on fresh (bare) services, then B on the same services with the same config: B must
     repeat A bit for bit (rewards, losses, final weights). An SFT run between them leaves no trace."""
     stub = coordinator_stub(bare_services["coordinator"])
     config = {**grpo_config(tiny_model_dir, demo_data_dir), **attached(bare_services)}
-    first = start_run(stub, "grpo-a", {**config, "save_hf": "hf-a"})
+    first = start_run(stub, "grpo-a", {**config, "save_hf": str(tmp_path / "hf-a")})
     first = wait_run(stub, "grpo-a")
     assert first.state == coordinator_pb2.RUN_STATE_SUCCEEDED, first.error
     between = start_run(
@@ -108,7 +108,7 @@ def test_runs_back_to_back_on_the_same_services_equal_runs_on_fresh_ones(
     )
     between = wait_run(stub, "sft-between")
     assert between.state == coordinator_pb2.RUN_STATE_SUCCEEDED, between.error
-    second = start_run(stub, "grpo-b", {**config, "save_hf": "hf-b"})
+    second = start_run(stub, "grpo-b", {**config, "save_hf": str(tmp_path / "hf-b")})
     second = wait_run(stub, "grpo-b")
     assert second.state == coordinator_pb2.RUN_STATE_SUCCEEDED, second.error
 
