@@ -180,12 +180,25 @@ def run(argv: list[str]) -> int:
             f"run {run_id}: {'(coordinator ' + coordinator_address + ')' if remote_default else run_dir}",
             flush=True,
         )
-        return _drive(
-            coordinator_address, run_id, settings, c.num_rollout, _describe_dead(group), interrupted
-        )
+        restarts = 0
+        while True:
+            code = _drive(
+                coordinator_address, run_id, settings, c.num_rollout, _describe_dead(group), interrupted
+            )
+            if code != COORDINATOR_CRASHED or options.coordinator_addr or restarts >= c.max_restarts:
+                return 1 if code == COORDINATOR_CRASHED else code
+            # The services it started die with it; a new one starts them again and resumes the run
+            # from its last checkpoint (StartRun with the same run id).
+            restarts += 1
+            print(f"restarting the coordinator ({restarts}/{c.max_restarts})", file=sys.stderr, flush=True)
+            coordinator_address = group.restart("coordinator", 0)
     finally:
         signal.signal(signal.SIGINT, previous)
         group.stop()
+
+
+# _drive's status when a process this launcher started (the coordinator) died: it may be restarted.
+COORDINATOR_CRASHED = -1
 
 
 def _describe_dead(group) -> Callable[[], str | None]:
@@ -233,7 +246,7 @@ def _drive(
             if crashed:
                 print(f"service crashed: {crashed}", file=sys.stderr)
                 _stop_quietly(stub, run_id)
-                return 1
+                return COORDINATOR_CRASHED
             info = stub.GetRun(coordinator_pb2.GetRunRequest(run_id=run_id), timeout=10.0).run
             if info.state not in (coordinator_pb2.RUN_STATE_STARTING, coordinator_pb2.RUN_STATE_RUNNING):
                 break
@@ -246,7 +259,7 @@ def _drive(
         crashed = _wait_for(dead, 5.0)  # the coordinator process may be exiting: name it when it has
         print(f"service crashed: {crashed}" if crashed else f"the coordinator at {address} stopped answering: "
               f"{exc.code().name}: {exc.details()}", file=sys.stderr)  # fmt: skip
-        return 1
+        return COORDINATOR_CRASHED if crashed else 1
     finally:
         stream.cancel()
     follower.join(10)

@@ -82,11 +82,14 @@ class RunHost(Generic[S, C]):
             self._servicer, self._settings, self._built_for, self._used = servicer, settings, None, False
 
     # --- runs ---
-    def init(self, run_id: str, settings: C) -> tuple[S, bool, bool]:
-        """Give the service to `run_id` with `settings`: (servicer, already_initialized, rebuilt)."""
+    def init(self, run_id: str, settings: C, *, rebuild: bool = False) -> tuple[S, bool, bool]:
+        """Give the service to `run_id` with `settings`: (servicer, already_initialized, rebuilt).
+        `rebuild`: a new servicer even for the same run and settings (a run recovering)."""
         with self._lock:
             self._refuse_other_run(run_id)
             current = self._servicer
+            if rebuild:
+                return self._rebuild(run_id, settings, current)
             if current is not None and not run_id and self._in_place(self._settings, settings):
                 # A caller that names no run gets no isolation: it keeps configuring what is there.
                 if settings == self._settings:
@@ -115,14 +118,17 @@ class RunHost(Generic[S, C]):
                 self._built_for, self._settings = run_id, settings
                 self._hold(run_id)
                 return current, False, False
-            self._servicer = None
-            if current is not None:
-                self._close(current)
-            servicer = self._build(settings)
-            self._servicer, self._settings, self._built_for, self._used = servicer, settings, run_id, False
-            self._hold(run_id)
-            _log().info("built for run", service=self.service, run_id=run_id)
-            return servicer, False, True
+            return self._rebuild(run_id, settings, current)
+
+    def _rebuild(self, run_id: str, settings: C, current: S | None) -> tuple[S, bool, bool]:
+        self._servicer = None
+        if current is not None:
+            self._close(current)
+        servicer = self._build(settings)
+        self._servicer, self._settings, self._built_for, self._used = servicer, settings, run_id, False
+        self._hold(run_id)
+        _log().info("built for run", service=self.service, run_id=run_id)
+        return servicer, False, True
 
     def end(self, run_id: str) -> bool:
         """End `run_id`'s hold (True if it held the service). Its servicer stays until the next run."""

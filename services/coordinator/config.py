@@ -106,6 +106,16 @@ class CoordinatorConfig:
     )
     debug_determinism: bool = setting(False, "log per-step hashes of data, weights and losses")
 
+    # Supervision (services the coordinator started; attached ones can only be watched)
+    max_restarts: int = setting(
+        3,
+        "restarts of dead services per run: the dead one is restarted and the run continues from its "
+        "last checkpoint (save), or from the start without one; 0: a dead service fails the run",
+    )
+    restart_backoff_seconds: float = setting(
+        1.0, "wait before the first restart of a run, doubled for each later one (at most 30 s)"
+    )
+
     # Services (attach mode; empty: `rollway run` starts them)
     trainer_addr: str = setting("", "address of a running trainer")
     rollout_addr: list[str] = setting([], "addresses of running rollout services")
@@ -165,6 +175,10 @@ class CoordinatorConfig:
             raise ConfigError("mask_offpolicy_in_partial_rollout", "needs partial_rollout")
         if not 0 <= self.update_weight_master_port < 65536:
             raise ConfigError("update_weight_master_port", "must be in [0, 65535]")
+        if self.max_restarts < 0 or self.restart_backoff_seconds < 0:
+            raise ConfigError(
+                "max_restarts" if self.max_restarts < 0 else "restart_backoff_seconds", "must not be negative"
+            )
         if self.rollout_temperature < 0:
             raise ConfigError("rollout_temperature", "must not be negative")
 

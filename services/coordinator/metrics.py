@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -71,6 +72,15 @@ class MetricsSink:
         if self._tb is not None:
             self._tb.add_scalars(step, metrics)
         return record
+
+    def truncate_from(self, step: int) -> None:
+        """Drop the records of steps >= `step`: a resumed run redoes them, and a redone step
+        replaces its record instead of appearing twice in metrics.jsonl."""
+        with self._cond:
+            self._records = [r for r in self._records if r["step"] < step]
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in self._records))
+            os.replace(tmp, self.path)
 
     @property
     def last(self) -> dict:

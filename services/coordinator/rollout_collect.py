@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rollway.common.v1 import common_pb2
 from rollway.coordinator import debug_data
@@ -39,6 +39,8 @@ class Rollout:
     samples: list[common_pb2.Sample]
     metrics: dict[str, float]
     generate_seconds: float
+    # Dataset positions (source, epoch, row_index) of every prompt fetched for it (prompt_ledger.py).
+    prompts: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 def sampling_params(config: CoordinatorConfig) -> common_pb2.SamplingParams:
@@ -107,6 +109,7 @@ def collect_rollout(
     groups = GroupCollector(c.n_samples_per_prompt, c.dynamic_sampling_filter_path)
     groups.wanted = c.rollout_batch_size if c.dynamic_sampling_filter_path else 0
     num_continued = _continue_partial_groups(c, services, state, groups, rollout_id)
+    consumed: list[tuple[str, int, int]] = []
     for attempt in range(MAX_REFILLS):
         missing = c.rollout_batch_size - len(groups.kept)
         if missing <= 0:  # the continued groups filled the batch
@@ -117,6 +120,7 @@ def collect_rollout(
         state.next_batch_id += 1
         if not batch.items:
             break
+        consumed.extend((item.source, item.epoch, item.row_index) for item in batch.items)
         prompts = to_prompts(batch.items, state.next_group_index)
         state.next_group_index += len(prompts)
         sampling = sampling_params(c)
@@ -152,7 +156,7 @@ def collect_rollout(
     if c.partial_rollout:
         metrics["rollout/partial/continued_samples"] = float(num_continued)
         metrics["rollout/partial/carried_groups"] = float(len(state.partial_groups))
-    return Rollout(rollout_id, samples[:usable], metrics, time.perf_counter() - start)
+    return Rollout(rollout_id, samples[:usable], metrics, time.perf_counter() - start, consumed)
 
 
 # --- partial rollout (--partial-rollout) ---------------------------------------------------------

@@ -30,6 +30,7 @@ from rollway.coordinator import debug_data, run_state
 from rollway.coordinator.config import CoordinatorConfig
 from rollway.coordinator.evaluation import Evaluator
 from rollway.coordinator.metrics import MetricsSink, ProgressLine
+from rollway.coordinator.prompt_ledger import PromptLedger
 from rollway.coordinator.remote import Services, to_struct
 from rollway.coordinator.rollout_collect import Rollout, collect_rollout
 from rollway.coordinator.run_state import RunState
@@ -63,6 +64,7 @@ class Run:
         self.evaluator = evaluator
         self.stop = stop or threading.Event()
         self.sink = MetricsSink(self.run_dir)
+        self.ledger = PromptLedger(self.run_dir)
         self.state = RunState()
         self.progress = ProgressLine(self.total_steps()) if progress else None
         self.sync_settings = WeightSyncSettings(
@@ -77,6 +79,7 @@ class Run:
         self.last_step_metrics: dict[str, float] = {}  # of the latest training step (GetRun)
         self.hf_export_dir = ""
         self.checkpoint_dir = ""  # the newest complete run checkpoint this run wrote
+        self.fault_metrics: dict[str, float] = {}  # restarts so far, set by the supervision (runs.py)
         # Data position (dataloader cursor, next batch id, next group index) to store with the next
         # checkpoint. Taken before batches are fetched ahead for a later step (SFT prefetch, async
         # generation), so a resume neither skips nor repeats data.
@@ -98,6 +101,10 @@ class Run:
         source = self.config.load or self.config.save
         restore = functools.partial(run_state.restore_services, self.services, self.uses_trainer)
         resumed = run_state.resume(source, restore) if source else None  # falls back past corrupt ones
+        # Steps from the resume point on are redone: their records are replaced, not repeated.
+        next_step = resumed.state.next_rollout_id if resumed is not None else 0
+        self.sink.truncate_from(next_step)
+        self.ledger.truncate_from(next_step)
         if resumed is None:
             if self.config.load:
                 raise FileNotFoundError(f"load: no complete run checkpoint under {self.config.load}")
@@ -160,7 +167,9 @@ class Run:
     def _due(self, interval: int, rollout_id: int) -> bool:
         return interval > 0 and (rollout_id + 1) % interval == 0
 
-    def _after_step(self, rollout_id: int, metrics: dict[str, float]) -> None:
+    def _after_step(self, rollout_id: int, metrics: dict[str, float], prompts) -> None:
+        self.ledger.record(rollout_id, prompts)
+        metrics.update(self.fault_metrics)
         self.state.next_rollout_id = rollout_id + 1
         if self.config.save and (
             self._due(self.config.save_interval, rollout_id) or rollout_id + 1 == self.total_steps()
@@ -226,7 +235,7 @@ class Run:
             }
         )
         self._determinism(step, samples, metrics)
-        self._after_step(step, metrics)
+        self._after_step(step, metrics, [(item.source, item.epoch, item.row_index) for item in batch.items])
 
     # --- RL ---
     def _generate(self, rollout_id: int) -> Rollout:
@@ -288,7 +297,7 @@ class Run:
         metrics["rollout/weight_version"] = float(self.state.weight_version)
         metrics["perf/step_time"] = time.perf_counter() - step_start
         self._determinism(rollout_id, rollout.samples, metrics)
-        self._after_step(rollout_id, metrics)
+        self._after_step(rollout_id, metrics, rollout.prompts)
         return next_rollout
 
     def _admitted(self, rollout_id: int) -> bool:

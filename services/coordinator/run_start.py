@@ -54,22 +54,27 @@ def connect(addresses: dict[str, list[str]]) -> Services:
     )
 
 
-def init_services(services: Services, run: RunConfig, run_id: str) -> dict[str, object]:
-    """Init every service at once with its settings; the replies by service (rollout_i)."""
+def init_services(
+    services: Services, run: RunConfig, run_id: str, *, rebuild: bool = False
+) -> dict[str, object]:
+    """Init every service at once with its settings; the replies by service (rollout_i). `rebuild`:
+    every service starts the run's state afresh (a recovery resumes from the last checkpoint)."""
     calls = {}
     with ThreadPoolExecutor(2 + len(services.rollouts)) as pool:
         if services.trainer is not None:
-            request = trainer_pb2.InitRequest(config=_struct(run, "trainer"), run_id=run_id)
+            request = trainer_pb2.InitRequest(config=_struct(run, "trainer"), run_id=run_id, rebuild=rebuild)
             calls["trainer"] = pool.submit(
                 in_current_context(services.trainer.Init), request, timeout=LONG_CALL_SECONDS
             )
         if services.dataloader is not None:
-            request = dataloader_pb2.InitRequest(config=_struct(run, "dataloader"), run_id=run_id)
+            request = dataloader_pb2.InitRequest(
+                config=_struct(run, "dataloader"), run_id=run_id, rebuild=rebuild
+            )
             calls["dataloader"] = pool.submit(
                 in_current_context(services.dataloader.Init), request, timeout=LONG_CALL_SECONDS
             )
         for i, stub in enumerate(services.rollouts):
-            request = rollout_pb2.InitRequest(config=_struct(run, "rollout"), run_id=run_id)
+            request = rollout_pb2.InitRequest(config=_struct(run, "rollout"), run_id=run_id, rebuild=rebuild)
             calls[f"rollout_{i}"] = pool.submit(
                 in_current_context(stub.Init), request, timeout=LONG_CALL_SECONDS
             )

@@ -59,6 +59,7 @@ class RunRecord:
     dead: DeadService | None = None  # the service whose death ended the run
     immediate: bool = False
     num_restarts: int = 0
+    recoveries: list[dict] = field(default_factory=list)  # one per restart: service, index, seconds
 
     @property
     def config(self) -> CoordinatorConfig:
@@ -91,68 +92,127 @@ def check_run_id(run_id: str, setting: str = "run_id") -> str:
 def execute(record: RunRecord, *, progress: bool = False) -> None:
     """Start or attach the run's services and drive the run to its end (in the calling thread)."""
     bind_run_context(run_id=record.run_id)
-    c = record.config
-    services = watcher = None
+    watcher = None
     try:
         addresses, record.group = start_missing_services(record.run, record.run_dir / "services")
         record.addresses = addresses
-        if record.stop.is_set():
-            raise RunStopped()
-        services = record.services = connect(addresses)
-        watcher = _Watcher(record)
-        init_services(services, record.run, record.run_id)
-        evaluator = None
-        if c.eval_prompt_data and not c.train_only:
-            sampling = common_pb2.SamplingParams(
-                temperature=c.eval_temperature,
-                top_p=1.0,
-                top_k=-1,
-                max_new_tokens=c.rollout_max_response_len,
-                seed=c.rollout_seed,
-            )
-            evaluator = Evaluator(
-                services,
-                c.eval_prompt_data[::2],
-                n_samples=c.n_samples_per_eval_prompt,
-                sampling=sampling,
-                reward=c.rm_type,
-            )
-        record.driver = Run(
-            c, services, record.run_dir, evaluator=evaluator, stop=record.stop, progress=progress
-        )
-        record.state = "RUNNING"
-        final = record.driver.execute()
+        while True:
+            if record.stop.is_set():
+                raise RunStopped()
+            watcher = _Watcher(record)
+            try:
+                record.services = connect(record.addresses)  # a service may die here too
+                final = _attempt(record, progress=progress)
+                break
+            except RunStopped:
+                raise
+            except Exception as exc:
+                dead = record.dead or watcher.wait_for_dead(DEAD_GRACE_SECONDS)
+                if not _recover(record, dead, exc):
+                    raise
+            finally:
+                watcher.close()
+                _release(record)
         record.state = "SUCCEEDED"
-        (record.run_dir / "result.json").write_text(
-            json.dumps(
-                {
-                    "run_id": record.run_id,
-                    "final_metrics": final,
-                    "hf_export_dir": record.driver.hf_export_dir,
-                    "checkpoint_dir": record.driver.checkpoint_dir,
-                },
-                indent=1,
-            )
-        )
+        _write_result(record, final)
     except RunStopped:
         record.state = "STOPPED"
     except Exception as exc:  # the run fails; the coordinator keeps serving
         if record.stop.is_set() and record.immediate:
             record.state = "STOPPED"
         else:
-            dead = record.dead or (watcher.wait_for_dead(DEAD_GRACE_SECONDS) if watcher else None)
+            dead = record.dead
             record.error = f"{dead} (the run cannot go on without it)" if dead else describe_error(exc)
             record.state = "FAILED"  # after the error: GetRun must never show a failure without its cause
             log.error("run failed", error=record.error, traceback=traceback.format_exc())
     finally:
-        if watcher is not None:
-            watcher.close()
-        if services is not None:
-            end_run(services, record.run_id)
-            services.close()
         if record.group is not None:
             record.group.stop()
-        log.info("run ended", state=record.state)
+        log.info("run ended", state=record.state, num_restarts=record.num_restarts)
+
+
+def _attempt(record: RunRecord, *, progress: bool) -> dict[str, float]:
+    """Init the services (afresh after a recovery) and run; resumes from the last checkpoint."""
+    c = record.config
+    init_services(record.services, record.run, record.run_id, rebuild=record.num_restarts > 0)
+    evaluator = None
+    if c.eval_prompt_data and not c.train_only:
+        sampling = common_pb2.SamplingParams(
+            temperature=c.eval_temperature,
+            top_p=1.0,
+            top_k=-1,
+            max_new_tokens=c.rollout_max_response_len,
+            seed=c.rollout_seed,
+        )
+        evaluator = Evaluator(
+            record.services,
+            c.eval_prompt_data[::2],
+            n_samples=c.n_samples_per_eval_prompt,
+            sampling=sampling,
+            reward=c.rm_type,
+        )
+    previous = record.driver
+    record.driver = Run(
+        c, record.services, record.run_dir, evaluator=evaluator, stop=record.stop, progress=progress
+    )
+    if previous is not None:  # GetRun keeps what the run did before the recovery
+        record.driver.checkpoint_dir = previous.checkpoint_dir
+        previous.sink.close()
+    if record.recoveries:  # every step after a recovery reports them (fault/* metrics)
+        record.driver.fault_metrics = {
+            "fault/num_restarts": float(record.num_restarts),
+            "fault/last_restart_seconds": record.recoveries[-1]["restart_seconds"],
+        }
+    record.state = "RUNNING"
+    return record.driver.execute()
+
+
+def _recover(record: RunRecord, dead: DeadService | None, exc: BaseException) -> bool:
+    """Restart a dead service the run started, within max_restarts (False: the run fails)."""
+    c = record.config
+    group = record.group
+    if dead is None or group is None or dead.name not in group.addresses or record.stop.is_set():
+        return False
+    if record.num_restarts >= c.max_restarts:
+        log.error("no restarts left", service=str(dead).splitlines()[0], max_restarts=c.max_restarts)
+        return False
+    backoff = min(c.restart_backoff_seconds * 2**record.num_restarts, 30.0)
+    log.warning("restarting a dead service", service=str(dead).splitlines()[0], backoff_seconds=backoff,
+                restart=record.num_restarts + 1, failed_call=describe_error(exc))  # fmt: skip
+    if record.stop.wait(backoff):
+        return False
+    started = time.monotonic()
+    record.addresses[dead.name][dead.index] = group.restart(dead.name, dead.index)
+    record.num_restarts += 1
+    record.recoveries.append(
+        {"service": dead.name, "index": dead.index, "restart_seconds": time.monotonic() - started}
+    )
+    record.dead = None
+    return True
+
+
+def _release(record: RunRecord) -> None:
+    """EndRun on every service of this attempt, and close its channels."""
+    if record.services is not None:
+        end_run(record.services, record.run_id)
+        record.services.close()
+        record.services = None
+
+
+def _write_result(record: RunRecord, final: dict[str, float]) -> None:
+    (record.run_dir / "result.json").write_text(
+        json.dumps(
+            {
+                "run_id": record.run_id,
+                "final_metrics": final,
+                "hf_export_dir": record.driver.hf_export_dir,
+                "checkpoint_dir": record.driver.checkpoint_dir,
+                "num_restarts": record.num_restarts,
+                "recoveries": record.recoveries,
+            },
+            indent=1,
+        )
+    )
 
 
 class _Watcher:

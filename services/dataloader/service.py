@@ -217,7 +217,7 @@ class DataloaderRuns:
             settings = from_dict(DataloaderConfig, _dict(request.config), base=self.startup)
         except ConfigError as exc:
             raise InvalidArgument(f"config.{exc.setting}", exc.problem) from None
-        servicer, already, _ = self.host.init(request.run_id, settings)
+        servicer, already, _ = self.host.init(request.run_id, settings, rebuild=request.rebuild)
         if servicer.error:
             self.host.end(request.run_id)
             raise FailedPrecondition(f"the dataloader cannot serve the run's data: {servicer.error}")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rollway.deploy.placement import ActorSpec, PlacementError, describe, plan_actors
 from rollway.deploy.ray_services import RayServices, RaySupervisor
-from rollway.launcher import _drive, run_settings, services_needed
+from rollway.launcher import COORDINATOR_CRASHED, _drive, run_settings, services_needed
 
 
 def run_on_ray(configs: dict, ray_address: str = "") -> int:
@@ -55,7 +55,8 @@ def run_on_ray(configs: dict, ray_address: str = "") -> int:
         settings = run_settings(c, run_id, str(run_dir.parent), addresses)
         settings.update(services.run_overrides(c))
         signal.signal(signal.SIGINT, lambda *_: interrupted.set())  # Ctrl-C while running: StopRun
-        return _drive(coordinator, run_id, settings, c.num_rollout, supervisor.check, interrupted)
+        code = _drive(coordinator, run_id, settings, c.num_rollout, supervisor.check, interrupted)
+        return 1 if code == COORDINATOR_CRASHED else code  # a dead actor ends the run (no restart on Ray yet)
     except (RuntimeError, TimeoutError) as exc:
         cause = getattr(exc, "cause", None) or exc  # an actor method's own exception, without Ray's frame
         print(f"run {run_id} could not start on Ray: {cause}", file=sys.stderr, flush=True)

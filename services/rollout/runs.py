@@ -96,7 +96,7 @@ class RolloutRuns:
             settings = from_dict(RolloutConfig, json_format.MessageToDict(request.config), base=self.startup)
         except ConfigError as exc:
             raise InvalidArgument(f"config.{exc.setting}", exc.problem) from None
-        servicer, already, _ = self.host.init(request.run_id, settings)
+        servicer, already, _ = self.host.init(request.run_id, settings, rebuild=request.rebuild)
         info = servicer.engine.model_info
         struct = struct_pb2.Struct()
         struct.update(to_dict(settings))

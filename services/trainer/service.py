@@ -187,7 +187,7 @@ class TrainerRuns:
         if request.run_id:
             bind_run_context(run_id=request.run_id)
         settings = run_settings(self.startup, struct_to_dict(request.config))
-        servicer, already, rebuilt = self.host.init(request.run_id, settings)
+        servicer, already, rebuilt = self.host.init(request.run_id, settings, rebuild=request.rebuild)
         engine = servicer._engine()
         self.server.set_serving()  # a rebuild replaces ranks a failed run may have broken
         repeat = servicer.controller.init(

@@ -64,7 +64,7 @@ def test_a_crashed_service_is_reported_with_its_log_and_everything_stops(
         f"hf_checkpoint: {tiny_model_dir}\nprompt_data: [{demo_data_dir / 'rl.parquet'}]\ninput_key: prompt\n"
         "label_key: label\napply_chat_template: true\nnum_epoch: 0\nnum_rollout: 1000\nrollout_batch_size: 4\n"
         "n_samples_per_prompt: 4\nglobal_batch_size: 16\nrollout_max_response_len: 4\n"
-        f"run_dir: {tmp_path / 'runs'}\nrun_id: crash\n"
+        f"run_dir: {tmp_path / 'runs'}\nrun_id: crash\nmax_restarts: 0\n"  # no recovery: the crash report
     )
     launcher = subprocess.Popen(
         [*ROLLWAY, "run", str(config)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

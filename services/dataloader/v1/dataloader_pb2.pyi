@@ -158,12 +158,14 @@ class EvalBatchResponse(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[DataItem, _Mapping]]] = ..., next_offset: _Optional[int] = ..., done: _Optional[bool] = ..., num_rows: _Optional[int] = ..., num_dropped: _Optional[int] = ...) -> None: ...
 
 class InitRequest(_message.Message):
-    __slots__ = ("config", "run_id")
+    __slots__ = ("config", "run_id", "rebuild")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REBUILD_FIELD_NUMBER: _ClassVar[int]
     config: _struct_pb2.Struct
     run_id: str
-    def __init__(self, config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_id: _Optional[str] = ...) -> None: ...
+    rebuild: bool
+    def __init__(self, config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_id: _Optional[str] = ..., rebuild: _Optional[bool] = ...) -> None: ...
 
 class InitResponse(_message.Message):
     __slots__ = ("run_id", "already_initialized", "settings", "vocab_size", "error")

@@ -96,7 +96,9 @@ class DataloaderServiceServicer:
 
     def NextBatch(self, request, context):
         """Returns the next batch of items. A retry with the same batch_id returns the same batch (the
-        last 4 batches are kept); a new batch_id must be larger than the last one. Fewer items than
+        last 4 batches are kept); a new batch_id must be the number of batches served so far (ids
+        count from 0; after RestoreState, from the restored count): any other id is INVALID_ARGUMENT
+        naming the expected range, and the stream is left as it was. Fewer items than
         asked (and exhausted) when --num-epoch ends the stream. FAILED_PRECONDITION naming file, row
         and problem when the data cannot be served; DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED (over the
         message limit) consume nothing, so the same batch_id can be retried.
@@ -116,7 +118,8 @@ class DataloaderServiceServicer:
         """Restores a cursor taken with GetState; the next batch equals the one the
         uninterrupted stream would have served. The state carries the cursor, seed, shuffle and
         counters; it must come from a dataloader with the same sources, mode and weights
-        (FAILED_PRECONDITION otherwise). Clears the NextBatch retry cache: any batch_id is new after it.
+        (FAILED_PRECONDITION otherwise). Clears the NextBatch retry cache: the next batch_id is the
+        restored num_batches_served.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -231,12 +231,14 @@ class AbortResponse(_message.Message):
     def __init__(self, num_aborted: _Optional[int] = ...) -> None: ...
 
 class InitRequest(_message.Message):
-    __slots__ = ("config", "run_id")
+    __slots__ = ("config", "run_id", "rebuild")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REBUILD_FIELD_NUMBER: _ClassVar[int]
     config: _struct_pb2.Struct
     run_id: str
-    def __init__(self, config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_id: _Optional[str] = ...) -> None: ...
+    rebuild: bool
+    def __init__(self, config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_id: _Optional[str] = ..., rebuild: _Optional[bool] = ...) -> None: ...
 
 class InitResponse(_message.Message):
     __slots__ = ("run_id", "already_initialized", "settings", "model", "vocab_size", "weight_version")

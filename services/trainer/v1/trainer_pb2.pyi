@@ -9,12 +9,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class InitRequest(_message.Message):
-    __slots__ = ("config", "run_id")
+    __slots__ = ("config", "run_id", "rebuild")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REBUILD_FIELD_NUMBER: _ClassVar[int]
     config: _struct_pb2.Struct
     run_id: str
-    def __init__(self, config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_id: _Optional[str] = ...) -> None: ...
+    rebuild: bool
+    def __init__(self, config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_id: _Optional[str] = ..., rebuild: _Optional[bool] = ...) -> None: ...
 
 class InitResponse(_message.Message):
     __slots__ = ("num_parameters", "world_size", "global_step", "model", "already_initialized", "run_id", "vocab_size", "settings", "rebuilt")
