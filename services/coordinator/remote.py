@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import grpc
 from google.protobuf import struct_pb2
 
-from rollway.common.client import ClientConfig, open_channel, wait_until_serving
+from rollway.common.client import ClientConfig, RetryingStream, open_channel, wait_until_serving
 from rollway.common.tracing import in_current_context
 from rollway.common.v1 import common_pb2
 from rollway.dataloader.v1 import dataloader_pb2, dataloader_pb2_grpc
@@ -161,7 +161,8 @@ class Services:
                 reward=reward,
                 request_id=request_id,
             )
-            call = self._track(stub.Generate(request, timeout=LONG_CALL_SECONDS))
+            # A busy rollout service (its Generate queue full) refuses before the first sample: retried.
+            call = self._track(RetryingStream(lambda: stub.Generate(request, timeout=LONG_CALL_SECONDS)))
             with lock:
                 calls.append(call)
                 if stopped.is_set() and not keep_aborted:
