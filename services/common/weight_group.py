@@ -17,19 +17,44 @@ Store keys use the prefixes of SGLang's `init_custom_process_group` (group name,
 meet the trainer's keys. A collective that does not complete within `timeout_seconds` fails, and
 a member that dies makes its peers' collectives fail at once ("Connection closed by peer"): no
 member ever hangs. After any failure the group is unusable: destroy it and create a new one.
+
+A dead peer is noticed within seconds, not after `timeout_seconds`:
+- a member first waits for the store to listen, probing in short slices; connection refused for
+  REFUSED_GRACE_SECONDS means the host is gone (or never formed the group), and it fails then
+  (torch's TCPStore client would retry a refused connection until the timeout);
+- the rendezvous runs on a daemon thread that the caller waits for in slices, so `cancel` (the
+  service leaving the group or stopping) ends the wait at once; a store host that dies makes the
+  rendezvous fail by itself (the store connection closes);
+- `wait(work)` waits for a gloo collective in slices, so destroy() from another thread ends it
+  (gloo's abort does not wake a waiter), and a stuck collective never holds a stopping service;
+- a gloo group destroyed with a collective still in flight is kept, never freed: freeing it joins
+  its worker threads, which wait for the peer until the group timeout.
 """
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
 
 BACKENDS = ("gloo", "nccl")
+log = get_logger("rollway.weight_group")
+# How often a blocked join or collective looks for cancellation, destroy() or its deadline.
+POLL_SECONDS = 0.5
+# A store port refusing connections this long (at most the group timeout) has no host coming.
+REFUSED_GRACE_SECONDS = 5.0
+# Groups destroyed with collectives in flight, with those collectives (see destroy()).
+_ABANDONED: list[tuple[Any, list[Any]]] = []
 
 
 class WeightGroupError(RuntimeError):
@@ -91,9 +116,12 @@ class GroupSpec:
 
 
 class WeightGroup:
-    """One member's handle on the group; rank 0 hosts the store."""
+    """One member's handle on the group; rank 0 hosts the store.
 
-    def __init__(self, spec: GroupSpec, rank: int):
+    Joining blocks until every member joined (or fails, see the module doc); setting `cancel`
+    from another thread makes a join in progress fail within POLL_SECONDS."""
+
+    def __init__(self, spec: GroupSpec, rank: int, cancel: threading.Event | None = None):
         if not 0 <= rank < spec.world_size:
             raise ValueError(f"rank {rank} is outside the group (world_size {spec.world_size})")
         if spec.backend == "nccl" and not torch.cuda.is_available():
@@ -101,27 +129,38 @@ class WeightGroup:
         self.spec = spec
         self.rank = rank
         self.broken: str | None = None
+        self._destroyed = threading.Event()
+        self._works: list[Any] = []  # collectives started and maybe not finished
+        cancel = cancel or threading.Event()
         timeout = timedelta(seconds=spec.timeout_seconds)
+        deadline = time.monotonic() + spec.timeout_seconds
         try:
+            if rank != 0:
+                _wait_for_listener(spec, deadline, cancel)
+            # A member connects to a store it just saw listening: a short connect timeout, so a
+            # host dying in between is not retried for the whole group timeout.
+            connect = timeout if rank == 0 else timedelta(seconds=min(2.0, spec.timeout_seconds))
             self._store = dist.TCPStore(
                 spec.master_address,
                 spec.master_port,
                 spec.world_size,
                 is_master=rank == 0,
-                timeout=timeout,
+                timeout=connect,
                 wait_for_workers=False,
             )
+            self._store.set_timeout(timeout)
+            log.info("weight group rendezvous", group=spec.group_name, rank=rank, world_size=spec.world_size)
             device = "cuda" if spec.backend == "nccl" else "cpu"
             store = dist.PrefixStore(
                 f"{device}/",
                 dist.PrefixStore(f"{spec.group_name}/", dist.PrefixStore(spec.group_name, self._store)),
             )
-            self._pg = self._backend(store, rank, spec, timeout)
+            self._pg = _in_slices(lambda: self._backend(store, rank, spec, timeout), deadline, cancel)
         except (RuntimeError, ValueError) as exc:  # c10d raises RuntimeError subclasses (DistStoreError, ...)
             self.destroy()
             raise WeightGroupError(
                 f"weight group {spec.group_name!r} at {spec.master_address}:{spec.master_port} "
-                f"(rank {rank} of {spec.world_size}) could not be formed: {exc}"
+                f"(rank {rank} of {spec.world_size}) could not be formed: {str(exc).splitlines()[0]}"
             ) from None
 
     @staticmethod
@@ -147,7 +186,12 @@ class WeightGroup:
             raise WeightGroupError(f"weight group {self.spec.group_name!r} is broken: {self.broken}")
         options = dist.BroadcastOptions()
         options.rootRank = src
-        return self._pg.broadcast([tensor], options)
+        return self._started(self._pg.broadcast([tensor], options))
+
+    def _started(self, work):
+        self._works = [w for w in self._works if not w.is_completed()]
+        self._works.append(work)
+        return work
 
     def exchange_status(self, code: int) -> list[int]:
         """Every member contributes one status code; every member gets all of them, by rank.
@@ -158,11 +202,30 @@ class WeightGroup:
         mine = torch.tensor([code], dtype=torch.int64, device=self.device)
         gathered = [torch.zeros_like(mine) for _ in range(self.spec.world_size)]
         try:
-            self._pg.allgather([gathered], [mine]).wait()
+            self.wait(self._started(self._pg.allgather([gathered], [mine])))
         except RuntimeError as exc:
             self.mark_broken(str(exc))
             raise WeightGroupError(f"status exchange failed: {str(exc).splitlines()[0]}") from None
         return [int(t.item()) for t in gathered]
+
+    def wait(self, work) -> None:
+        """Wait for a collective started on this group; RuntimeError when it fails.
+
+        On gloo, in slices of POLL_SECONDS: destroy() from another thread (a service stopping)
+        ends the wait within one slice; gloo's own timeout still fails a stuck collective. On
+        nccl, work.wait() only orders the CUDA stream and returns at once."""
+        if self.spec.backend != "gloo":
+            work.wait()
+            return
+        while True:
+            try:
+                work.wait(timedelta(seconds=POLL_SECONDS))
+                return
+            except RuntimeError as exc:
+                if work.is_completed() or "timed out" not in str(exc).lower():
+                    raise  # the collective itself failed
+            if self._destroyed.is_set():
+                raise RuntimeError(f"the weight group was left while waiting ({self.broken})")
 
     def mark_broken(self, reason: str) -> None:
         """Record a failed collective: the group must be rebuilt before it is used again."""
@@ -176,8 +239,82 @@ class WeightGroup:
                 pg.abort()
             except RuntimeError:  # already failed or shut down
                 pass
+            in_flight = [w for w in getattr(self, "_works", []) if not w.is_completed()]
+            if in_flight:  # freeing the group now would block until its peers time out
+                _ABANDONED.append((pg, in_flight))
+            self._works = []
         self._store = None
         self.broken = self.broken or "destroyed"
+        self._destroyed.set()
+
+
+def _wait_for_listener(spec: GroupSpec, deadline: float, cancel: threading.Event) -> None:
+    """Return once something listens at the store's address; WeightGroupError otherwise.
+
+    Refused connections are expected for a moment (the trainer opens the store as its own
+    InitWeightGroup arrives) but not for REFUSED_GRACE_SECONDS: then nothing is coming."""
+    address = (spec.master_address, spec.master_port)
+    grace = min(REFUSED_GRACE_SECONDS, spec.timeout_seconds)
+    refused_since: float | None = None
+    while True:
+        _check_cancel(cancel)
+        now = time.monotonic()
+        try:
+            with socket.create_connection(address, timeout=max(min(POLL_SECONDS, deadline - now), 0.01)):
+                return
+        except ConnectionRefusedError:
+            refused_since = now if refused_since is None else refused_since
+            if now - refused_since >= grace:
+                raise WeightGroupError(
+                    f"nothing listens at {address[0]}:{address[1]} (connection refused for {grace:g}s): "
+                    "the trainer that hosts the group's store is gone or did not form this group"
+                ) from None
+        except OSError as exc:  # unreachable, or no answer yet: keep trying until the deadline
+            refused_since = None
+            if time.monotonic() >= deadline:
+                raise WeightGroupError(
+                    f"the store at {address[0]}:{address[1]} was not reachable within the timeout of "
+                    f"{spec.timeout_seconds:g}s ({exc})"
+                ) from None
+        if cancel.wait(max(min(POLL_SECONDS, deadline - time.monotonic()), 0)):
+            _check_cancel(cancel)
+        if time.monotonic() >= deadline:
+            raise WeightGroupError(
+                f"the store at {address[0]}:{address[1]} did not accept connections within the timeout "
+                f"of {spec.timeout_seconds:g}s"
+            )
+
+
+def _check_cancel(cancel: threading.Event) -> None:
+    if cancel.is_set():
+        raise WeightGroupError("cancelled: this member left the group (closing or stopping)")
+
+
+def _in_slices(form: Callable[[], Any], deadline: float, cancel: threading.Event) -> Any:
+    """Run the rendezvous `form()` on a daemon thread and wait for it in slices.
+
+    A cancelled wait returns at once; the abandoned thread ends with the rendezvous (its store
+    connection closing, or the group timeout) and, being a daemon, never holds up an exit."""
+    result: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            result["value"] = form()
+        except BaseException as exc:  # handed to the waiting thread
+            result["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="weight-group-rendezvous", daemon=True).start()
+    # The rendezvous has its own timeout; the margin lets it report its own error first.
+    while not done.wait(POLL_SECONDS):
+        _check_cancel(cancel)
+        if time.monotonic() > deadline + 5 * POLL_SECONDS:
+            raise WeightGroupError("timeout: the members did not all join within the group timeout")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
 
 
 # Status codes of the end-of-update acknowledgement (exchange_status); the sender contributes OK.

@@ -82,6 +82,7 @@ class WeightReceiver:
         self.pool = StagingPool()
         self.sglang = None if engine.receives_weights_in_process else SGLangReceiver(engine)
         self._lock = threading.Lock()
+        self._cancel_join = threading.Event()  # set by close(): the join in progress fails at once
 
     @contextmanager
     def _exclusive(self, timeout: float):
@@ -101,12 +102,13 @@ class WeightReceiver:
             healthy = self.sglang is not None or (self.group is not None and not self.group.broken)
             if spec == self.spec and healthy:
                 return ranks, True
-            self.close()
+            self._cancel_join = cancel = threading.Event()
+            self._leave()
             if self.sglang is not None:
                 self.sglang.init_group(spec)
             else:
                 try:
-                    self.group = WeightGroup(spec, rank=spec.rank_offset)
+                    self.group = WeightGroup(spec, rank=spec.rank_offset, cancel=cancel)
                 except WeightGroupError as exc:
                     raise group_error(exc) from None
             self.spec = spec
@@ -114,7 +116,12 @@ class WeightReceiver:
         return ranks, False
 
     def close(self) -> None:
-        """Leave the group (the next update needs InitWeightGroup again)."""
+        """Leave the group (the next update needs InitWeightGroup again). A join or a transfer in
+        progress on another thread fails within a moment, so a stopping service never waits on one."""
+        self._cancel_join.set()
+        self._leave()
+
+    def _leave(self) -> None:
         group, self.group, self.spec = self.group, None, None
         if group is not None:
             group.destroy()
@@ -179,6 +186,7 @@ class WeightReceiver:
         if manifest.transport == "distributed":
             group = self._require_group()
             pool_index, buffers = self.pool.take(buckets, group.device)
+            log.info("receiving weights", weight_version=version, num_buckets=len(buckets))
             received = self._receive(group, manifest, buckets, buffers, status == STATUS_OK)
             named = [view for bucket in buckets for view in bucket_views(buffers[bucket.index], bucket)]
         else:

@@ -116,7 +116,7 @@ def receive_buckets(
             post_next()
         while pending:
             bucket, start, end, work = pending.popleft()
-            work.wait()
+            group.wait(work)  # in slices: leaving the group (a stopping service) ends the wait
             if next_index < len(pieces):
                 post_next()
             if corrupt and bucket.index == 0 and start == 0:

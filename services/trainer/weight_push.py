@@ -62,6 +62,7 @@ class WeightPusher:
         self.sender = SenderState(None)
         self.pushed_at: tuple[int, int] | None = None  # (version, global_step) of the last push
         self._lock = threading.Lock()
+        self._cancel_join = threading.Event()  # set by close(): the join in progress fails at once
 
     @property
     def group(self) -> WeightGroup | None:
@@ -82,9 +83,10 @@ class WeightPusher:
         with self._lock:
             if self.group is not None and not self.group.broken and self.group.spec == spec:
                 return True
-            self.close()
+            self._cancel_join = cancel = threading.Event()
+            self._leave()
             try:
-                self.sender.group = WeightGroup(spec, rank=0)
+                self.sender.group = WeightGroup(spec, rank=0, cancel=cancel)
             except WeightGroupError as exc:
                 # Not UNAVAILABLE: clients retry that, and a lone retry of a collective join cannot succeed.
                 error = DeadlineExceeded if "timeout" in str(exc).lower() else FailedPrecondition
@@ -95,7 +97,12 @@ class WeightPusher:
         return False
 
     def close(self) -> None:
-        """Destroy the group (if any); members blocked in a collective on it fail at once."""
+        """Destroy the group (if any); members blocked in a collective on it fail at once, and so
+        does a join in progress here (the trainer stopping never waits for absent members)."""
+        self._cancel_join.set()
+        self._leave()
+
+    def _leave(self) -> None:
         group, self.sender.group = self.sender.group, None
         if group is not None:
             group.destroy()

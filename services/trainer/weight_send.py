@@ -275,7 +275,7 @@ def _wait_all(works: list, group: WeightGroup) -> str:
         if work is None:
             continue
         try:
-            work.wait()
+            group.wait(work)  # in slices: destroying the group (the trainer stopping) ends it
         except RuntimeError as exc:  # DistBackendError and gloo's errors are RuntimeErrors
             group.mark_broken(str(exc))
             error = error or f"broadcast failed: {str(exc).splitlines()[0]}"

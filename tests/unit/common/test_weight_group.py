@@ -1,0 +1,203 @@
+"""The weight group notices a dead or absent peer within seconds, and a leaving member never waits.
+
+Rank 0 (the store host, as the trainer) runs in a real subprocess that the tests kill; the member
+is this process, as the rollout service is.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+
+from rollway.common.weight_group import (
+    POLL_SECONDS,
+    REFUSED_GRACE_SECONDS,
+    GroupSpec,
+    WeightGroup,
+    WeightGroupError,
+)
+
+TIMEOUT = 120.0  # the group timeout: every failure below must come long before it
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spec(port: int, world_size: int = 2) -> GroupSpec:
+    return GroupSpec("g", "127.0.0.1", port, world_size, 1, "gloo", TIMEOUT)
+
+
+class Host:
+    """Rank 0 in a subprocess; it logs "weight group rendezvous" once its store listens, and prints
+    'joined' once the group formed; then, with `broadcast`, waits for a line on stdin and
+    broadcasts [1, 2, 3, 4] (printing 'sent')."""
+
+    def __init__(self, port: int, world_size: int = 2, broadcast: bool = False):
+        code = textwrap.dedent(
+            f"""
+            import sys, torch
+            from rollway.common.weight_group import GroupSpec, WeightGroup
+            spec = GroupSpec("g", "127.0.0.1", {port}, {world_size}, 0, "gloo", {TIMEOUT})
+            group = WeightGroup(spec, rank=0)
+            print("joined", flush=True)
+            if {broadcast}:
+                sys.stdin.readline()
+                group.wait(group.broadcast(torch.arange(1.0, 5.0)))
+                print("sent", flush=True)
+            sys.stdin.readline()
+            """
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def expect(self, fragment: str, timeout: float = 60.0) -> None:
+        """Wait for an output line containing `fragment`."""
+        found = threading.Event()
+        seen: list[str] = []
+
+        def read():
+            for line in self.proc.stdout:
+                seen.append(line.strip())
+                if fragment in line:
+                    found.set()
+                    return
+
+        threading.Thread(target=read, daemon=True).start()
+        assert found.wait(timeout), f"rank 0 printed {seen} (exit code {self.proc.poll()})"
+
+    def send(self) -> None:
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+
+    def kill(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+        self.proc.wait(30)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+
+@pytest.fixture
+def hosts():
+    started: list[Host] = []
+    yield lambda *args, **kwargs: started.append(Host(*args, **kwargs)) or started[-1]
+    for host in started:
+        host.close()
+
+
+def join_in_thread(group_spec: GroupSpec, cancel: threading.Event | None = None):
+    """Join as rank 1 on a thread; returns (thread, outcome) with outcome filled when it ends."""
+    outcome: dict = {}
+
+    def run():
+        started = time.monotonic()
+        try:
+            outcome["group"] = WeightGroup(group_spec, rank=1, cancel=cancel)
+        except WeightGroupError as exc:
+            outcome["error"] = str(exc)
+        outcome["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_store_nobody_hosts_fails_after_the_refused_grace_not_the_timeout():
+    started = time.monotonic()
+    with pytest.raises(WeightGroupError) as info:
+        WeightGroup(spec(free_port()), rank=1)
+    seconds = time.monotonic() - started
+    assert REFUSED_GRACE_SECONDS <= seconds < REFUSED_GRACE_SECONDS + 3
+    assert "nothing listens at 127.0.0.1:" in str(info.value)
+    assert "the trainer that hosts the group's store is gone" in str(info.value)
+
+
+def test_a_member_joining_before_the_host_opens_its_store_still_joins(hosts):
+    port = free_port()
+    thread, outcome = join_in_thread(spec(port))
+    time.sleep(1.0)  # the member is refused meanwhile; the host turns up within the grace
+    host = hosts(port)
+    host.expect("weight group rendezvous")
+    host.expect("joined")
+    thread.join(30)
+    assert "group" in outcome, outcome
+    outcome["group"].destroy()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_host_that_dies_during_the_rendezvous_fails_the_join_at_once(hosts, signum):
+    port = free_port()
+    host = hosts(port, world_size=3)  # rank 2 never comes: the rendezvous waits
+    host.expect("weight group rendezvous")
+    thread, outcome = join_in_thread(spec(port, world_size=3))
+    time.sleep(1.0)
+    assert thread.is_alive()
+    died = time.monotonic()
+    host.kill(signum)
+    thread.join(10)
+    assert not thread.is_alive() and "error" in outcome
+    assert time.monotonic() - died < 5
+    assert "could not be formed" in outcome["error"] and "Connection was likely closed" in outcome["error"]
+
+
+def test_cancel_ends_a_join_in_progress_at_once(hosts):
+    port = free_port()
+    host = hosts(port, world_size=3)
+    host.expect("weight group rendezvous")
+    cancel = threading.Event()
+    thread, outcome = join_in_thread(spec(port, world_size=3), cancel)
+    time.sleep(1.0)
+    cancelled = time.monotonic()
+    cancel.set()
+    thread.join(10)
+    assert time.monotonic() - cancelled < 2 * POLL_SECONDS + 0.5
+    assert "cancelled: this member left the group" in outcome["error"]
+
+
+def test_leaving_the_group_ends_a_collective_waiting_on_a_live_peer_and_a_dead_peer_fails_it(hosts):
+    port = free_port()
+    host = hosts(port, broadcast=True)
+    host.expect("weight group rendezvous")
+    group = WeightGroup(spec(port), rank=1)
+    host.expect("joined")
+    received = torch.zeros(4)
+    host.send()
+    group.wait(group.broadcast(received))
+    host.expect("sent")
+    assert received.tolist() == [1.0, 2.0, 3.0, 4.0]
+
+    # The host is alive but sends nothing: destroy() on another thread ends the wait.
+    work = group.broadcast(torch.zeros(4))
+    threading.Timer(1.0, group.destroy).start()
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="the weight group was left while waiting"):
+        group.wait(work)
+    assert time.monotonic() - started < 1.0 + 2 * POLL_SECONDS + 0.5
+
+    host.close()
+    port = free_port()
+    host = hosts(port, broadcast=True)
+    host.expect("weight group rendezvous")
+    group = WeightGroup(spec(port), rank=1)
+    host.expect("joined")
+    work = group.broadcast(torch.zeros(4))
+    died = time.monotonic()
+    host.kill(signal.SIGKILL)
+    with pytest.raises(RuntimeError, match="Connection (closed|reset) by peer"):
+        group.wait(work)
+    assert time.monotonic() - died < 5
+    group.destroy()
