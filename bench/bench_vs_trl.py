@@ -84,7 +84,7 @@ def rollway_configs(
 
 def run_rollway(config: Path, run_id: str, workdir: Path) -> dict:
     """`rollway run CONFIG`: per-step figures from metrics.jsonl and the whole-process time."""
-    started = time.perf_counter()
+    started, started_epoch = time.perf_counter(), time.time()
     subprocess.run(
         [
             sys.executable,
@@ -102,7 +102,10 @@ def run_rollway(config: Path, run_id: str, workdir: Path) -> dict:
     )
     process_s = time.perf_counter() - started
     records = [json.loads(line) for line in (workdir / run_id / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "perf/step_time" in r][WARMUP_STEPS:]
+    steps = [r for r in records if "perf/step_time" in r]
+    # Start-up: from `rollway run` to the end of the first step, less that step's own time.
+    first_step_after_s = steps[0]["time"] - started_epoch - steps[0]["perf/step_time"]
+    steps = steps[WARMUP_STEPS:]
     tokens = [r.get("sft/num_tokens", r.get("train/num_tokens", 0.0)) for r in steps]
     breakdown = {
         key: statistics.median(r.get(key, 0.0) for r in steps)
@@ -112,6 +115,7 @@ def run_rollway(config: Path, run_id: str, workdir: Path) -> dict:
         "step_s": statistics.median(r["perf/step_time"] for r in steps),
         "tokens_per_step": statistics.median(tokens),
         "process_s": process_s,
+        "first_step_after_s": first_step_after_s,
         "breakdown": breakdown,
     }
 
@@ -144,6 +148,7 @@ def run_trl(python: Path, workload: str, model: Path, data: Path, steps: int, wo
     return {
         "step_s": statistics.median(result["step_seconds"][WARMUP_STEPS:]),
         "process_s": time.perf_counter() - started,
+        "first_step_after_s": result["first_step_after_s"],
         "num_threads": result["num_threads"],
     }
 
@@ -171,7 +176,10 @@ def run(quick: bool) -> BenchResult:
             runs["rollway_grpo"].append(run_rollway(configs["grpo"], f"grpo-{repeat}", workdir / "runs"))
             runs["trl_grpo"].append(run_trl(python, "grpo", model, data / "rl.parquet", grpo_steps, workdir))
     tokens_per_step = median_of(runs["rollway_sft"], "tokens_per_step")
-    figures = {name: {k: median_of(r, k) for k in ("step_s", "process_s")} for name, r in runs.items()}
+    figures = {
+        name: {k: median_of(r, k) for k in ("step_s", "process_s", "first_step_after_s")}
+        for name, r in runs.items()
+    }
     rollway_sft_tps = tokens_per_step / figures["rollway_sft"]["step_s"]
     trl_sft_tps = tokens_per_step / figures["trl_sft"]["step_s"]
     summary = {
@@ -181,6 +189,7 @@ def run(quick: bool) -> BenchResult:
         "sft_step_s": {"rollway": figures["rollway_sft"]["step_s"], "trl": figures["trl_sft"]["step_s"]},
         "grpo_step_s": {"rollway": figures["rollway_grpo"]["step_s"], "trl": figures["trl_grpo"]["step_s"]},
         "process_s": {name: f["process_s"] for name, f in figures.items()},
+        "first_step_after_s": {name: f["first_step_after_s"] for name, f in figures.items()},
         "rollway_breakdown_s": {
             "sft": runs["rollway_sft"][-1]["breakdown"],
             "grpo": runs["rollway_grpo"][-1]["breakdown"],
