@@ -37,6 +37,7 @@ class BenchResult:
     units: dict[str, str]
     config: dict[str, Any] = field(default_factory=dict)
     notes: str = ""
+    summary: dict[str, Any] = field(default_factory=dict)  # headline figures, written at the top level
 
 
 def machine_info() -> dict[str, Any]:
@@ -72,8 +73,10 @@ def git_commit() -> str | None:
 
 def write_result(result: BenchResult, seconds: float) -> Path:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    fields = asdict(result)
     payload = {
-        **asdict(result),
+        **fields.pop("summary"),
+        **fields,
         "machine": machine_info(),
         "commit": git_commit(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -108,10 +108,6 @@ def plan(configs: dict[str, object]) -> str:
     samples = c.samples_per_rollout
     steps_per_rollout = samples // c.global_batch_size
     per_rank = c.global_batch_size // max(t.world_size, 1)
-    if t.use_dynamic_batch_size:
-        micro = f"by token budget: {t.max_tokens_per_gpu} tokens per micro-batch per rank"
-    else:
-        micro = f"{max(per_rank // t.micro_batch_size, 1)} per rank of {t.micro_batch_size} samples"
     lines = [
         f"mode                     {'SFT' if c.is_sft else 'RL (' + c.advantage_estimator + ')'}"
         + (" async" if c.async_mode else ""),
@@ -121,12 +117,41 @@ def plan(configs: dict[str, object]) -> str:
         f"global batch size        {c.global_batch_size} samples",
         f"optimizer steps/rollout  {steps_per_rollout}",
         f"trainer ranks            {t.world_size} ({per_rank} samples per rank per step)",
-        f"micro-batches            {micro}",
+        *micro_batch_lines(configs, per_rank),
         f"rollouts                 {c.num_rollout or 'until the data is exhausted'}",
     ]
     if c.num_rollout:
         lines.append(f"optimizer steps total    {c.num_rollout * steps_per_rollout}")
     return "\n".join(lines)
+
+
+def micro_batch_lines(configs: dict[str, object], per_rank: int) -> list[str]:
+    """How one rank's share of a step is cut into micro-batches (trainer/train_plan.py)."""
+    c, t = configs["coordinator"], configs["trainer"]
+    layout = "packed rows" if t.packing else "one padded row per sample"
+    if not t.dynamic_batching:
+        size = t.samples_per_micro_batch
+        count = -(-per_rank // size)
+        return [f"micro-batches            {count} per rank of {size} samples ({layout})"]
+    budget = t.max_tokens_per_gpu
+    lines = [f"micro-batches            by token budget: up to {budget} tokens each per rank ({layout})"]
+    # The longest sample the data settings allow: SFT conversations are capped by
+    # rollout_max_prompt_len; RL samples by prompt + rollout_max_response_len.
+    max_prompt = configs["dataloader"].rollout_max_prompt_len
+    longest = max_prompt if c.is_sft else (max_prompt + c.rollout_max_response_len if max_prompt else 0)
+    if longest:
+        fits = max(budget // longest, 1)  # packed or padded, a sample costs at most `longest`
+        count = -(-per_rank // fits)
+        lines.append(
+            f"micro-batch layout       samples of up to {longest} tokens: >= {fits} per micro-batch, "
+            f"at most {count} micro-batch{'es' if count > 1 else ''} per rank per step"
+        )
+    else:
+        lines.append(
+            f"micro-batch layout       as many samples as fit {budget} tokens (e.g. {max(budget // 256, 1)} "
+            f"of 256 tokens); set rollout_max_prompt_len to bound the count"
+        )
+    return lines
 
 
 def services_needed(c) -> list[str]:

@@ -5,9 +5,12 @@ the config's default use_cache=True (train mode included) it creates a DynamicCa
 packed sample silently attend to the samples before it. The trainer therefore never relies on
 that inference; it passes the sample boundaries explicitly:
 
-- sdpa (`--attn-implementation sdpa`) runs as `rollway_varlen_sdpa`: torch SDPA once per
-  packed sample with is_causal, driven by `cu_seq_lens_q`. That is the varlen math, costs
-  O(sum of len^2) instead of O(row^2), and needs no [L, L] mask.
+- sdpa (`--attn-implementation sdpa`) runs as `rollway_varlen_sdpa`: the row's samples are
+  gathered into a few [samples, longest] padded batches (samples of similar length together,
+  `VarlenLayout`), each goes through one causal SDPA call, and one index scatters the outputs
+  back to row order. Under a causal mask a sample's tokens never see its own padding slots,
+  so this is the varlen math: O(sum of len^2), no [L, L] mask, and - unlike one SDPA call per
+  sample - no per-sample slices whose backward writes a row-sized zero tensor each.
 - flash_attention_2 gets the same `cu_seq_lens_*` / `max_length_*` (its native varlen inputs).
 - eager gets an explicit block-diagonal causal additive mask built from the segments.
 
@@ -17,6 +20,7 @@ token only sees earlier real tokens, and padding outputs carry no loss.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,23 +31,70 @@ from rollway.trainer.micro_batch import MicroBatch
 
 VARLEN_SDPA = "rollway_varlen_sdpa"
 VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+LAYOUT_KWARG = "rollway_varlen_layout"
+# Samples whose lengths are within this factor of the longest of their group share one SDPA call
+# (bounds the padding slots to ~25% of a group, and the number of calls to a few per row).
+GROUP_LENGTH_RATIO = 1.25
+
+
+@dataclass(frozen=True)
+class VarlenLayout:
+    """Where the tokens of one packed row go for attention, built once per micro-batch.
+
+    Slots are laid out group after group; group g is a [count, longest] block (segment-major).
+    A padding slot repeats its segment's last token: it sits after the real tokens, so causal
+    attention never lets a real query see it, and its output is never read back.
+    """
+
+    gather: torch.Tensor  # [slots] row position read into each slot
+    scatter: torch.Tensor  # [row length] slot whose output is each row position's
+    groups: tuple[tuple[int, int], ...]  # (count, longest) of each group, in slot order
+
+
+def varlen_layout(bounds: list[int]) -> VarlenLayout:
+    """The layout of a row cut at `bounds` (cumulative, from 0 to the row length)."""
+    segments = [(bounds[k], bounds[k + 1] - bounds[k]) for k in range(len(bounds) - 1)]
+    segments.sort(key=lambda seg: -seg[1])
+    gather: list[int] = []
+    scatter = [0] * bounds[-1]
+    groups: list[tuple[int, int]] = []
+    k = 0
+    while k < len(segments):
+        longest = segments[k][1]
+        end = k
+        while end < len(segments) and segments[end][1] * GROUP_LENGTH_RATIO >= longest:
+            end += 1
+        for start, length in segments[k:end]:
+            for j in range(longest):
+                if j < length:
+                    scatter[start + j] = len(gather)
+                gather.append(start + min(j, length - 1))
+        groups.append((end - k, longest))
+        k = end
+    return VarlenLayout(torch.tensor(gather), torch.tensor(scatter), tuple(groups))
 
 
 def varlen_sdpa_forward(module, query, key, value, attention_mask, **kwargs) -> tuple[torch.Tensor, None]:
-    """SDPA per segment of `cu_seq_lens_q` ([B=1, heads, L, dim] in, [1, L, heads, dim] out)."""
-    bounds = kwargs.pop("cu_seq_lens_q", None)
-    for name in VARLEN_KWARGS[1:]:
+    """Causal SDPA within each sample of a packed row ([1, heads, L, dim] in, [1, L, heads, dim] out)."""
+    layout: VarlenLayout | None = kwargs.pop(LAYOUT_KWARG, None)
+    for name in VARLEN_KWARGS:
         kwargs.pop(name, None)
-    if bounds is None:
+    if layout is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    bounds = bounds.tolist()
-    outputs = [
-        sdpa_attention_forward(
-            module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, is_causal=True, **kwargs
-        )[0]
-        for s, e in zip(bounds[:-1], bounds[1:], strict=True)
-    ]
-    return torch.cat(outputs, dim=1), None
+    # [1, heads, L, dim] -> [heads, slots, dim]: one gather per tensor for the whole row.
+    q, k, v = (t[0].index_select(1, layout.gather) for t in (query, key, value))
+    outputs, offset = [], 0
+    for count, longest in layout.groups:
+        size = count * longest
+
+        def block(t, offset=offset, size=size, count=count, longest=longest):
+            return t[:, offset : offset + size].unflatten(1, (count, longest)).transpose(0, 1)
+
+        out = sdpa_attention_forward(module, block(q), block(k), block(v), None, is_causal=True, **kwargs)[0]
+        outputs.append(out.flatten(0, 1))  # [count, longest, heads, dim] -> [size, heads, dim]
+        offset += size
+    flat = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+    return flat.index_select(0, layout.scatter)[None], None
 
 
 AttentionInterface.register(VARLEN_SDPA, varlen_sdpa_forward)
@@ -89,6 +140,11 @@ def model_inputs(
         # eager adds the mask to the scores: 0 where allowed, the dtype's minimum elsewhere.
         zero = torch.zeros((), dtype=dtype, device=device)
         inputs["attention_mask"] = torch.where(allowed, zero, torch.finfo(dtype).min)
+    elif attn_implementation == "sdpa":
+        layout = varlen_layout(segment_bounds(mb.segment_ids).tolist())
+        inputs[LAYOUT_KWARG] = VarlenLayout(
+            layout.gather.to(device), layout.scatter.to(device), layout.groups
+        )
     else:
         bounds = segment_bounds(mb.segment_ids)
         longest = int((bounds[1:] - bounds[:-1]).max())

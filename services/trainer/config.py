@@ -74,8 +74,13 @@ class TrainerConfig:
     lr_warmup_iters: int = setting(0, "optimizer steps of linear warmup from 0 to lr")
     lr_decay_iters: int = setting(0, "optimizer step at which the decay reaches min_lr (linear/cosine)")
     num_steps_per_rollout: int = setting(1, "optimizer steps per TrainStep; the batch is split evenly")
-    micro_batch_size: int = setting(1, "samples per micro-batch per rank (without --use-dynamic-batch-size)")
-    use_dynamic_batch_size: bool = setting(False, "form micro-batches by token budget (--max-tokens-per-gpu)")
+    micro_batch_size: int = setting(
+        0, "samples per micro-batch per rank; setting it turns fixed-size micro-batches on (0: unset)"
+    )
+    use_dynamic_batch_size: bool | None = setting(
+        None,
+        "form micro-batches by token budget (--max-tokens-per-gpu); unset: on unless micro_batch_size is set",
+    )
     max_tokens_per_gpu: int = setting(8192, "token budget of one micro-batch on one rank (a hard limit)")
     balance_data: bool = setting(True, "balance tokens across ranks (otherwise samples go round-robin)")
     packing: bool = setting(True, "pack a micro-batch's samples into one row (varlen); off pads each sample")
@@ -107,6 +112,18 @@ class TrainerConfig:
     tis_clip: float = setting(2.0, "upper clip of the TIS weight")
     tis_clip_low: float = setting(0.0, "lower clip of the TIS weight")
 
+    @property
+    def dynamic_batching(self) -> bool:
+        """Micro-batches by token budget: the fast default, unless fixed sizes were asked for."""
+        if self.use_dynamic_batch_size is None:
+            return self.micro_batch_size == 0
+        return self.use_dynamic_batch_size
+
+    @property
+    def samples_per_micro_batch(self) -> int:
+        """The fixed micro-batch size (without dynamic batching); 1 when unset."""
+        return self.micro_batch_size or 1
+
     def check_required(self) -> None:
         """What a run cannot go without (a trainer started bare gets it from its run)."""
         if not self.hf_checkpoint:
@@ -125,7 +142,8 @@ class TrainerConfig:
             )
         if self.distributed_timeout_seconds <= 0:
             raise ConfigError("distributed_timeout_seconds", "must be positive")
-        _positive(self, "micro_batch_size", "max_tokens_per_gpu", "pad_to_multiple", "log_probs_chunk_size")
+        _positive(self, "max_tokens_per_gpu", "pad_to_multiple", "log_probs_chunk_size")
+        _non_negative(self, "micro_batch_size")
         _positive(self, "num_steps_per_rollout")
         _non_negative(self, "lr", "min_lr", "weight_decay", "adam_eps", "clip_grad")
         _non_negative(self, "lr_warmup_iters", "lr_decay_iters")

@@ -121,17 +121,21 @@ class TrainerController:
         self, step_id: int, items: list[SequenceItem], settings: TrainerConfig
     ) -> tuple[StepResult, bool]:
         """Train on `items` (already validated); (result, already_applied)."""
+        started = time.perf_counter()
         per_rank, efficiency = plan_train_steps(items, settings, self.world_size)
+        planned = time.perf_counter() - started
         with self.lock:
             stored = self.results.get(step_id)
             if stored is not None:
                 return stored, True
-            started = time.perf_counter()
+            dispatched = time.perf_counter()
             step_metrics = self.runtime.run("train", [{"steps": steps} for steps in per_rank])
-            elapsed = time.perf_counter() - started
-            result = StepResult(
-                self.engine.global_step, self._summarise(step_metrics, items, efficiency, elapsed)
-            )
+            ran = time.perf_counter() - dispatched
+            metrics = self._summarise(step_metrics, items, efficiency, time.perf_counter() - started)
+            metrics["perf/data_time"] = metrics.get("perf/data_time", 0.0) + planned
+            # Posting the command to the ranks and collecting rank 0's result (pickling included).
+            metrics["perf/dispatch_time"] = max(ran - metrics.get("perf/actor_train_time", ran), 0.0)
+            result = StepResult(self.engine.global_step, metrics)
             self.results[step_id] = result
             while len(self.results) > MAX_STORED_RESULTS:
                 self.results.popitem(last=False)

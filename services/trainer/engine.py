@@ -30,6 +30,7 @@ from rollway.trainer.per_source import gather_source_losses, sample_sums
 from rollway.trainer.policy_inputs import loss_temperature, prepare_policy_inputs
 from rollway.trainer.reference import reference_logits
 from rollway.trainer.sharding import resolve_dtype, shard_model
+from rollway.trainer.step_timer import StepTimer
 from rollway.trainer.tiled_mlp import enable_tiled_mlp
 from rollway.trainer.weights import full_weights_checksum
 
@@ -82,12 +83,20 @@ class TrainerEngine:
 
     def train(self, steps: list[OptimizerStepPlan]) -> list[dict[str, float]]:
         """Run each optimizer step; return per-step metrics (global values, same on every rank;
-        per-source losses on rank 0 only)."""
-        if steps:
-            settings = from_dict(TrainerConfig, steps[0].settings)
-            if settings.loss_type == "policy_loss":  # old/ref log-probs before the first update
-                prepare_policy_inputs(self, steps, settings)
-        return [self._optimizer_step(step) for step in steps]
+        per-source losses on rank 0 only). The first step's metrics carry the time breakdown of
+        the whole call (perf/*_time, step_timer.py)."""
+        if not steps:
+            return []
+        started = time.perf_counter()
+        timer = StepTimer(self.info.device)
+        # The plan gives every step the same settings: parse them once, not per step.
+        settings = from_dict(TrainerConfig, steps[0].settings)
+        if settings.loss_type == "policy_loss":  # old/ref log-probs before the first update
+            prepare_policy_inputs(self, steps, settings, timer)
+        results = [self._optimizer_step(step, settings, timer) for step in steps]
+        results[0].update(timer.metrics())
+        results[0]["perf/actor_train_time"] = time.perf_counter() - started
+        return results
 
     def log_probs(
         self,
@@ -164,13 +173,19 @@ class TrainerEngine:
         inputs = model_inputs(mb, self.config.attn_implementation, self.compute_dtype, self.info.device)
         return (model or self.model)(**inputs).logits
 
-    def accumulate_gradients(self, step: OptimizerStepPlan) -> dict[str, float]:
+    def accumulate_gradients(
+        self,
+        step: OptimizerStepPlan,
+        settings: TrainerConfig | None = None,
+        timer: StepTimer | None = None,
+    ) -> dict[str, float]:
         """Forward and backward of this rank's micro-batches; the step's loss metrics (global sums).
 
         Gradients add up in the parameters' .grad; the optimizer step is separate so that tests
         can compare gradients of equivalent splits.
         """
-        settings = from_dict(TrainerConfig, step.settings)
+        settings = settings or from_dict(TrainerConfig, step.settings)
+        timer = timer or StepTimer(self.info.device)
         spec = get_loss(settings.loss_type)
         self.model.train()
         totals: dict[str, torch.Tensor] = {}
@@ -179,13 +194,15 @@ class TrainerEngine:
         for k, items in enumerate(step.micro_batches):
             # Reduce-scatter once, after the last micro-batch; earlier ones accumulate locally.
             self.model.set_requires_gradient_sync(k == len(step.micro_batches) - 1)
-            mb = self._build(items, settings.packing, extra_names)
-            shares, sums = self._micro_batch_loss(mb, settings, spec, step.denominators)
+            with timer.phase("data"):
+                mb = self._build(items, settings.packing, extra_names)
+            shares, sums = self._micro_batch_loss(mb, settings, spec, step.denominators, timer)
             per_sample.update(sums)
             for name, value in shares.items():
                 totals[name] = totals.get(name, 0.0) + value
         names = sorted(totals)
-        summed = torch.stack([totals[n] for n in names]).to(self.info.device)
+        # The shares stay on the device until here: one transfer per step, not per micro-batch.
+        summed = torch.stack([totals[n].float() for n in names])
         dist.all_reduce(summed)
         metrics = {f"train/{n}": float(v) for n, v in zip(names, summed.tolist(), strict=True)}
         metrics.update(
@@ -193,51 +210,55 @@ class TrainerEngine:
         )
         return metrics
 
-    def _optimizer_step(self, step: OptimizerStepPlan) -> dict[str, float]:
-        started = time.perf_counter()
-        settings = from_dict(TrainerConfig, step.settings)
+    def _optimizer_step(
+        self, step: OptimizerStepPlan, settings: TrainerConfig, timer: StepTimer
+    ) -> dict[str, float]:
         optimizer = self._require_optimizer()
         optimizer.zero_grad(set_to_none=True)  # nothing left over from a step that failed half-way
-        metrics = self.accumulate_gradients(step)
-        grad_norm = clip_grad_norm(self.model, settings.clip_grad)
-        lr = apply_settings(optimizer, settings, self.global_step)
-        if math.isfinite(grad_norm):  # a non-finite norm skips the update (reported as is)
-            optimizer.step()
-            self.global_step += 1
-        optimizer.zero_grad(set_to_none=True)
+        metrics = self.accumulate_gradients(step, settings, timer)
+        with timer.phase("optimizer"):
+            grad_norm = clip_grad_norm(self.model, settings.clip_grad)
+            lr = apply_settings(optimizer, settings, self.global_step)
+            if math.isfinite(grad_norm):  # a non-finite norm skips the update (reported as is)
+                optimizer.step()
+                self.global_step += 1
+            optimizer.zero_grad(set_to_none=True)
         metrics.update({"train/grad_norm": grad_norm, "train/lr": lr})
-        metrics["perf/train_time"] = time.perf_counter() - started
         return metrics
 
-    def _micro_batch_loss(self, mb, settings, spec, denominators) -> tuple[dict[str, torch.Tensor], dict]:
-        """Forward and backward of one micro-batch; its (detached) shares of the step's metrics and
-        its samples' loss sums (per_source.py)."""
-        logits = self._logits(mb)
-        device = logits.device
-        logp, entropy = token_log_probs(
-            logits,
-            mb.target_ids.to(device),
-            temperature=loss_temperature(settings),
-            chunk_size=settings.log_probs_chunk_size,
-            with_entropy=spec.needs_entropy,
-            entropy_requires_grad=settings.entropy_coef != 0,
-        )
-        mask, index = mb.loss_mask.to(device), mb.sample_index.to(device)
-        inputs = LossInputs(
-            log_probs=logp,
-            loss_mask=mask,
-            sample_index=index,
-            settings=settings,
-            entropy=entropy,
-            extras={name: t.to(device) for name, t in mb.extras.items()},
-        )
-        terms = spec.fn(inputs)
-        per_token = settings.calculate_per_token_loss
-        loss = aggregate(terms["loss"], mask, index, denominators, per_token)
-        loss.backward()
+    def _micro_batch_loss(
+        self, mb, settings, spec, denominators, timer: StepTimer
+    ) -> tuple[dict[str, torch.Tensor], dict]:
+        """Forward and backward of one micro-batch; its (detached) shares of the step's metrics, on
+        the device, and its samples' loss sums (per_source.py)."""
+        with timer.phase("forward"):
+            logits = self._logits(mb)
+            device = logits.device
+            logp, entropy = token_log_probs(
+                logits,
+                mb.target_ids.to(device),
+                temperature=loss_temperature(settings),
+                chunk_size=settings.log_probs_chunk_size,
+                with_entropy=spec.needs_entropy,
+                entropy_requires_grad=settings.entropy_coef != 0,
+            )
+            mask, index = mb.loss_mask.to(device), mb.sample_index.to(device)
+            inputs = LossInputs(
+                log_probs=logp,
+                loss_mask=mask,
+                sample_index=index,
+                settings=settings,
+                entropy=entropy,
+                extras={name: t.to(device) for name, t in mb.extras.items()},
+            )
+            terms = spec.fn(inputs)
+            per_token = settings.calculate_per_token_loss
+            loss = aggregate(terms["loss"], mask, index, denominators, per_token)
+        with timer.phase("backward"):
+            loss.backward()
         shares = {
             name: aggregate(t.detach(), mask, index, denominators, per_token) for name, t in terms.items()
         }
         shares["loss"] = loss.detach()
         shares["per_token_loss"] = aggregate(terms["loss"].detach(), mask, index, denominators, True)
-        return {name: v.float().cpu() for name, v in shares.items()}, sample_sums(terms["loss"], mask, index)
+        return shares, sample_sums(terms["loss"], mask, index)

@@ -27,6 +27,7 @@ from rollway.trainer.log_probs import response_values, token_log_probs
 from rollway.trainer.micro_batch import SequenceItem
 from rollway.trainer.reference import reference_logits
 from rollway.trainer.returns import reinforce_plus_plus_baseline, reinforce_plus_plus_returns, whiten
+from rollway.trainer.step_timer import StepTimer
 
 
 def loss_temperature(settings: TrainerConfig) -> float:
@@ -80,13 +81,16 @@ def _forward_log_probs(engine, mb, settings: TrainerConfig, reference: bool) -> 
     return response_values(logp, mb.spans)
 
 
-def _compute_log_probs(engine, steps, settings: TrainerConfig, names: list[str]) -> None:
+def _compute_log_probs(engine, steps, settings: TrainerConfig, names: list[str], timer: StepTimer) -> None:
     engine.model.eval()
     for step in steps:
         for items in step.micro_batches:  # every rank has as many micro-batches: FSDP collectives match
-            mb = engine._build(items, settings.packing, extra_names=())
+            with timer.phase("data"):
+                mb = engine._build(items, settings.packing, extra_names=())
             for name in names:
-                values = _forward_log_probs(engine, mb, settings, reference=name == "ref_log_probs")
+                # perf/log_probs_time (the old policy) or perf/ref_log_probs_time
+                with timer.phase("ref_log_probs" if name == "ref_log_probs" else "log_probs"):
+                    values = _forward_log_probs(engine, mb, settings, reference=name == "ref_log_probs")
                 for item in items:
                     item.extras[name] = values[item.index]
 
@@ -111,7 +115,9 @@ def _token_level_advantages(items: list[SequenceItem], settings: TrainerConfig, 
         item.extras["advantages"] = whitened.tolist()
 
 
-def prepare_policy_inputs(engine, steps: list, settings: TrainerConfig) -> None:
+def prepare_policy_inputs(
+    engine, steps: list, settings: TrainerConfig, timer: StepTimer | None = None
+) -> None:
     """Every rank, before the first optimizer step: fill its items' computed inputs (module doc)."""
     names = []
     if needs_old_pass(settings, len(steps)):
@@ -119,7 +125,7 @@ def prepare_policy_inputs(engine, steps: list, settings: TrainerConfig) -> None:
     if needs_reference(settings):
         names.append("ref_log_probs")
     if names:
-        _compute_log_probs(engine, steps, settings, names)
+        _compute_log_probs(engine, steps, settings, names, timer or StepTimer(engine.info.device))
     for step in steps:
         step.extra_names = tuple(sorted({*step.extra_names, *names}))
     if settings.advantage_estimator in TOKEN_LEVEL_ESTIMATORS:

@@ -45,8 +45,8 @@ def _layout(
 ) -> list[list[list[int]]]:
     options = dict(
         max_tokens=settings.max_tokens_per_gpu,
-        micro_batch_size=settings.micro_batch_size,
-        dynamic=settings.use_dynamic_batch_size,
+        micro_batch_size=settings.samples_per_micro_batch,
+        dynamic=settings.dynamic_batching,
         packing=settings.packing,
         balance=settings.balance_data,
     )

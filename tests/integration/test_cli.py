@@ -29,8 +29,26 @@ def test_plan_prints_the_batch_arithmetic(tmp_path):
     assert lines["samples per rollout"] == "128"
     assert lines["optimizer steps/rollout"] == "4"
     assert lines["trainer ranks"] == "2 (16 samples per rank per step)"
-    assert lines["micro-batches"] == "4 per rank of 4 samples"
+    assert lines["micro-batches"] == "4 per rank of 4 samples (packed rows)"
     assert lines["optimizer steps total"] == "40"
+
+
+def test_plan_defaults_to_micro_batches_by_token_budget_and_shows_their_layout(tmp_path):
+    """A config that says nothing about batching gets the fast path: dynamic batch size."""
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "hf_checkpoint: /models/qwen\nprompt_data: [/data/rl.parquet]\nrollout_batch_size: 16\n"
+        "n_samples_per_prompt: 8\nglobal_batch_size: 128\nrollout_max_prompt_len: 64\n"
+        "rollout_max_response_len: 8\nmax_tokens_per_gpu: 1024\n"
+    )
+    result = rollway("plan", str(config))
+    assert result.returncode == 0, result.stderr
+    lines = {line[:25].strip(): line[25:].strip() for line in result.stdout.splitlines()}
+    assert lines["micro-batches"] == "by token budget: up to 1024 tokens each per rank (packed rows)"
+    # 128 samples of at most 72 tokens: 14 fit in 1024 tokens -> 10 micro-batches
+    assert lines["micro-batch layout"] == (
+        "samples of up to 72 tokens: >= 14 per micro-batch, at most 10 micro-batches per rank per step"
+    )
 
 
 @pytest.mark.parametrize(

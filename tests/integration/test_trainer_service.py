@@ -225,6 +225,23 @@ def test_bad_batches_are_refused_with_the_field_named(stub, make_stream, code, m
     refused(lambda: stub.TrainStep(make_stream()), code, message)
 
 
+PHASES = ("data", "log_probs", "ref_log_probs", "forward", "backward", "optimizer")
+
+
+def assert_time_breakdown(metrics: dict) -> None:
+    """Every TrainStep reports where its time went: the phases do not overlap, so they add up to
+    at most the step; rank 0's engine time and the dispatch to the ranks are parts of it too."""
+    phases = [metrics[f"perf/{name}_time"] for name in PHASES]
+    assert min(phases) >= 0
+    assert metrics["perf/forward_time"] > 0 and metrics["perf/backward_time"] > 0
+    assert metrics["perf/optimizer_time"] > 0 and metrics["perf/data_time"] > 0
+    assert sum(phases) <= metrics["perf/step_time"]
+    engine_and_dispatch = metrics["perf/actor_train_time"] + metrics["perf/dispatch_time"]
+    assert engine_and_dispatch <= metrics["perf/step_time"] * 1.001
+    # what the phases leave out is bookkeeping: a fraction of the step, not most of it
+    assert sum(phases) >= 0.5 * metrics["perf/actor_train_time"]
+
+
 def test_training_works_after_refusals_and_a_retry_returns_the_stored_result(stub, trainer):
     first = stub.TrainStep(train_stream(1, BATCH))
     assert (first.step_id, first.global_step, first.already_applied) == (1, 1, False)
@@ -235,6 +252,7 @@ def test_training_works_after_refusals_and_a_retry_returns_the_stored_result(stu
     assert metrics["train/num_loss_tokens"] == 5 + 6 + 3
     assert metrics["train/grad_norm"] > 0 and 0 < metrics["train/packing_efficiency"] <= 1
     assert metrics["perf/tokens_per_s"] > 0
+    assert_time_breakdown(metrics)
     retry = stub.TrainStep(train_stream(1, BATCH))
     assert (retry.global_step, retry.already_applied, dict(retry.metrics)) == (1, True, metrics)
     losses = [stub.TrainStep(train_stream(step, BATCH)).metrics["train/loss"] for step in (2, 3, 4)]
@@ -304,3 +322,4 @@ def test_num_steps_per_rollout_splits_the_batch_into_optimizer_steps(stub):
     after = stub.TrainStep(train_stream(9, BATCH))
     assert after.global_step == before + 3
     assert after.metrics["train/num_samples"] == 3
+    assert_time_breakdown(dict(after.metrics))  # summed over the 3 optimizer steps

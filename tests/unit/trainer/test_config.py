@@ -19,7 +19,7 @@ def test_hf_checkpoint_is_required():
     "overrides, setting",
     [
         ({"lr_decay_style": "cosine"}, "lr_decay_iters"),
-        ({"micro_batch_size": 0}, "micro_batch_size"),
+        ({"micro_batch_size": -1}, "micro_batch_size"),
         ({"adam_beta2": 1.0}, "adam_beta2"),
         ({"min_lr": 1.0, "lr": 0.5}, "min_lr"),
         ({"loss_type": "ppo"}, "loss_type"),
@@ -54,3 +54,15 @@ def test_step_overrides_are_loss_settings_only():
     ).calculate_per_token_loss
     with pytest.raises(InvalidArgument, match=r"header\.overrides\.lr: cannot be changed here"):
         merge_settings(base, {"lr": 1.0}, STEP_SETTINGS, "header.overrides")
+
+
+def test_batching_is_by_token_budget_unless_a_micro_batch_size_is_set():
+    def config(**overrides):
+        return from_dict(TrainerConfig, {"hf_checkpoint": "/m", **overrides})
+
+    assert config().dynamic_batching  # a config that says nothing about batching: the fast path
+    fixed = config(micro_batch_size=4)
+    assert not fixed.dynamic_batching and fixed.samples_per_micro_batch == 4
+    assert config(micro_batch_size=4, use_dynamic_batch_size=True).dynamic_batching
+    off = config(use_dynamic_batch_size=False)
+    assert not off.dynamic_batching and off.samples_per_micro_batch == 1
