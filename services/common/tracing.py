@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.trace import Status, StatusCode
 
 _provider: TracerProvider | None = None
+_trace_file: str | None = None
 _lock = threading.Lock()
 
 
@@ -71,7 +72,7 @@ def _jsonable(value):
 
 def configure_tracing(service: str, trace_file: str | None = None) -> TracerProvider:
     """Install the process-wide tracer provider for `service` (idempotent)."""
-    global _provider
+    global _provider, _trace_file
     with _lock:
         if _provider is not None:
             return _provider
@@ -80,6 +81,7 @@ def configure_tracing(service: str, trace_file: str | None = None) -> TracerProv
         if trace_file:
             # Simple (synchronous) so spans are on disk when the call returns: tests read them.
             provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(trace_file)))
+            _trace_file = os.path.abspath(trace_file)
         if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
@@ -87,6 +89,12 @@ def configure_tracing(service: str, trace_file: str | None = None) -> TracerProv
         trace.set_tracer_provider(provider)
         _provider = provider
         return provider
+
+
+def trace_file_environment() -> dict[str, str]:
+    """ROLLWAY_TRACE_FILE naming this process's trace file (empty without one): processes it
+    starts append their spans to the same file, so one file holds a run's whole story."""
+    return {"ROLLWAY_TRACE_FILE": _trace_file} if _trace_file else {}
 
 
 def shutdown_tracing() -> None:

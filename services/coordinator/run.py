@@ -244,10 +244,12 @@ class Run:
     def _rl_loop(self) -> None:
         c = self.config
         if self.uses_rollout and self.uses_trainer:
-            init_weight_group(self.services, self.sync_settings)
-            self._push_weights()  # engines and trainer start identical, also after a resume
-            if c.check_weight_update_equal:
-                self._check_weight_update_equal()
+            # One trace for the group and the first push: both sides of the rendezvous in it.
+            with tracer("rollway.coordinator").start_as_current_span("initial_weight_sync"):
+                init_weight_group(self.services, self.sync_settings)
+                self._push_weights()  # engines and trainer start identical, also after a resume
+                if c.check_weight_update_equal:
+                    self._check_weight_update_equal()
         generator = ThreadPoolExecutor(1, thread_name_prefix="generate")
         next_rollout: Future | None = None
         try:

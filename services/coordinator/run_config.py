@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rollway.common.config import ConfigError, coerce_setting, from_dict, to_dict
@@ -30,6 +32,8 @@ COMPONENTS: dict[str, type] = {
     "trainer": TrainerConfig,
 }
 SERVICES = ("dataloader", "rollout", "trainer")
+# Where config.json gives a model's context length (transformers' names across architectures).
+CONTEXT_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 
 class RunConfigError(ConfigError):
@@ -142,6 +146,7 @@ def parse_run_config(mapping: Mapping[str, Any]) -> RunConfig:
         raise RunConfigError(_unique(problems))
     run = RunConfig(**configs, given={_canonical_any(k): v for k, v in given.items()})
     problems = _missing_for_started_services(run)
+    problems += _model_problems(run, {setting for setting, _ in problems})
     if problems:
         raise RunConfigError(problems)
     return run
@@ -180,6 +185,73 @@ def _missing_for_started_services(run: RunConfig) -> list[tuple[str, str]]:
         except ConfigError as exc:
             problems.append((exc.setting, f"{exc.problem} (the {name} the run starts has no other source)"))
     return _unique(problems)
+
+
+def _model_problems(run: RunConfig, reported: set[str]) -> list[tuple[str, str]]:
+    """The model the started services would load, read from its config.json (no torch): a
+    directory that is no model, or a context too short for any prompt plus a full response.
+
+    Only for services the coordinator starts: an attached service reads its model where it runs
+    (maybe another machine) and validates its own settings."""
+    addresses = run.addresses()
+    started = [name for name in run.services_used() if not addresses[name]]
+    path = str(run.given.get("hf_checkpoint") or "")
+    if not started or not path or "hf_checkpoint" in reported:
+        return []
+    config_json = Path(path) / "config.json"
+    if not Path(path).is_dir():
+        problem = "is not a directory" if Path(path).exists() else "does not exist"
+        return [("hf_checkpoint", f"{path} {problem} (the run starts {', '.join(started)}, which load it)")]
+    try:
+        model_config = json.loads(config_json.read_text())
+    except FileNotFoundError:
+        return [("hf_checkpoint", f"{path} is not a Hugging Face model directory (no config.json)")]
+    except (OSError, ValueError) as exc:
+        return [("hf_checkpoint", f"{config_json} cannot be read as JSON: {exc}")]
+    if not isinstance(model_config, dict):
+        return [("hf_checkpoint", f"{config_json} is not a model config (a JSON object)")]
+    if "rollout" not in started:
+        return []  # only the rollout service generates: nothing else needs room for a response
+    return _context_problems(run, model_config, config_json)
+
+
+def _context_problems(run: RunConfig, model_config: dict, config_json: Path) -> list[tuple[str, str]]:
+    """Every prompt has at least one token: a response of rollout_max_response_len must leave room."""
+    response_len = run.coordinator.rollout_max_response_len
+    prompt_len = run.dataloader.rollout_max_prompt_len
+    if run.rollout.rollout_max_context_len:
+        context_len = run.rollout.rollout_max_context_len
+        source = f"rollout_max_context_len {context_len}"
+    else:
+        text_config = model_config.get("text_config") or {}
+        found = [
+            (k, c[k])
+            for c in (model_config, text_config)
+            for k in CONTEXT_LENGTH_KEYS
+            if isinstance(c.get(k), int)
+        ]
+        if not found:
+            return []  # the model does not say; the rollout service checks each request
+        key, context_len = found[0]
+        source = f"the model's context of {context_len} tokens ({key} in {config_json})"
+    if response_len >= context_len:
+        return [
+            (
+                "rollout_max_response_len",
+                f"{response_len} leaves no room for a prompt in {source}: "
+                f"every prompt would be refused; lower it below {context_len}",
+            )
+        ]
+    if prompt_len and prompt_len + response_len > context_len:
+        return [
+            (
+                "rollout_max_response_len",
+                f"{response_len} plus rollout_max_prompt_len {prompt_len} exceeds {source}: prompts "
+                f"of up to {prompt_len} tokens are admitted but would be refused; lower either so "
+                f"that their sum is at most {context_len}",
+            )
+        ]
+    return []
 
 
 def _unique(problems: list[tuple[str, str]]) -> list[tuple[str, str]]:

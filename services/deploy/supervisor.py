@@ -7,6 +7,9 @@
     group.restart("rollout", 1)                 a new process in place of a dead one: its address
     group.stop()      every process, by its own pid (and its process group)
 
+The services append their spans to this process's trace file, if it has one (--trace-file or
+ROLLWAY_TRACE_FILE): a run's trace file holds the services' side of every call too.
+
 HealthWatch watches services the coordinator did not start (attached by address): a service that
 stops answering its health checks for a few seconds is reported dead the same way.
 """
@@ -24,6 +27,7 @@ import grpc
 
 from rollway.common.client import ClientConfig, open_channel
 from rollway.common.local_launch import ServiceProcess
+from rollway.common.tracing import trace_file_environment
 
 TAIL_LINES = 30
 
@@ -78,7 +82,11 @@ class LocalServiceGroup(ServiceGroup):
 
     def _process(self, name: str) -> ServiceProcess:
         return ServiceProcess(
-            name, list(self.args.get(name, [])), self.workdir, startup_timeout=self.startup_timeout
+            name,
+            list(self.args.get(name, [])),
+            self.workdir,
+            env=trace_file_environment(),
+            startup_timeout=self.startup_timeout,
         )
 
     def start(self, counts: dict[str, int]) -> dict[str, list[str]]:

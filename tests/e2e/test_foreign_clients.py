@@ -1,7 +1,7 @@
 """rollway driven as other systems drive it: a Node.js client and `buf curl` run whole jobs.
 
     npm ci (tests/e2e/node) -> node run_job.mjs --address COORD --config run.json -> JSON summary
-    buf curl (server reflection only, no .proto files) -> StartRun, GetRun, StreamMetrics
+    buf curl (server reflection only, no .proto files) -> StartRun, GetRun, StreamMetrics, StopRun
 
 One coordinator per module, started with no other service: every run makes it start the
 services the run needs (dataloader, trainer, and rollout for RL) as its own children and stop
@@ -364,6 +364,52 @@ def json_stream(text: str) -> list[dict]:
     return objects
 
 
+FINAL_STATES = ("RUN_STATE_SUCCEEDED", "RUN_STATE_FAILED", "RUN_STATE_STOPPED")
+
+
+def buf_get_run(address: str, run_id: str) -> dict:
+    polled = buf_curl(address, "GetRun", {"run_id": run_id})
+    assert polled.returncode == 0, polled.stderr
+    return json.loads(polled.stdout)["run"]
+
+
+def buf_follow(address: str, run_id: str, watch: ChildWatch, out: Path, on_poll=None):
+    """Follow a run with `buf curl` StreamMetrics while GetRun is polled (buf curl too) to its end.
+
+    `on_poll(run)` sees every polled RunInfo. Returns the final RunInfo, the states polled and the
+    records streamed live (the stream ends with the run, exit 0)."""
+    with open(out, "w") as stdout:
+        stream = subprocess.Popen(
+            buf_command(
+                "--data", json.dumps({"run_id": run_id}), f"http://{address}/{COORDINATOR}/StreamMetrics"
+            ),
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + RUN_SECONDS
+            states = []
+            while True:
+                watch.sample()
+                run = buf_get_run(address, run_id)
+                states.append(run["state"])
+                if run["state"] in FINAL_STATES:
+                    break
+                if on_poll is not None:
+                    on_poll(run)
+                assert time.monotonic() < deadline, f"{run_id} still {run['state']} after {RUN_SECONDS:.0f}s"
+                time.sleep(0.2)
+            _, stream_err = stream.communicate(timeout=60)  # the stream ends with the run
+        finally:
+            if stream.poll() is None:
+                stream.kill()  # our own child, by its pid
+                stream.wait()
+    watch.sample()
+    assert stream.returncode == 0, stream_err
+    return run, states, json_stream(out.read_text())
+
+
 def test_buf_curl_drives_an_sft_run_through_reflection_alone(
     coordinator, tiny_model_dir, demo_data_dir, tmp_path
 ):
@@ -395,40 +441,10 @@ def test_buf_curl_drives_an_sft_run_through_reflection_alone(
 
     # Follow the run live while GetRun is polled until its end.
     watch = ChildWatch(coordinator.pid)
-    stream_out = tmp_path / "stream.out"
-    with open(stream_out, "w") as out:
-        stream = subprocess.Popen(
-            buf_command(
-                "--data", '{"run_id": "buf-sft"}', f"http://{coordinator.address}/{COORDINATOR}/StreamMetrics"
-            ),
-            stdout=out,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            deadline = time.monotonic() + RUN_SECONDS
-            states = []
-            while True:
-                watch.sample()
-                polled = buf_curl(coordinator.address, "GetRun", {"run_id": "buf-sft"})
-                assert polled.returncode == 0, polled.stderr
-                run = json.loads(polled.stdout)["run"]
-                states.append(run["state"])
-                if run["state"] not in ("RUN_STATE_STARTING", "RUN_STATE_RUNNING"):
-                    break
-                assert time.monotonic() < deadline, f"buf-sft still {run['state']} after {RUN_SECONDS:.0f}s"
-                time.sleep(0.2)
-            _, stream_err = stream.communicate(timeout=60)  # the stream ends with the run
-        finally:
-            if stream.poll() is None:
-                stream.kill()
-                stream.wait()
-    watch.sample()
+    run, states, live = buf_follow(coordinator.address, "buf-sft", watch, tmp_path / "stream.out")
     assert run["state"] == "RUN_STATE_SUCCEEDED", run.get("error")
     assert "RUN_STATE_RUNNING" in states
     assert (run["step"], run["numSteps"]) == ("5", "5")
-    assert stream.returncode == 0, stream_err
-    live = json_stream(stream_out.read_text())
     assert [int(r.get("step", 0)) for r in live] == [0, 1, 2, 3, 4]  # proto3 JSON leaves out step 0
     losses = [r["metrics"]["sft/loss"] for r in live]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < 0.8 * losses[0], losses
@@ -447,4 +463,81 @@ def test_buf_curl_drives_an_sft_run_through_reflection_alone(
     ).items()
     assert_services_started_and_gone(
         coordinator, watch, run["serviceAddresses"], Path(run["runDir"]), ["dataloader", "trainer"]
+    )
+
+
+def test_buf_curl_drives_a_grpo_run_through_reflection_alone(
+    coordinator, tiny_model_dir, demo_data_dir, tmp_path
+):
+    started = buf_curl(
+        coordinator.address,
+        "StartRun",
+        {"run_id": "buf-grpo", "config": grpo_config(tiny_model_dir, demo_data_dir)},
+    )
+    assert started.returncode == 0, started.stderr
+    run = json.loads(started.stdout)["run"]
+    assert (run["runId"], run["state"], run["numSteps"]) == ("buf-grpo", "RUN_STATE_STARTING", "3")
+
+    watch = ChildWatch(coordinator.pid)
+    run, states, live = buf_follow(coordinator.address, "buf-grpo", watch, tmp_path / "stream.out")
+    assert run["state"] == "RUN_STATE_SUCCEEDED", run.get("error")
+    assert "RUN_STATE_RUNNING" in states
+    assert (run["step"], run["numSteps"]) == ("3", "3")
+    assert [int(r.get("step", 0)) for r in live] == [0, 1, 2]
+    rewards = [r["metrics"]["rollout/raw_reward"] for r in live]
+    assert all(0.0 <= r <= 1.0 for r in rewards) and max(rewards) > 0, rewards  # the custom reward
+    assert [r["metrics"]["rollout/rewards"] for r in live] == rewards  # no KL penalty
+    assert all(math.isfinite(r["metrics"]["train/pg_loss"]) for r in live)
+    last = live[-1]["metrics"]
+    assert last["train/grad_norm"] > 0  # rewards differ within groups, so advantages do too
+    assert last["rollout/num_samples"] == 32 and last["rollout/response_len/max"] <= 8
+    assert [r["metrics"]["rollout/weight_version"] for r in live] == [
+        2,
+        3,
+        4,
+    ]  # pushed before step 0, after each
+    assert run["lastMetrics"]["train/pg_loss"] == last["train/pg_loss"]
+    assert_services_started_and_gone(
+        coordinator, watch, run["serviceAddresses"], Path(run["runDir"]), ["dataloader", "rollout", "trainer"]
+    )
+
+
+def test_buf_curl_stop_run_immediate_ends_a_long_run_as_stopped(
+    coordinator, tiny_model_dir, demo_data_dir, tmp_path
+):
+    config = grpo_config(tiny_model_dir, demo_data_dir, num_rollout=1000)
+    started = buf_curl(coordinator.address, "StartRun", {"run_id": "buf-stop", "config": config})
+    assert started.returncode == 0, started.stderr
+    stop = {}
+
+    def stop_after_the_first_step(run: dict) -> None:
+        if stop or int(run.get("step", 0)) < 1:
+            return
+        stop["requested_at_step"] = int(run["step"])
+        stop["requested"] = time.monotonic()
+        reply = buf_curl(coordinator.address, "StopRun", {"run_id": "buf-stop", "immediate": True})
+        assert reply.returncode == 0, reply.stderr
+        stop["reply"] = json.loads(reply.stdout)["run"]
+
+    watch = ChildWatch(coordinator.pid)
+    run, _, live = buf_follow(
+        coordinator.address, "buf-stop", watch, tmp_path / "stream.out", stop_after_the_first_step
+    )
+    stopped_after = time.monotonic() - stop["requested"]
+    assert run["state"] == "RUN_STATE_STOPPED", run.get("error")
+    assert "error" not in run  # proto3 JSON leaves out an empty error
+    # StopRun answers at once, while the run still runs; it is STOPPED once its calls in flight are cancelled.
+    assert stop["reply"]["state"] == "RUN_STATE_RUNNING" and stop["reply"]["runId"] == "buf-stop"
+    assert stopped_after < 15, f"STOPPED {stopped_after:.1f}s after StopRun(immediate)"
+    print(
+        f"buf curl StopRun(immediate) at step {stop['requested_at_step']} -> STOPPED in {stopped_after:.1f}s"
+    )
+    assert (
+        run["numSteps"] == "1000"
+        and stop["requested_at_step"] <= int(run["step"]) <= stop["requested_at_step"] + 1
+    )
+    # The stream carried the finished steps and ended with the run.
+    assert [int(r.get("step", 0)) for r in live] == list(range(int(run["step"])))
+    assert_services_started_and_gone(
+        coordinator, watch, run["serviceAddresses"], Path(run["runDir"]), ["dataloader", "rollout", "trainer"]
     )

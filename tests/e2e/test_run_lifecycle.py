@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from support.processes import ServiceProcess
+from support.processes import ServiceProcess, descendants
 from support.stack import coordinator_stub, start_run, wait_run
 
 from rollway.common.client import open_channel
@@ -219,6 +219,25 @@ def test_attached_services_that_disagree_refuse_the_run_naming_both_values(
 def test_a_coordinator_starts_its_own_services_and_tells_the_truth(tmp_path, tiny_model_dir, demo_data_dir):
     with ServiceProcess("coordinator", ["--runs-root", str(tmp_path / "runs")], tmp_path) as coordinator:
         stub = coordinator_stub(coordinator)
+        # Refused before anything starts: a model path that is no model, and a response as long
+        # as the tiny model's context (max_position_embeddings 1024 in its config.json).
+        for run_id, bad, named in (
+            (
+                "no-model",
+                sft_config(tmp_path, demo_data_dir),
+                f"config.hf_checkpoint: {tmp_path} is not a Hugging Face model directory (no config.json)",
+            ),
+            (
+                "too-long",
+                grpo_config(tiny_model_dir, demo_data_dir, rollout_max_response_len=1024),
+                "config.rollout_max_response_len: 1024 leaves no room for a prompt",
+            ),
+        ):
+            with pytest.raises(grpc.RpcError) as refused:
+                start_run(stub, run_id, bad)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert refused.value.details().startswith(named), refused.value.details()
+            assert not descendants(coordinator.pid) and not (tmp_path / "runs" / run_id).exists()
         config = sft_config(
             tiny_model_dir, demo_data_dir, save=str(tmp_path / "ckpt"), save_hf=str(tmp_path / "hf")
         )
