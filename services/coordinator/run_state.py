@@ -220,6 +220,8 @@ def restore_services(
             if exc.code() not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
                 raise
             raise RunCheckpointError(f"{trainer_dir}: {exc.details()}") from None
+        if loaded.skipped_checkpoints:  # an older trainer checkpoint would not match this run state
+            raise RunCheckpointError(f"{trainer_dir}: {loaded.skipped_checkpoints[0]}")
         saved_for = loaded.extra_state.fields.get("next_rollout_id")
         if saved_for is not None and int(saved_for.number_value) != state.next_rollout_id:
             raise RunCheckpointError(

@@ -214,8 +214,10 @@ class TrainerController:
         _log().info("checkpoint saved", directory=str(final), global_step=step, hf_export=hf_export)
         return final, (final / "hf") if hf_export else None, step
 
-    def load_checkpoint(self, path: str) -> tuple[Path, int, dict[str, Any]]:
-        """Restore model, optimizer, RNG and step from a verified checkpoint; (dir, step, extra)."""
+    def load_checkpoint(self, path: str) -> tuple[Path, int, dict[str, Any], list[str]]:
+        """Restore model, optimizer, RNG and step from a verified checkpoint.
+
+        (dir, step, extra state, why each newer checkpoint under `path` was skipped)."""
         self._require_init("LoadCheckpoint")
         if not path:
             raise InvalidArgument("path", "must name a checkpoint directory")
@@ -236,7 +238,7 @@ class TrainerController:
             )
             self.weight_version = int(meta.get("weight_version", 0))
         _log().info("checkpoint loaded", directory=str(directory), global_step=meta["global_step"])
-        return directory, int(meta["global_step"]), meta.get("extra_state", {})
+        return directory, int(meta["global_step"]), meta.get("extra_state", {}), found.skipped
 
     # --- weights --------------------------------------------------------------------------
     def weight_checksum(self, dtype: str) -> tuple[str, int]:

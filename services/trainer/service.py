@@ -146,9 +146,12 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
 
     def LoadCheckpoint(self, request, context):
         self._engine()
-        directory, step, extra_state = self.controller.load_checkpoint(request.path)
+        directory, step, extra_state, skipped = self.controller.load_checkpoint(request.path)
         return trainer_pb2.LoadCheckpointResponse(
-            checkpoint_dir=str(directory), global_step=step, extra_state=dict_to_struct(extra_state)
+            checkpoint_dir=str(directory),
+            global_step=step,
+            extra_state=dict_to_struct(extra_state),
+            skipped_checkpoints=skipped,
         )
 
     def InitWeightGroup(self, request, context):

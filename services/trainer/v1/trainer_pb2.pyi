@@ -156,14 +156,16 @@ class LoadCheckpointRequest(_message.Message):
     def __init__(self, path: _Optional[str] = ...) -> None: ...
 
 class LoadCheckpointResponse(_message.Message):
-    __slots__ = ("checkpoint_dir", "global_step", "extra_state")
+    __slots__ = ("checkpoint_dir", "global_step", "extra_state", "skipped_checkpoints")
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     EXTRA_STATE_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     checkpoint_dir: str
     global_step: int
     extra_state: _struct_pb2.Struct
-    def __init__(self, checkpoint_dir: _Optional[str] = ..., global_step: _Optional[int] = ..., extra_state: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    skipped_checkpoints: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, checkpoint_dir: _Optional[str] = ..., global_step: _Optional[int] = ..., extra_state: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., skipped_checkpoints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class InitWeightGroupRequest(_message.Message):
     __slots__ = ("group",)

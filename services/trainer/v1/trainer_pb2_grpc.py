@@ -130,7 +130,10 @@ class TrainerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def LoadCheckpoint(self, request, context):
-        """Loads a distributed checkpoint written by SaveCheckpoint (any number of ranks).
+        """Loads a distributed checkpoint written by SaveCheckpoint (any number of ranks). Given a
+        directory of checkpoints, loads the newest one that verifies against its manifest: newer ones
+        that do not (corrupt, incomplete) are skipped, logged and listed in skipped_checkpoints.
+        FAILED_PRECONDITION naming the directory and every reason when none verifies.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

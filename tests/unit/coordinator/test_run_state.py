@@ -1,9 +1,12 @@
 """Run checkpoints: atomic, latest-complete lookup, RNG round trip, fallback past corrupt ones; debug dumps."""
 
+import functools
 import json
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
+import grpc
 import numpy as np
 import pytest
 from structlog.testing import capture_logs
@@ -12,6 +15,7 @@ from rollway.common.errors import NotFound
 from rollway.common.v1 import common_pb2
 from rollway.coordinator import debug_data, run_state
 from rollway.coordinator.run_state import RunCheckpointError, RunState
+from rollway.trainer.v1 import trainer_pb2
 
 
 def test_checkpoint_round_trip_and_latest(tmp_path):
@@ -137,6 +141,97 @@ def test_the_latest_pointer_bounds_the_candidates(tmp_path):
         "rollout_0000002",
         "rollout_0000001",
     ]
+
+
+class FakeTrainer:
+    def __init__(self, reply=None, error=None):
+        self.reply, self.error, self.paths = reply, error, []
+
+    def LoadCheckpoint(self, request):
+        self.paths.append(request.path)
+        if self.error is not None:
+            raise self.error
+        return self.reply
+
+
+class Refusal(grpc.RpcError):
+    def __init__(self, code, details):
+        self._code, self._details = code, details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+
+def loaded(next_rollout_id=None, skipped=()):
+    reply = trainer_pb2.LoadCheckpointResponse(checkpoint_dir="/c/trainer/iter_0000004", global_step=4)
+    if next_rollout_id is not None:
+        reply.extra_state.update({"next_rollout_id": next_rollout_id})
+    reply.skipped_checkpoints.extend(skipped)
+    return reply
+
+
+@pytest.mark.parametrize(
+    ("trainer", "problem"),
+    [
+        (FakeTrainer(loaded(2)), None),
+        (FakeTrainer(loaded()), None),  # saved before checkpoints recorded their rollout
+        (
+            FakeTrainer(loaded(3)),
+            "/c/trainer/iter_0000004: saved for rollout 3, but /c/coordinator.json continues at rollout 2",
+        ),
+        (
+            FakeTrainer(loaded(2, ["/c/trainer/iter_0000005/meta.json: missing"])),
+            "/c/trainer: /c/trainer/iter_0000005/meta.json: missing",
+        ),
+        (
+            FakeTrainer(error=Refusal(grpc.StatusCode.FAILED_PRECONDITION, "checkpoint refused: x")),
+            "/c/trainer: checkpoint refused: x",
+        ),
+        (
+            FakeTrainer(error=Refusal(grpc.StatusCode.NOT_FOUND, "path: /c/trainer does not exist")),
+            "/c/trainer: path: /c/trainer does not exist",
+        ),
+    ],
+)
+def test_restore_services_refuses_a_trainer_checkpoint_that_does_not_belong_to_the_run_state(
+    trainer, problem
+):
+    services = SimpleNamespace(trainer=trainer, dataloader=None)
+    restore = functools.partial(
+        run_state.restore_services, services, True, Path("/c"), RunState(next_rollout_id=2)
+    )
+    if problem is None:
+        restore(None)
+    else:
+        with pytest.raises(RunCheckpointError) as info:
+            restore(None)
+        assert str(info.value) == problem
+    assert trainer.paths == ["/c/trainer"]
+
+
+def test_restore_services_lets_a_dead_trainer_fail_the_resume():
+    trainer = FakeTrainer(error=Refusal(grpc.StatusCode.UNAVAILABLE, "connection refused"))
+    with pytest.raises(grpc.RpcError):  # not a corrupt checkpoint: no fallback to an older one
+        run_state.restore_services(
+            SimpleNamespace(trainer=trainer, dataloader=None), True, Path("/c"), RunState(), None
+        )
+
+
+def test_restore_services_names_the_cursor_file_the_dataloader_refuses():
+    class Dataloader:
+        def RestoreState(self, request):
+            assert request.state_json == '{"cursor": {"offset": 999}}'
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "state_json: bad cursor: offset 999")
+
+    services = SimpleNamespace(trainer=None, dataloader=Dataloader())
+    with pytest.raises(RunCheckpointError) as info:
+        run_state.restore_services(services, False, Path("/c"), RunState(), '{"cursor": {"offset": 999}}')
+    assert (
+        str(info.value) == "/c/dataloader.json: refused by the dataloader: state_json: bad cursor: offset 999"
+    )
 
 
 def test_debug_rollout_dump_is_bit_exact(tmp_path):
