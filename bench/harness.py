@@ -30,6 +30,7 @@ class BenchResult:
     rows: one dict per configuration, e.g. {"variant": "packed", "ranks": 2, "tokens_per_s": 1234.5}.
     units: unit of each figure in the rows, e.g. {"tokens_per_s": "tokens/s"}.
     config: settings shared by every row (model size, dataset size, ...).
+    summary: figures over all rows (totals, pass/fail checks), printed under the table.
     """
 
     name: str
@@ -37,6 +38,7 @@ class BenchResult:
     units: dict[str, str]
     config: dict[str, Any] = field(default_factory=dict)
     notes: str = ""
+    summary: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)  # headline figures, written at the top level
 
 
@@ -98,6 +100,7 @@ def format_table(result: BenchResult) -> str:
     lines = [f"== {result.name}" + (f": {result.notes}" if result.notes else "")]
     lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    lines += [f"{key}: {_fmt(value)}" for key, value in result.summary.items()]
     return "\n".join(lines)
 
 

@@ -113,10 +113,18 @@ class CoordinatorConfig:
         "last checkpoint (save), or from the start without one; 0: a dead service fails the run",
     )
     restart_backoff_seconds: float = setting(
-        1.0, "wait before the first restart of a run, doubled for each later one (at most 30 s)"
+        1.0,
+        "wait before a restart, doubled for each further restart before the run completes a step "
+        "(at most 30 s)",
     )
 
-    # Services (attach mode; empty: `rollway run` starts them)
+    # Services (attach mode; empty: the coordinator starts them)
+    launcher: Literal["local", "ray"] = setting(
+        "local", "where the services this run starts run: local processes, or Ray actors"
+    )
+    ray_address: str = setting(
+        "", "launcher ray: the cluster to join (empty: RAY_ADDRESS, else a local Ray instance)"
+    )
     trainer_addr: str = setting("", "address of a running trainer")
     rollout_addr: list[str] = setting([], "addresses of running rollout services")
     dataloader_addr: str = setting("", "address of a running dataloader")
@@ -181,6 +189,8 @@ class CoordinatorConfig:
             )
         if self.rollout_temperature < 0:
             raise ConfigError("rollout_temperature", "must not be negative")
+        if self.ray_address and self.launcher != "ray":
+            raise ConfigError("ray_address", "needs launcher ray")
 
     @property
     def weight_master_address(self) -> str:

@@ -29,7 +29,7 @@ from rollway.coordinator.remote import Services
 from rollway.coordinator.run import Run, RunStopped
 from rollway.coordinator.run_config import COMPONENTS, RunConfig, RunConfigError, parse_run_config
 from rollway.coordinator.run_start import connect, end_run, init_services, start_missing_services
-from rollway.deploy.supervisor import DeadService, HealthWatch, ServiceGroup
+from rollway.deploy.supervisor import CannotRestart, DeadService, HealthWatch, ServiceGroup
 
 log = get_logger("rollway.coordinator.runs")
 
@@ -59,6 +59,8 @@ class RunRecord:
     dead: DeadService | None = None  # the service whose death ended the run
     immediate: bool = False
     num_restarts: int = 0
+    restart_streak: int = 0  # restarts since the run last completed a step (the backoff doubles)
+    driver_at_restart: Run | None = None  # the driver when the last restart was made
     recoveries: list[dict] = field(default_factory=list)  # one per restart: service, index, seconds
 
     @property
@@ -94,7 +96,9 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
     bind_run_context(run_id=record.run_id)
     watcher = None
     try:
-        addresses, record.group = start_missing_services(record.run, record.run_dir / "services")
+        addresses, record.group = start_missing_services(
+            record.run, record.run_dir / "services", record.run_id
+        )
         record.addresses = addresses
         while True:
             if record.stop.is_set():
@@ -176,17 +180,30 @@ def _recover(record: RunRecord, dead: DeadService | None, exc: BaseException) ->
     if record.num_restarts >= c.max_restarts:
         log.error("no restarts left", service=str(dead).splitlines()[0], max_restarts=c.max_restarts)
         return False
-    backoff = min(c.restart_backoff_seconds * 2**record.num_restarts, 30.0)
+    # The backoff doubles while restarts follow each other (a crash loop), and starts over once
+    # the run has completed a step since the last one: a long run's tenth unrelated crash is not
+    # made to wait 30 s.
+    driver = record.driver
+    if driver is not None and driver is not record.driver_at_restart and driver.last_step_metrics:
+        record.restart_streak = 0
+    backoff = min(c.restart_backoff_seconds * 2**record.restart_streak, 30.0)
     log.warning("restarting a dead service", service=str(dead).splitlines()[0], backoff_seconds=backoff,
                 restart=record.num_restarts + 1, failed_call=describe_error(exc))  # fmt: skip
     if record.stop.wait(backoff):
         return False
     started = time.monotonic()
-    record.addresses[dead.name][dead.index] = group.restart(dead.name, dead.index)
+    try:
+        record.addresses[dead.name][dead.index] = group.restart(dead.name, dead.index)
+    except CannotRestart as reason:  # fail fast, naming the dead service and why it stays dead
+        record.dead = DeadService(dead.name, dead.index, f"{dead.detail}; not restarted: {reason}")
+        return False
     record.num_restarts += 1
+    record.restart_streak += 1
+    record.driver_at_restart = driver
     record.recoveries.append(
         {"service": dead.name, "index": dead.index, "restart_seconds": time.monotonic() - started}
     )
+    log.info("service restarted", **record.recoveries[-1], restart=record.num_restarts)
     record.dead = None
     return True
 

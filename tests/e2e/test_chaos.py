@@ -6,18 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import signal
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
-from support.processes import descendants
 
 from rollway.coordinator.prompt_ledger import PromptLedger
+from rollway.deploy.chaos import Kill, run_with_chaos
 
 pytestmark = pytest.mark.slow
 
@@ -60,93 +54,39 @@ def write_config(path: Path, model: Path, data: Path, run_dir: Path, save: Path,
     return path
 
 
-def launch(config: Path, reward_dir: Path, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": f"{reward_dir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "rollway.cli", "run", str(config)],
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-
-
-def steps_logged(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return 0
-    return len({json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()})
-
-
-def service_pid(launcher: subprocess.Popen, service: str) -> int | None:
-    for pid, cmd in descendants(launcher.pid).items():
-        if f"-m rollway.{service} " in cmd + " ":
-            return pid
-    return None
-
-
-class ChaosHarness(threading.Thread):
-    """Kills each scheduled service once the run has logged `after_step` steps, after a seeded
-    random delay inside the next step (generation, training, weight sync or checkpointing)."""
-
-    def __init__(self, launcher: subprocess.Popen, run_dir: Path, schedule: list[tuple[int, str]], seed: int):
-        super().__init__(daemon=True)
-        self.launcher, self.run_dir, self.schedule = launcher, run_dir, schedule
-        self.random = random.Random(seed)
-        self.kills: list[tuple[str, int, int]] = []  # (service, pid, steps logged when killed)
-        self.error: str | None = None
-
-    def run(self) -> None:
-        deadline = time.monotonic() + RUN_SECONDS
-        for after_step, service in self.schedule:
-            while steps_logged(self.run_dir) < after_step or service_pid(self.launcher, service) is None:
-                if self.launcher.poll() is not None or time.monotonic() > deadline:
-                    self.error = f"the run ended before {service} could be killed after step {after_step}"
-                    return
-                time.sleep(0.05)
-            time.sleep(self.random.uniform(0.0, 0.6))  # the injected moment: somewhere in the next step
-            pid = service_pid(self.launcher, service)
-            if pid is None:
-                continue
-            os.kill(pid, signal.SIGKILL)
-            self.kills.append((service, pid, steps_logged(self.run_dir)))
-            # Wait for its replacement before the next kill: one failure at a time.
-            while service_pid(self.launcher, service) in (None, pid):
-                if self.launcher.poll() is not None or time.monotonic() > deadline:
-                    return
-                time.sleep(0.05)
-
-
 def run_to_end(tmp_path: Path, name: str, model: Path, data: Path, schedule=(), seed: int = 0):
     workdir = tmp_path / name
     workdir.mkdir()
     (workdir / "chaos_reward.py").write_text(REWARD)
     run_dir = workdir / "runs"
     config = write_config(workdir / "run.json", model, data, run_dir, workdir / "save", workdir / "hf")
-    launcher = launch(config, workdir, workdir / "launcher.log")
-    harness = ChaosHarness(launcher, run_dir / "chaos", list(schedule), seed)
-    harness.start()
-    try:
-        code = launcher.wait(RUN_SECONDS)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-    harness.join(10)
-    return code, harness, run_dir / "chaos", workdir
+    pythonpath = f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    run = run_with_chaos(
+        config,
+        run_dir / "chaos",
+        list(schedule),
+        seed,
+        log_path=workdir / "launcher.log",
+        env={"PYTHONPATH": pythonpath},
+        timeout_seconds=RUN_SECONDS,
+    )
+    return run, run_dir / "chaos", workdir
 
 
 def test_a_run_survives_kill_9_of_every_service_with_nothing_lost_or_repeated(
     tmp_path, tiny_model_dir, demo_data_dir
 ):
-    code, _, straight_dir, straight = run_to_end(tmp_path, "straight", tiny_model_dir, demo_data_dir)
-    assert code == 0, (straight / "launcher.log").read_text()[-3000:]
-    schedule = [(1, "trainer"), (3, "rollout"), (5, "dataloader"), (7, "coordinator")]
-    code, harness, chaos_dir, chaos = run_to_end(
-        tmp_path, "chaos", tiny_model_dir, demo_data_dir, schedule, seed=1234
-    )
+    straight_run, straight_dir, straight = run_to_end(tmp_path, "straight", tiny_model_dir, demo_data_dir)
+    assert straight_run.returncode == 0, (straight / "launcher.log").read_text()[-3000:]
+    schedule = [Kill(1, "trainer"), Kill(3, "rollout"), Kill(5, "dataloader"), Kill(7, "coordinator")]
+    run, chaos_dir, chaos = run_to_end(tmp_path, "chaos", tiny_model_dir, demo_data_dir, schedule, seed=1234)
     log = (chaos / "launcher.log").read_text()
-    assert code == 0, log[-3000:]
-    assert harness.error is None, harness.error
-    assert [service for service, _, _ in harness.kills] == ["trainer", "rollout", "dataloader", "coordinator"]
+    assert run.returncode == 0, log[-3000:]
+    assert run.error is None, run.error
+    assert [kill.service for kill in run.kills] == ["trainer", "rollout", "dataloader", "coordinator"]
+    # Each kill was followed by a replacement process and by a step the run logged.
+    assert all(kill.replaced_seconds is not None for kill in run.kills), run.kills
+    assert all(kill.next_step_seconds is not None for kill in run.kills), run.kills
     assert "restarting the coordinator (1/8)" in log
 
     # Each step once in metrics.jsonl, with the uninterrupted run's values.

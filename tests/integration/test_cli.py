@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -104,6 +105,85 @@ def test_a_crashed_service_is_reported_with_its_log_and_everything_stops(
     assert '"service": "rollout"' in out + err  # the tail of the rollout service's own log
     left = wait_all_gone(started, 30)  # the launcher stopped every service it started
     assert not left, [started[pid] for pid in left]
+
+
+def _coordinator_kill_config(tmp_path, tiny_model_dir, demo_data_dir, max_restarts: int):
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"hf_checkpoint: {tiny_model_dir}\nprompt_data: [{demo_data_dir / 'rl.parquet'}]\ninput_key: prompt\n"
+        "label_key: label\napply_chat_template: true\nnum_rollout: 20\nrollout_batch_size: 4\n"
+        "n_samples_per_prompt: 4\nglobal_batch_size: 16\nrollout_max_response_len: 4\n"
+        f"save: {tmp_path / 'save'}\nsave_interval: 1\nrestart_backoff_seconds: 0.1\n"
+        f"run_dir: {tmp_path / 'runs'}\nrun_id: coord\nmax_restarts: {max_restarts}\n"
+    )
+    return config
+
+
+def _kill_the_coordinator_at_step_2(config) -> tuple[subprocess.Popen, int, dict[int, str], str, str]:
+    """`rollway run CONFIG` with its coordinator service kill -9ed once step 2 is logged: the
+    launcher, the coordinator's pid, the processes below the launcher then, its whole output."""
+    import os
+
+    from support.processes import descendants
+
+    launcher = subprocess.Popen(
+        [*ROLLWAY, "run", str(config)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        before = "".join(_read_until(launcher, "step 2/"))
+        started = descendants(launcher.pid)
+        coordinator = next(pid for pid, cmd in started.items() if "-m rollway.coordinator " in cmd)
+        os.kill(coordinator, signal.SIGKILL)
+        out, err = launcher.communicate(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    return launcher, coordinator, started, before + out, err
+
+
+def _no_traceback(output: str) -> bool:
+    return "_InactiveRpcError" not in output and not any(
+        line.startswith("Traceback") for line in output.splitlines()
+    )
+
+
+def test_a_killed_coordinator_without_restarts_is_reported_with_its_log_not_a_traceback(
+    tiny_model_dir, demo_data_dir, tmp_path
+):
+    from support.processes import wait_all_gone
+
+    config = _coordinator_kill_config(tmp_path, tiny_model_dir, demo_data_dir, max_restarts=0)
+    launcher, coordinator, started, out, err = _kill_the_coordinator_at_step_2(config)
+    assert launcher.returncode == 1, out + err
+    assert f"service crashed: coordinator (pid {coordinator}) exited with -9; last log lines:" in err, err
+    assert '"service": "coordinator"' in err  # the tail of the coordinator's own log
+    assert _no_traceback(out + err), out + err
+    assert "restarting the coordinator" not in err
+    assert not (tmp_path / "runs" / "coord" / "result.json").exists()
+    # The services the coordinator had started die with it (parent watch).
+    names = sorted(cmd.split("-m rollway.")[1].split()[0] for cmd in started.values() if "-m rollway." in cmd)
+    assert names == ["coordinator", "dataloader", "rollout", "trainer"]
+    left = wait_all_gone(started, 30)
+    assert not left, [started[pid] for pid in left]
+
+
+def test_a_killed_coordinator_is_restarted_and_the_run_succeeds(tiny_model_dir, demo_data_dir, tmp_path):
+    import json
+
+    config = _coordinator_kill_config(tmp_path, tiny_model_dir, demo_data_dir, max_restarts=2)
+    launcher, coordinator, _, out, err = _kill_the_coordinator_at_step_2(config)
+    assert launcher.returncode == 0, out + err
+    assert f"service crashed: coordinator (pid {coordinator}) exited with -9" in err, err
+    assert "restarting the coordinator (1/2)" in err
+    assert "restarting the coordinator (2/2)" not in err
+    assert "run coord SUCCEEDED" in out
+    assert _no_traceback(out + err), out + err
+    run_dir = tmp_path / "runs" / "coord"
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(20))  # each step once: the resumed run replaced what it redid
+    result = json.loads((run_dir / "result.json").read_text())
+    assert Path(result["checkpoint_dir"]).name == "rollout_0000020"
 
 
 SERVICE_CONFIGS = {

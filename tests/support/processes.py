@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from rollway.common.local_launch import ServiceProcess
+from rollway.deploy.chaos import descendants
 
 __all__ = ["ServiceProcess", "alive", "descendants", "wait_all_gone"]
 
@@ -18,26 +19,6 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, IndexError):
         return False
     return state != "Z"
-
-
-def descendants(pid: int) -> dict[int, str]:
-    """Every process below `pid` (children, theirs, ...), with its command line."""
-    found: dict[int, str] = {}
-    pending = [pid]
-    while pending:
-        parent = pending.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = [int(c) for c in (task / "children").read_text().split()]
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            for child in children:
-                try:
-                    found[child] = Path(f"/proc/{child}/cmdline").read_text().replace("\0", " ").strip()
-                except (FileNotFoundError, ProcessLookupError):
-                    continue
-                pending.append(child)
-    return found
 
 
 def wait_all_gone(pids, timeout: float) -> list[int]:

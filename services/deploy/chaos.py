@@ -1,0 +1,229 @@
+"""Fault injection for chaos tests and soak benchmarks: kill -9 the services of a local
+`rollway run` at seeded random moments, one failure at a time, and time each recovery.
+
+    run = run_with_chaos(config, run_dir, [Kill(1, "trainer"), Kill(3, "coordinator")], seed=7,
+                         log_path=workdir / "launcher.log")      # `rollway run CONFIG`, to its end
+    run.returncode  0
+    run.kills       [KillRecord(service="trainer", pid=..., steps_logged=1, replaced_seconds=0.2,
+                                next_step_seconds=6.0, ...), ...]
+    random_schedule(16, 36, seed=1)   kills at distinct random steps, now and then the coordinator
+
+Used by tests/e2e/test_chaos.py and bench/bench_soak.py.
+
+The services of a `rollway run` are the launcher's descendants (the coordinator is its child, the
+others are the coordinator's), found through /proc (Linux). A kill is due once the run has logged
+`after_step` steps; it comes after a seeded random delay of up to one step's time (so it lands
+during generation, training, weight sync or checkpointing). The harness then waits for the
+replacement process and for a step the run logs after it appeared before the next kill, so the run
+makes progress between kills and recovers from one failure at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SERVICES = ("trainer", "rollout", "dataloader", "coordinator")
+POLL_SECONDS = 0.05
+DEFAULT_STEP_SECONDS = 0.5  # the delay bound before the run has logged two steps
+
+
+@dataclass(frozen=True)
+class Kill:
+    """Kill `service` once the run has logged `after_step` steps."""
+
+    after_step: int
+    service: str
+
+
+@dataclass
+class KillRecord:
+    """One kill -9 and what followed (times in seconds from the kill; None: it never came)."""
+
+    service: str
+    pid: int
+    steps_logged: int  # distinct steps in metrics.jsonl when it was killed
+    delay_seconds: float  # the injected delay after the kill was due
+    killed_at: float  # time.time() of the kill
+    replaced_seconds: float | None = None  # a new process of the service appeared
+    next_step_seconds: float | None = None  # the run logged a step after the replacement appeared
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every process below `pid` (children, theirs, ...), with its command line (Linux /proc)."""
+    found: dict[int, str] = {}
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            for child in children:
+                try:
+                    found[child] = Path(f"/proc/{child}/cmdline").read_text().replace("\0", " ").strip()
+                except (FileNotFoundError, ProcessLookupError):
+                    continue
+                pending.append(child)
+    return found
+
+
+def service_pid(launcher_pid: int, service: str) -> int | None:
+    """The pid of the `python -m rollway.<service>` process below the launcher, if one runs."""
+    for pid, cmd in descendants(launcher_pid).items():
+        if f"-m rollway.{service} " in cmd + " ":
+            return pid
+    return None
+
+
+def metrics_lines(run_dir: Path) -> list[str]:
+    path = Path(run_dir) / "metrics.jsonl"
+    try:
+        return [line for line in path.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def steps_logged(run_dir: Path) -> int:
+    """Distinct steps in RUN_DIR/metrics.jsonl."""
+    return len({json.loads(line)["step"] for line in metrics_lines(run_dir)})
+
+
+def step_seconds(run_dir: Path) -> float:
+    """A normal step's wall time: the shortest gap between two step records so far (the first
+    steps after a recovery are slower, and a delay as long as those would skip steps)."""
+    times = [json.loads(line).get("time") for line in metrics_lines(run_dir)]
+    gaps = [
+        b - a for a, b in zip(times, times[1:], strict=False) if a is not None and b is not None and b > a
+    ]
+    return min(gaps) if gaps else DEFAULT_STEP_SECONDS
+
+
+def random_schedule(num_kills: int, num_steps: int, seed: int, coordinator_share: float = 0.15) -> list[Kill]:
+    """`num_kills` kills at distinct seeded random steps in [1, num_steps - 2] (each kill is
+    followed by a step before the next one: there is room for all of them): the trainer, rollout
+    or dataloader service, and the coordinator with probability `coordinator_share`."""
+    if num_kills > num_steps - 2:
+        raise ValueError(f"{num_kills} kills need a run of at least {num_kills + 2} steps, not {num_steps}")
+    rng = random.Random(seed)
+    steps = sorted(rng.sample(range(1, num_steps - 1), num_kills))
+    return [
+        Kill(step, "coordinator" if rng.random() < coordinator_share else rng.choice(SERVICES[:3]))
+        for step in steps
+    ]
+
+
+class ChaosHarness(threading.Thread):
+    """Kills the scheduled services of a run, one failure at a time (see the module docstring)."""
+
+    def __init__(
+        self,
+        launcher: subprocess.Popen,
+        run_dir: Path,
+        schedule: list[Kill],
+        seed: int,
+        deadline_seconds: float = 600.0,
+    ):
+        super().__init__(daemon=True, name="chaos")
+        self.launcher, self.run_dir, self.schedule = launcher, Path(run_dir), list(schedule)
+        self.random = random.Random(seed)
+        self.deadline = time.monotonic() + deadline_seconds
+        self.kills: list[KillRecord] = []
+        self.error: str | None = None  # why a scheduled kill did not happen
+
+    def _running(self) -> bool:
+        return self.launcher.poll() is None and time.monotonic() < self.deadline
+
+    def run(self) -> None:
+        for kill in self.schedule:
+            while steps_logged(self.run_dir) < kill.after_step or self._pid(kill.service) is None:
+                if not self._running():
+                    self.error = (
+                        f"the run ended before {kill.service} could be killed after step {kill.after_step}"
+                    )
+                    return
+                time.sleep(POLL_SECONDS)
+            delay = self.random.uniform(0.0, step_seconds(self.run_dir))  # the injected moment
+            time.sleep(delay)
+            pid = self._pid(kill.service)
+            if pid is None:
+                self.error = f"{kill.service} was gone when it was to be killed after step {kill.after_step}"
+                return
+            self._kill_and_follow(kill.service, pid, delay)
+
+    def _pid(self, service: str) -> int | None:
+        return service_pid(self.launcher.pid, service)
+
+    def _kill_and_follow(self, service: str, pid: int, delay: float) -> None:
+        os.kill(pid, signal.SIGKILL)
+        started = time.monotonic()
+        record = KillRecord(service, pid, steps_logged(self.run_dir), delay, time.time())
+        self.kills.append(record)
+        # The replacement, then a step record that was not there when it appeared (a step in
+        # flight may still be logged before the death is noticed; a redone step replaces its
+        # record with a new one).
+        while self._pid(service) in (None, pid):
+            if not self._running():
+                return
+            time.sleep(POLL_SECONDS)
+        record.replaced_seconds = time.monotonic() - started
+        seen = set(metrics_lines(self.run_dir))
+        while not set(metrics_lines(self.run_dir)) - seen:
+            if not self._running():
+                return
+            time.sleep(POLL_SECONDS)
+        record.next_step_seconds = time.monotonic() - started
+
+
+@dataclass
+class ChaosRun:
+    """How a `rollway run` under the harness ended."""
+
+    returncode: int | None  # None: it outlived its deadline and was killed
+    seconds: float  # launch to exit
+    kills: list[KillRecord]
+    error: str | None  # why a scheduled kill did not happen
+
+
+def run_with_chaos(
+    config: Path,
+    run_dir: Path,
+    schedule: list[Kill],
+    seed: int,
+    *,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    timeout_seconds: float = 600.0,
+) -> ChaosRun:
+    """`rollway run CONFIG` (output to `log_path`) while the harness kills its services; waits for
+    the launcher to exit (it is killed, by pid, past `timeout_seconds`). `run_dir` is the run's
+    directory (RUN_DIR/metrics.jsonl)."""
+    started = time.monotonic()
+    with Path(log_path).open("w") as log:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "rollway.cli", "run", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+    harness = ChaosHarness(launcher, run_dir, schedule, seed, deadline_seconds=timeout_seconds)
+    harness.start()
+    try:
+        code: int | None = launcher.wait(timeout_seconds)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(10)
+    harness.join(10)
+    return ChaosRun(code, time.monotonic() - started, harness.kills, harness.error)
