@@ -304,7 +304,11 @@ def test_log_lines_carry_service_rpc_and_run_context(tmp_path):
     event = next(line for line in lines if line.get("event") == "probe log")
     assert event["service"] == "probe"
     assert event["rpc"] == "Log"
-    assert (event["run_id"], event["step"], event["weight_version"]) == ("run-42", "7", "3")
+    assert (event["run_id"], event["step"], event["weight_version"]) == (
+        "run-42",
+        7,
+        3,
+    )  # integers, as in the coordinator's own lines
     assert event["payload"] == "hello"
     assert event["level"] == "info" and "timestamp" in event
 
