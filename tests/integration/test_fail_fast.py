@@ -82,7 +82,9 @@ def test_rollway_run_attached_to_a_refusing_trainer_fails_in_seconds_naming_it(
         elapsed = time.monotonic() - started
     assert result.returncode == 1, result.stdout + result.stderr
     # Named by the connect or by the supervision's health checks, whichever notices first.
-    assert "run attach FAILED: " in result.stdout and f"{trainer} is unreachable" in result.stdout, result.stdout
+    assert "run attach FAILED: " in result.stdout and f"{trainer} is unreachable" in result.stdout, (
+        result.stdout
+    )
     assert elapsed < 60, f"failed after {elapsed:.1f}s"
     print(f"rollway run --trainer-addr {trainer} failed after {elapsed:.1f}s")
 
