@@ -3,15 +3,15 @@
     rollway run CONFIG [--flag value ...]                 embedded: local processes on loopback
     rollway run CONFIG --trainer-addr A --rollout-addr B ...   attach to running services
     rollway run CONFIG ... --coordinator-addr C           ... and to a running coordinator
-    rollway run CONFIG --launcher ray [--ray-address R]   services as Ray actors (rollway.deploy)
+    rollway run CONFIG --launcher ray [--ray-address R]   ... the coordinator starts them as Ray actors
     rollway plan CONFIG                                   print the batch arithmetic and exit
 
 The run config is one flat namespace (Miles' flags). Every component's settings dataclass is
 parsed from it, so a wrong value anywhere is reported, naming the setting, before anything
-starts. Each service is then started with its own settings as a YAML file, the coordinator gets
-the run over its gRPC API (StartRun), and this process follows StreamMetrics with a progress
-line while supervising the service processes: a crash is reported with the last lines of that
-service's log, and every process is stopped (by pid) on exit or Ctrl-C.
+starts. This process then starts a coordinator (unless given one) and sends it the run
+(StartRun); the coordinator starts the services the run needs (local processes, or Ray actors
+with `launcher: ray`), supervises and stops them. This process follows StreamMetrics with a
+progress line, restarts a dead coordinator, and stops everything (by pid) on exit or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -59,15 +59,10 @@ def parse_run_config(
 
 
 def parse_launcher_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """Where the run goes (not run settings): --launcher, --ray-address, --coordinator-addr; and the rest."""
+    """Where the run goes (not run settings): --coordinator-addr, --trace-file; and the rest. Where
+    its services go (--launcher, --ray-address) are run settings: StartRun takes them too."""
     parser = argparse.ArgumentParser(prog="rollway run", add_help=False, allow_abbrev=False)
     group = parser.add_argument_group("placement (deploy/README.md)")
-    group.add_argument(
-        "--launcher", choices=("local", "ray"), default="local", help="local processes, or Ray actors"
-    )
-    group.add_argument(
-        "--ray-address", default="", help="Ray cluster to join (default: RAY_ADDRESS or local)"
-    )
     group.add_argument("--coordinator-addr", default="", help="a running coordinator to start the run on")
     group.add_argument(
         "--trace-file", default="", help="JSON-lines span file of the coordinator this command starts"
@@ -75,20 +70,6 @@ def parse_launcher_options(argv: list[str]) -> tuple[argparse.Namespace, list[st
     if "-h" in argv or "--help" in argv:  # the run settings' help follows
         print(parser.format_help().split("\n\n", 1)[1])
     return parser.parse_known_args(argv)
-
-
-def run_settings(c, run_id: str, run_dir: str, addresses: dict[str, str | list[str]]) -> dict:
-    """The StartRun config: the run's coordinator settings plus the services' addresses."""
-    settings = non_default_settings(c)
-    rollouts = addresses.get("rollout", [])
-    settings.update(
-        run_id=run_id,
-        run_dir=run_dir,
-        dataloader_addr=c.dataloader_addr or addresses.get("dataloader", ""),
-        trainer_addr=c.trainer_addr or addresses.get("trainer", ""),
-        rollout_addr=c.rollout_addr or ([rollouts] if isinstance(rollouts, str) else list(rollouts)),
-    )
-    return settings
 
 
 def non_default_settings(config) -> dict:
@@ -154,25 +135,10 @@ def micro_batch_lines(configs: dict[str, object], per_rank: int) -> list[str]:
     return lines
 
 
-def services_needed(c) -> list[str]:
-    needed = []
-    if not c.load_debug_rollout_data and not c.dataloader_addr:
-        needed.append("dataloader")
-    if not c.debug_rollout_only and not c.trainer_addr:
-        needed.append("trainer")
-    if not c.train_only and not c.rollout_addr:
-        needed.append("rollout")
-    return needed
-
-
 def run(argv: list[str]) -> int:
     options, argv = parse_launcher_options(argv)
     given: dict = {}
     configs = parse_run_config(argv, given=given)
-    if options.launcher == "ray":
-        from rollway.deploy.ray_launcher import run_on_ray
-
-        return run_on_ray(configs, options.ray_address)
     c = configs["coordinator"]
     from rollway.coordinator.runs import check_run_id, new_run_id
     from rollway.deploy.supervisor import LocalServiceGroup
@@ -245,7 +211,7 @@ def _drive(
     interrupted: threading.Event,
 ) -> int:
     """StartRun, follow metrics with a progress line, stop on Ctrl-C; `dead()` describes a crashed
-    service this launcher started (the coordinator, or Ray actors), reported with its log tail."""
+    service this launcher started (the coordinator), reported with its log tail."""
     import grpc
 
     from rollway.common.client import open_channel

@@ -1,6 +1,7 @@
 """The start of a run: its services started or attached, each told the run's settings, agreed.
 
-    addresses in the config? ──no──> LocalServiceGroup.start (bare processes, in parallel)
+    addresses in the config? ──no──> the run's launcher: LocalServiceGroup.start (bare processes,
+                                     in parallel) or RayServiceGroup.start (actors; launcher: ray)
     Services.connect (health SERVING; an unreachable address fails in seconds, naming it)
     Init on every service at once, each with its part of the run config (run_config.py)
     agreement: model, vocabulary, temperature, estimator ──> a mismatch refuses the run, naming both
@@ -20,7 +21,7 @@ import grpc
 from rollway.common.log import get_logger
 from rollway.common.tracing import in_current_context
 from rollway.coordinator.remote import LONG_CALL_SECONDS, Services, to_struct
-from rollway.coordinator.run_config import RunConfig, jsonable
+from rollway.coordinator.run_config import COMPONENTS, RunConfig, jsonable
 from rollway.dataloader.v1 import dataloader_pb2
 from rollway.deploy.supervisor import LocalServiceGroup, ServiceGroup
 from rollway.rollout.v1 import rollout_pb2
@@ -34,15 +35,29 @@ class RunRefused(RuntimeError):
     """The run's services cannot serve it together (they disagree, or one refused its Init)."""
 
 
-def start_missing_services(run: RunConfig, workdir: Path) -> tuple[dict[str, list[str]], ServiceGroup | None]:
-    """Addresses of every service the run uses, starting those the config gives no address for."""
+def start_missing_services(
+    run: RunConfig, workdir: Path, run_id: str = ""
+) -> tuple[dict[str, list[str]], ServiceGroup | None]:
+    """Addresses of every service the run uses, starting those the config gives no address for
+    with the run's launcher; what the placement decided becomes part of the run's settings."""
     addresses = run.addresses()
     missing = {name: 1 for name, given in addresses.items() if not given}
     if not missing:
         return addresses, None
-    group = LocalServiceGroup(workdir)
-    log.info("starting services", services=sorted(missing))
+    c = run.coordinator
+    if c.launcher == "ray":
+        from rollway.deploy.ray_services import RayServiceGroup
+
+        group = RayServiceGroup(run, workdir, name=run_id or workdir.parent.name, ray_address=c.ray_address)
+    else:
+        group = LocalServiceGroup(workdir)
+    log.info("starting services", services=sorted(missing), launcher=c.launcher)
     addresses.update(group.start(missing))
+    for key, value in group.placement_settings().items():
+        run.given[key] = value  # pushed to the services that declare it at their Init
+        for name in COMPONENTS:
+            if hasattr(run.component(name), key):
+                setattr(run.component(name), key, value)
     return addresses, group
 
 

@@ -3,19 +3,18 @@
     trainer-0 .. trainer-{world_size-1}    one per FSDP rank      {CPU: 1, GPU: 1 on a GPU cluster}
     rollout-0 .. rollout-{engines-1}      one rollout service per engine
                                             {CPU: 1, GPU: rollout_num_gpus_per_engine on a GPU cluster}
-    dataloader, coordinator                 {CPU: 1}
+    dataloader                              {CPU: 1}
 
 engines = rollout_num_gpus / rollout_num_gpus_per_engine (SGLang: each rollout service runs one
 server with tensor parallelism rollout_num_gpus_per_engine; hf: one in-process engine each).
-Services the run config attaches to (trainer_addr, ...) get no actor. All bundles go into one
-placement group (PACK: trainer ranks and engines on as few nodes as possible).
+Services the run config attaches to (trainer_addr, ...) get no actor, and neither does the
+coordinator (it places the run). All bundles go into one placement group (PACK: trainer ranks and
+engines on as few nodes as possible).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-SERVICE_ORDER = ("trainer", "rollout", "dataloader", "coordinator")
 
 
 class PlacementError(ValueError):
@@ -49,7 +48,7 @@ def num_rollout_engines(rollout_config) -> int:
 
 
 def plan_actors(configs: dict, services: list[str], cluster_gpus: float) -> list[ActorSpec]:
-    """The actors of a run whose `services` (besides the coordinator) are to be started."""
+    """The actors that start `services` of a run (`configs`: its trainer and rollout settings)."""
     trainer, rollout = configs["trainer"], configs["rollout"]
     use_gpus = cluster_gpus > 0
     if (
@@ -75,11 +74,21 @@ def plan_actors(configs: dict, services: list[str], cluster_gpus: float) -> list
         ]
     if "dataloader" in services:
         specs.append(ActorSpec("dataloader", "dataloader", 0, {"CPU": 1.0}))
-    specs.append(ActorSpec("coordinator", "coordinator", 0, {"CPU": 1.0}))
     needed_gpus = sum(s.resources.get("GPU", 0.0) for s in specs)
     if needed_gpus > cluster_gpus:
         raise PlacementError(f"the run needs {needed_gpus:g} GPUs and the Ray cluster has {cluster_gpus:g}")
     return specs
+
+
+def check_fits(specs: list[ActorSpec], cluster: dict[str, float]) -> None:
+    """Refuse at once (rather than wait for placement) when the cluster is too small in total."""
+    for resource in ("CPU", "GPU"):
+        needed = sum(s.resources.get(resource, 0.0) for s in specs)
+        if needed > cluster.get(resource, 0.0):
+            raise PlacementError(
+                f"the run's actors need {needed:g} {resource} in total and the Ray cluster has "
+                f"{cluster.get(resource, 0.0):g}"
+            )
 
 
 def describe(specs: list[ActorSpec]) -> str:

@@ -1,6 +1,6 @@
 """The Ray actor that hosts one rollway process on its node: a service or a trainer worker rank.
 
-    driver ── ServiceHost.options(placement-group bundle).remote() ──> actor on some node
+    coordinator ── ServiceHost.options(placement-group bundle).remote() ──> actor on some node
            .start_service("rollout", settings)  python -m rollway.rollout --host <node ip> --port 0 --config ...
            .start_trainer_worker(rank, ...)     python -m rollway.trainer.worker (torchrun environment)
            .wait_port() / .poll() / .stop()
@@ -39,12 +39,13 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 class ServiceHost:
     """Starts, watches and stops one process on the actor's node (one per actor)."""
 
-    def __init__(self, name: str, workdir: str):
+    def __init__(self, name: str, workdir: str, generation: int = 0):
         self.name = name
         self.workdir = Path(workdir) / name
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.log_path = self.workdir / "process.log"
-        self.port_file = self.workdir / "port"
+        suffix = f"-{generation}" if generation else ""  # a restarted actor keeps its predecessor's log
+        self.log_path = self.workdir / f"process{suffix}.log"
+        self.port_file = self.workdir / f"port{suffix}"
         self.proc: subprocess.Popen | None = None
         self._log = None
 

@@ -1,29 +1,51 @@
-"""The actors of one run on Ray: placed together, started in order, watched, stopped.
+"""Ray as a ServiceGroup: the services a run starts, as Ray actors placed together, watched,
+restarted and stopped by the coordinator (run config `launcher: ray`, `ray_address`).
 
-create()          placement group (one bundle per ActorSpec, PACK) -> one ServiceHost per bundle
-start_services()  trainer-0 (gRPC + rank 0's store) -> trainer-1.. join it; rollout-i, dataloader
-                  -> addresses "<node ip>:<port>" -> wait until each is SERVING
-start_coordinator(), RaySupervisor (actor or process death), shutdown() (by pid, then the actors)
+    coordinator (run thread)                 Ray cluster (one placement group, PACK)
+    RayServiceGroup(run, workdir, name)
+      .start(counts) ─ join Ray (or start a local instance) ─ plan_actors ─> one bundle and one
+                       ServiceHost actor per process:
+                         trainer-0 (gRPC, rank 0's store) <── trainer-1..N-1 (rollway.trainer.worker)
+                         rollout-0.. (one per engine), dataloader
+                     <─ addresses "<node ip>:<port>" once each is SERVING
+      .placement_settings()  the weight group meets on trainer-0's node; the ranks' store there;
+                             one engine per rollout service
+      .dead()                an actor gone (node lost, OOM kill, ray stop) or its process exited
+      .restart(name, i)      a new actor in the same bundle (same node), same settings, new address
+      .stop()                every process by pid (rank 0 before its workers), the actors, the
+                             placement group, and Ray where this process joined it
+
+Each actor's process is its child and dies with it (ray_actors.py). Logs and settings of each
+process: WORKDIR/<actor>/; where each actor runs: WORKDIR/ray.json.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from rollway.common.client import wait_until_serving
 from rollway.common.config import to_dict
-from rollway.deploy.placement import ActorSpec
+from rollway.common.log import get_logger
+from rollway.deploy.placement import ActorSpec, PlacementError, check_fits, describe, plan_actors
 from rollway.deploy.ray_actors import ServiceHost
+from rollway.deploy.supervisor import CannotRestart, DeadService, ServiceGroup
 from rollway.launcher import non_default_settings
+
+log = get_logger("rollway.deploy.ray")
 
 PLACEMENT_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 600.0
-STOP_ORDER = ("coordinator", "dataloader", "rollout", "trainer")  # rank 0 tells its workers to stop
-# Settings taken from the driver's environment into every actor's (a node's `ray start` may lack them).
+NAMESPACE = "rollway"  # actors are named rollway-<run id>-<actor> in it, whichever process placed them
+CALL_TIMEOUT_S = 30.0  # an actor method that does not answer in this long is taken as hung
+STOP_ORDER = ("dataloader", "rollout", "trainer")  # trainer rank 0 tells its workers to stop
+# Settings taken from the coordinator's environment into every actor's (a node's `ray start` may lack them).
 FORWARDED_ENV = (
     "ROLLWAY_AUTH_TOKEN",
     "ROLLWAY_TLS_CA",
@@ -36,215 +58,396 @@ FORWARDED_ENV = (
 )
 
 
+class RayStartError(RuntimeError):
+    """The run's services could not be placed or started on Ray; the message says why."""
+
+
 def forwarded_env() -> dict[str, str]:
-    """The driver's FORWARDED_ENV variables that are set."""
+    """The FORWARDED_ENV variables set in this process."""
     return {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
 
 
-def describe_dead(name: str, actor, node_ip: str) -> str | None:
-    """How `name`'s actor or process ended, or None while both run."""
-    import ray
+@dataclass
+class _Actor:
+    """One actor of the group, and the process it hosts."""
 
-    try:
-        status = ray.get(actor.poll.remote(), timeout=30)
-    except ray.exceptions.RayActorError as exc:
-        reason = str(exc).strip().splitlines()[0][:300]
-        return f"{name} (Ray actor on node {node_ip}) died; its service is gone. Ray says: {reason}"
-    except ray.exceptions.GetTimeoutError:
-        return None
-    if status is None:
-        return None
-    return (
-        f"{name} (pid {status['pid']} on node {node_ip}) exited with {status['code']}; "
-        f"last log lines:\n{status['log_tail']}"
-    )
+    spec: ActorSpec
+    bundle: int
+    handle: object
+    node: dict
+    generation: int = 0
+    pid: int = 0
+    address: str = ""  # empty for trainer workers (no gRPC)
 
 
-class RayServices:
-    """The placement group, the actors and what they report (node, pid, address)."""
+class RayServiceGroup(ServiceGroup):
+    """A run's services as Ray actors. `run`: the parsed run config (its component settings);
+    `name`: the run id, which names the actors (`rollway-<name>-<actor>`)."""
 
-    def __init__(self, specs: list[ActorSpec], run_id: str, workdir: Path):
-        self.specs, self.run_id, self.workdir = specs, run_id, workdir
-        self.actors: dict[str, object] = {}
-        self.nodes: dict[str, dict] = {}
-        self.group = None
-        self.weight_port = 0
+    def __init__(self, run, workdir: Path, *, name: str, ray_address: str = ""):
+        self.run, self.workdir, self.name, self.ray_address = run, Path(workdir), name, ray_address
+        self.addresses: dict[str, list[str]] = {}
+        self.actors: dict[str, _Actor] = {}
+        self._launch: dict[str, tuple] = {}  # actor name -> how its process was started (restarts)
+        self._placement: dict[str, object] = {}
+        self._pg = None
+        self._joined = self._stopped = False
+        self._lock = threading.RLock()
 
-    def create(self) -> None:
+    # --- start ---
+    def start(self, counts: dict[str, int]) -> dict[str, list[str]]:
+        """Start the services named in `counts`; the placement decides how many of each (one
+        rollout service per engine, one actor per trainer rank)."""
+        import ray
+
+        configs = {"trainer": self.run.trainer, "rollout": self.run.rollout}
+        services = list(counts)
+        try:
+            upper = plan_actors(configs, services, float("inf"))
+            _join_ray(self.ray_address, int(sum(s.resources.get("CPU", 0.0) for s in upper)))
+            self._joined = True
+            specs = plan_actors(configs, services, ray.cluster_resources().get("GPU", 0.0))
+            check_fits(specs, ray.cluster_resources())
+        except PlacementError as exc:
+            self.stop()
+            raise RayStartError(f"cannot place the run on Ray: {exc}") from None
+        except BaseException:
+            self.stop()
+            raise
+        log.info("placing the run on Ray", num_actors=len(specs), actors=describe(specs))
+        try:
+            self._create(specs)
+            self._start_processes()
+            self._wait_all_serving()
+        except ray.exceptions.RayTaskError as exc:  # an actor method's own error, without Ray's frames
+            self.stop()
+            raise RayStartError(f"could not start on Ray: {exc.cause or exc}") from None
+        except BaseException:
+            self.stop()
+            raise
+        self._write_actors()
+        return self.addresses
+
+    def _create(self, specs: list[ActorSpec]) -> None:
         import ray
         from ray.util.placement_group import placement_group
+
+        self._pg = placement_group([s.resources for s in specs], strategy="PACK")
+        ready, _ = ray.wait([self._pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
+        if not ready:
+            raise RayStartError(
+                f"the placement group was not placed within {PLACEMENT_TIMEOUT_S:.0f}s: it needs "
+                f"{[s.resources for s in specs]}; the cluster has {ray.available_resources()}"
+            )
+        handles = [self._new_actor(spec, i, 0) for i, spec in enumerate(specs)]
+        nodes = ray.get([h.node.remote() for h in handles], timeout=CALL_TIMEOUT_S)
+        for i, (spec, handle, node) in enumerate(zip(specs, handles, nodes, strict=True)):
+            self.actors[spec.name] = _Actor(spec, i, handle, node)
+
+    def _new_actor(self, spec: ActorSpec, bundle: int, generation: int):
+        import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.group = placement_group([s.resources for s in self.specs], strategy="PACK")
-        ready, _ = ray.wait([self.group.ready()], timeout=PLACEMENT_TIMEOUT_S)
-        if not ready:
-            raise TimeoutError(
-                f"the placement group was not placed within {PLACEMENT_TIMEOUT_S:.0f}s: it needs "
-                f"{[s.resources for s in self.specs]}; the cluster has {ray.available_resources()}"
-            )
-        host_cls = ray.remote(ServiceHost)
-        runtime_env = {"env_vars": forwarded_env()}
-        for i, spec in enumerate(self.specs):
-            strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=i)
-            self.actors[spec.name] = host_cls.options(
-                name=f"rollway-{self.run_id}-{spec.name}",
+        return (
+            ray.remote(ServiceHost)
+            .options(
+                name=f"rollway-{self.name}-{spec.name}",
+                namespace=NAMESPACE,
                 num_cpus=spec.resources.get("CPU", 0.0),
                 num_gpus=spec.resources.get("GPU", 0.0),
-                scheduling_strategy=strategy,
-                runtime_env=runtime_env,
-            ).remote(spec.name, str(self.workdir))
-        names = list(self.actors)
-        self.nodes = dict(zip(names, ray.get([self.actors[n].node.remote() for n in names]), strict=True))
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self._pg, placement_group_bundle_index=bundle
+                ),
+                runtime_env={"env_vars": forwarded_env()},
+            )
+            .remote(spec.name, str(self.workdir), generation)
+        )
 
-    def start_services(self, configs: dict) -> dict[str, str | list[str]]:
-        """Trainer ranks, rollout engines and the dataloader; their addresses once all are SERVING."""
+    def _start_processes(self) -> None:
+        """Trainer rank 0 first (its store is where the other ranks meet), then everything else."""
         import ray
 
-        pids = self._start_processes(configs)
-        addresses: dict[str, str | list[str]] = {}
-        for spec in self.specs:
-            if spec.name not in pids:
-                continue
-            if spec.is_trainer_worker:
-                print(f"  {spec.name:<14} rank {spec.index}  pid {pids[spec.name]}", flush=True)
-                continue
-            port = ray.get(self.actors[spec.name].wait_port.remote(START_TIMEOUT_S))
-            address = f"{self.nodes[spec.name]['ip']}:{port}"
-            print(f"  {spec.name:<14} {address}  pid {pids[spec.name]}", flush=True)
-            if spec.service == "rollout":
-                addresses.setdefault("rollout", []).append(address)
-            else:
-                addresses[spec.service] = address
-        for address in [addresses.get("trainer"), addresses.get("dataloader"), *addresses.get("rollout", [])]:
-            if address:
-                self._wait_serving(address)  # the trainer: once every rank has loaded its shard
-        return addresses
-
-    def _start_processes(self, configs: dict) -> dict[str, int]:
-        import ray
-
-        started: dict[str, object] = {}  # actor name -> pid (a Ray future)
         trainer = None
         if "trainer-0" in self.actors:
-            trainer = self._trainer_settings(configs["trainer"])
-            started["trainer-0"] = self._start("trainer-0", "trainer", non_default_settings(trainer))
-            ray.get(self.actors["trainer-0"].wait_port.remote(START_TIMEOUT_S))  # its store listens now
-        for spec in self.specs:
-            actor = self.actors[spec.name]
+            trainer = self._trainer_settings(self.run.trainer)
+            self._launch["trainer-0"] = ("trainer", non_default_settings(trainer))
+            self._spawn("trainer-0")
+            ray.get(self.actors["trainer-0"].handle.wait_port.remote(START_TIMEOUT_S))
+        if "rollout" in {a.spec.service for a in self.actors.values()}:
+            self._placement["rollout_num_gpus"] = self.run.rollout.rollout_num_gpus_per_engine
+        for name, actor in self.actors.items():
+            spec = actor.spec
             if spec.is_trainer_worker:
-                args = (
-                    spec.index,
-                    trainer.world_size,
-                    trainer.master_addr,
-                    trainer.master_port,
-                    to_dict(trainer),
-                )
-                started[spec.name] = actor.start_trainer_worker.remote(*args)
+                args = (spec.index, trainer.world_size, trainer.master_addr, trainer.master_port)
+                self._launch[name] = ("worker", (*args, to_dict(trainer)))
             elif spec.service == "rollout":
-                settings = non_default_settings(self._rollout_settings(configs["rollout"], spec))
-                started[spec.name] = self._start(spec.name, "rollout", settings)
+                self._launch[name] = ("rollout", non_default_settings(self._rollout_settings(actor)))
             elif spec.service == "dataloader":
-                started[spec.name] = self._start(
-                    spec.name, "dataloader", non_default_settings(configs["dataloader"])
-                )
-        return dict(zip(started, ray.get(list(started.values())), strict=True))
+                self._launch[name] = ("dataloader", non_default_settings(self.run.dataloader))
+            if name != "trainer-0":
+                self._spawn(name)
 
-    def _wait_serving(self, address: str, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Wait for SERVING, failing at once if any started process or actor died meanwhile."""
-        deadline = time.monotonic() + timeout_s
+    def _spawn(self, name: str) -> None:
+        import ray
+
+        actor = self.actors[name]
+        kind, settings = self._launch[name]
+        if kind == "worker":
+            pid = actor.handle.start_trainer_worker.remote(*settings)
+        else:
+            pid = actor.handle.start_service.remote(kind, actor.node["ip"], settings, [])
+        actor.pid = ray.get(pid, timeout=CALL_TIMEOUT_S)
+
+    def _wait_all_serving(self) -> None:
+        import ray
+
+        for actor in self.actors.values():
+            if not actor.spec.is_trainer_worker:
+                port = ray.get(actor.handle.wait_port.remote(START_TIMEOUT_S))
+                actor.address = f"{actor.node['ip']}:{port}"
+        for actor in self.actors.values():
+            log.info("Ray actor started", actor=actor.spec.name, node=actor.node["ip"], address=actor.address,
+                     pid=actor.pid)  # fmt: skip
+        with ThreadPoolExecutor(max(len(self.actors), 1)) as pool:  # the trainer: once every rank has loaded
+            list(pool.map(self._wait_serving, [a.address for a in self.actors.values() if a.address]))
+        self.addresses = {}
+        for actor in self.actors.values():
+            if actor.address:
+                self.addresses.setdefault(actor.spec.service, []).append(actor.address)
+
+    def _wait_serving(self, address: str) -> None:
+        """Wait for SERVING, failing at once if any actor or its process died meanwhile."""
+
+        def check() -> None:
+            dead = self.dead()
+            if dead is not None:
+                raise RayStartError(f"{dead.name} {dead.detail}")
+
+        deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             try:
                 return wait_until_serving(address, 5.0)
             except TimeoutError:
-                dead = self.first_dead()
-                if dead:
-                    raise RuntimeError(dead) from None
+                check()
                 if time.monotonic() > deadline:
                     raise
 
-    def first_dead(self) -> str | None:
-        for name, actor in self.actors.items():
-            dead = describe_dead(name, actor, self.nodes[name]["ip"])
-            if dead:
-                return dead
-        return None
-
-    def start_coordinator(self, runs_root: Path) -> str:
-        import ray
-
-        pid = ray.get(self._start("coordinator", "coordinator", {}, ["--runs-root", str(runs_root)]))
-        port = ray.get(self.actors["coordinator"].wait_port.remote(120.0))
-        address = f"{self.nodes['coordinator']['ip']}:{port}"
-        print(f"  {'coordinator':<14} {address}  pid {pid}", flush=True)
-        self._wait_serving(address, 120.0)
-        return address
-
-    def _start(self, name: str, service: str, settings: dict, extra_args: list[str] = ()):
-        return self.actors[name].start_service.remote(
-            service, self.nodes[name]["ip"], settings, list(extra_args)
-        )
-
     def _trainer_settings(self, trainer):
-        """Rank 0 hosts the store on its node; ranks 1.. are actors of their own (spawn_workers false)."""
+        """Rank 0 hosts the ranks' store and the weight group's on its node (ports picked there);
+        ranks 1.. are actors of their own (spawn_workers false)."""
         import ray
 
-        master_port, self.weight_port = ray.get(self.actors["trainer-0"].free_ports.remote(2))
+        handle, ip = self.actors["trainer-0"].handle, self.actors["trainer-0"].node["ip"]
+        master_port, weight_port = ray.get(handle.free_ports.remote(2), timeout=CALL_TIMEOUT_S)
+        c = self.run.coordinator
+        if not c.update_weight_master_addr:
+            self._placement["update_weight_master_addr"] = ip
+        if not c.update_weight_master_port:
+            self._placement["update_weight_master_port"] = weight_port
         if trainer.world_size == 1:
             return trainer
-        ip = self.nodes["trainer-0"]["ip"]
-        return dataclasses.replace(trainer, spawn_workers=False, master_addr=ip, master_port=master_port)
+        placed = {"spawn_workers": False, "master_addr": ip, "master_port": master_port}
+        self._placement.update(placed)
+        return dataclasses.replace(trainer, **placed)
 
-    def _rollout_settings(self, rollout, spec: ActorSpec):
+    def _rollout_settings(self, actor: _Actor):
         """One engine per rollout service; a launched SGLang server binds this node on a free port."""
         import ray
 
+        rollout = self.run.rollout
         per_engine = rollout.rollout_num_gpus_per_engine
         if rollout.rollout_engine != "sglang" or rollout.sglang_urls:
             return dataclasses.replace(rollout, rollout_num_gpus=per_engine)
-        (port,) = ray.get(self.actors[spec.name].free_ports.remote(1))
-        host = self.nodes[spec.name]["ip"]
-        return dataclasses.replace(rollout, rollout_num_gpus=per_engine, sglang_host=host, sglang_port=port)
+        (port,) = ray.get(actor.handle.free_ports.remote(1), timeout=CALL_TIMEOUT_S)
+        return dataclasses.replace(
+            rollout, rollout_num_gpus=per_engine, sglang_host=actor.node["ip"], sglang_port=port
+        )
 
-    def run_overrides(self, c) -> dict:
-        """The weight group's port on trainer rank 0's node (unless the config sets one)."""
-        if self.weight_port and not c.update_weight_master_port:
-            return {"update_weight_master_port": self.weight_port}
-        return {}
+    def placement_settings(self) -> dict[str, object]:
+        return dict(self._placement)
 
-    def shutdown(self) -> None:
-        """Stop every process by pid (coordinator first, trainer rank 0 before its workers), then the actors."""
+    # --- supervision ---
+    def dead(self) -> DeadService | None:
         import ray
 
-        for name in sorted(self.actors, key=lambda n: STOP_ORDER.index(n.split("-")[0])):
+        with self._lock:
+            actors = list(self.actors.values())
+        polls = [(actor, actor.handle.poll.remote()) for actor in actors]
+        for actor, poll in polls:
+            spec, where = actor.spec, f"Ray actor {actor.spec.name} on node {actor.node['ip']}"
+            index = 0 if spec.service == "trainer" else spec.index  # a trainer rank is the trainer
             try:
-                ray.get(self.actors[name].stop.remote(), timeout=60)
-            except Exception:  # a dead actor took its process with it (PR_SET_PDEATHSIG)
-                pass
-        for actor in self.actors.values():
-            ray.kill(actor)
-        if self.group is not None:
-            ray.util.remove_placement_group(self.group)
+                status = ray.get(poll, timeout=CALL_TIMEOUT_S)
+            except ray.exceptions.RayActorError as exc:
+                reason = str(exc).strip().splitlines()[0][:300]
+                return DeadService(
+                    spec.service, index, f"({where}) died; its service is gone. Ray says: {reason}"
+                )
+            except ray.exceptions.GetTimeoutError:
+                continue
+            if status is not None:
+                return DeadService(
+                    spec.service,
+                    index,
+                    f"({where}, pid {status['pid']}) exited with {status['code']}; "
+                    f"last log lines:\n{status['log_tail']}",
+                )
+        return None
+
+    def restart(self, name: str, index: int) -> str:
+        """A new actor in the dead one's bundle (so on its node), started with the same settings."""
+        import ray
+
+        world_size = self.run.trainer.world_size
+        if "trainer-1" in self.actors:
+            raise CannotRestart(
+                f"the trainer's {world_size} ranks are Ray actors of their own, and a recovering run "
+                "rebuilds every service, which rank 0 cannot do with ranks it did not start; run again "
+                "to resume from the last checkpoint"
+            )
+        with self._lock:
+            actor = next(a for a in self.actors.values() if (a.spec.service, a.spec.index) == (name, index))
+            _stop_actor(actor)
+            _wait_name_free(f"rollway-{self.name}-{actor.spec.name}")
+            actor.generation += 1
+            actor.handle = self._new_actor(actor.spec, actor.bundle, actor.generation)
+            actor.node = ray.get(actor.handle.node.remote(), timeout=PLACEMENT_TIMEOUT_S)
+            self._spawn(actor.spec.name)
+        try:
+            port = ray.get(actor.handle.wait_port.remote(START_TIMEOUT_S))
+        except ray.exceptions.RayTaskError as exc:
+            raise RayStartError(f"could not restart on Ray: {exc.cause or exc}") from None
+        actor.address = f"{actor.node['ip']}:{port}"
+        self._wait_serving(actor.address)
+        log.info("Ray actor restarted", actor=actor.spec.name, node=actor.node["ip"], address=actor.address,
+                 pid=actor.pid, generation=actor.generation)  # fmt: skip
+        self.addresses[name][index] = actor.address
+        self._write_actors()
+        return actor.address
+
+    def _write_actors(self) -> None:
+        """WORKDIR/ray.json: where each actor runs (node, address, pid, restarts) and the settings
+        the placement decided."""
+        actors = {
+            name: {
+                "service": a.spec.service,
+                "index": a.spec.index,
+                "node": a.node["ip"],
+                "address": a.address,
+                "pid": a.pid,
+                "generation": a.generation,
+            }
+            for name, a in self.actors.items()
+        }
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "ray.json").write_text(
+            json.dumps({"actors": actors, "placement_settings": self._placement}, indent=1)
+        )
+
+    # --- stop ---
+    def stop(self) -> None:
+        """Every process by pid (trainer rank 0 before its workers), the actors, the group, Ray."""
+        import ray
+
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            ordered = sorted(
+                self.actors.values(), key=lambda a: (STOP_ORDER.index(a.spec.service), a.spec.index)
+            )
+        for actor in ordered:
+            _stop_actor(actor)
+        try:
+            if self._pg is not None:
+                ray.util.remove_placement_group(self._pg)
+        finally:
+            if self._joined:
+                _leave_ray()
 
 
-class RaySupervisor:
-    """Watches the actors and their processes; `failure` describes the first that died."""
+def _stop_actor(actor: _Actor) -> None:
+    """Its process by pid (a drain of up to 30 s), then the actor; a dead actor took its process with it."""
+    import ray
 
-    def __init__(self, services: RayServices, interval_s: float = 1.0):
-        self.services = services
-        self.failure: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, args=(interval_s,), daemon=True)
-        self._thread.start()
+    try:
+        ray.get(actor.handle.stop.remote(), timeout=60)
+    except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+        pass
+    ray.kill(actor.handle, no_restart=True)
 
-    def _watch(self, interval_s: float) -> None:
-        while not self._stop.wait(interval_s) and self.check() is None:
-            pass
 
-    def check(self) -> str | None:
-        """The first dead actor or process, described (None while all live); the launcher's interface."""
-        if self.failure is None:
-            self.failure = self.services.first_dead()
-        return self.failure
+def _wait_name_free(name: str, timeout_s: float = 60.0) -> None:
+    """A killed actor's name is free once Ray has seen it die (a new actor takes it then)."""
+    import ray
 
-    def close(self) -> None:
-        self._stop.set()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return
+        time.sleep(0.1)
+    raise RayStartError(f"Ray still lists the killed actor {name} after {timeout_s:.0f}s")
+
+
+# --- this process's Ray connection, shared by the groups of concurrent runs ---
+_ray_lock = threading.Lock()
+_ray_users = 0
+_ray_ours = False  # initialised here (not by a caller of this process): shut down after the last group
+
+
+def _join_ray(address: str, num_cpus: int) -> None:
+    """Join the cluster at `address` (or RAY_ADDRESS); else start a local one that fits the run:
+    its logical CPUs are at least one per actor, even on a 2-core laptop."""
+    global _ray_users, _ray_ours
+    import ray
+
+    with _ray_lock:
+        if not ray.is_initialized():
+            address = address or os.environ.get("RAY_ADDRESS", "")
+            try:
+                if address:
+                    _check_reachable(address)
+                    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+                else:
+                    ray.init(num_cpus=max(os.cpu_count() or 1, num_cpus), include_dashboard=False,
+                             log_to_driver=False)  # fmt: skip
+            except ConnectionError as exc:
+                raise RayStartError(f"cannot reach the Ray cluster: {exc}") from None
+            _ray_ours = True
+        elif address and ":" in address and not address.startswith("ray://"):
+            joined = ray.get_runtime_context().gcs_address
+            if address != joined:
+                raise RayStartError(
+                    f"ray_address {address}: this coordinator is already joined to the Ray cluster at "
+                    f"{joined} (one cluster per coordinator process)"
+                )
+        _ray_users += 1
+
+
+def _leave_ray() -> None:
+    global _ray_users, _ray_ours
+    import ray
+
+    with _ray_lock:
+        _ray_users -= 1
+        if _ray_users == 0 and _ray_ours:
+            ray.shutdown()
+            _ray_ours = False
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """ConnectionError at once when nothing listens at host:port (ray.init would retry for minutes)."""
+    import socket
+
+    target = address.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    if target == "auto" or not port.isdigit():
+        return  # "auto" (a cluster started on this node) or an address form Ray resolves itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConnectionError(
+            f"nothing answers at {address} ({exc}); is the Ray head running there?"
+        ) from None

@@ -10,6 +10,9 @@
 The services append their spans to this process's trace file, if it has one (--trace-file or
 ROLLWAY_TRACE_FILE): a run's trace file holds the services' side of every call too.
 
+RayServiceGroup (ray_services.py) is the same interface over Ray actors. A group that cannot
+restart a service raises CannotRestart, and the run fails naming the dead service.
+
 HealthWatch watches services the coordinator did not start (attached by address): a service that
 stops answering its health checks for a few seconds is reported dead the same way.
 """
@@ -45,10 +48,19 @@ class DeadService:
         return f"{label} {self.detail}"
 
 
+class CannotRestart(RuntimeError):
+    """This group cannot put a new instance in place of a dead one; the message says why."""
+
+
 class ServiceGroup(ABC):
     """Services a run started (local processes, Ray actors): addresses, death, restart, stop."""
 
     addresses: dict[str, list[str]]
+
+    def placement_settings(self) -> dict[str, object]:
+        """Run settings the placement decided (where the weight group meets, ...), which the run
+        uses and pushes to its services in place of its own; none for local processes."""
+        return {}
 
     @abstractmethod
     def start(self, counts: dict[str, int]) -> dict[str, list[str]]:
@@ -60,7 +72,7 @@ class ServiceGroup(ABC):
 
     @abstractmethod
     def restart(self, name: str, index: int) -> str:
-        """A new instance in place of instance `index` of `name`; its address."""
+        """A new instance in place of instance `index` of `name`; its address (CannotRestart)."""
 
     @abstractmethod
     def stop(self) -> None:
@@ -174,6 +186,8 @@ class HealthWatch:
                 silent = now - self._last_ok[(name, index)]
                 if silent > self.grace_seconds:
                     return DeadService(
-                        name, index, f"at {address} has not answered for {silent:.0f}s ({exc.code().name})"
+                        name,
+                        index,
+                        f"at {address} is unreachable: no health check answered for {silent:.0f}s ({exc.code().name})",
                     )
         return None

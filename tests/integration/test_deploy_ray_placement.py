@@ -1,4 +1,4 @@
-"""The Ray launcher's actor layout (pure logic: no Ray cluster needed)."""
+"""The Ray service group's actor layout (pure logic: no Ray cluster needed)."""
 
 from __future__ import annotations
 
@@ -6,16 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from rollway.deploy.placement import PlacementError, describe, plan_actors
-from rollway.deploy.ray_launcher import check_fits
-from rollway.launcher import parse_run_config, services_needed
+from rollway.coordinator import run_config
+from rollway.deploy.placement import PlacementError, check_fits, describe, plan_actors
+from rollway.launcher import parse_run_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "ray" / "grpo-8gpu.yaml"
 
 
 def layout(*flags: str, gpus: float = 8.0):
-    configs = parse_run_config([str(EXAMPLE), *flags])
-    return plan_actors(configs, services_needed(configs["coordinator"]), gpus)
+    """The actors of the example run with `flags`, for the services the coordinator would start."""
+    given: dict = {}
+    run = run_config.RunConfig(**parse_run_config([str(EXAMPLE), *flags], given=given), given=given)
+    missing = [name for name, addresses in run.addresses().items() if not addresses]
+    return plan_actors({"trainer": run.trainer, "rollout": run.rollout}, missing, gpus)
 
 
 def test_eight_gpus_hold_four_trainer_ranks_and_two_sglang_engines_with_tp_2():
@@ -28,18 +31,17 @@ def test_eight_gpus_hold_four_trainer_ranks_and_two_sglang_engines_with_tp_2():
         ("rollout-0", {"CPU": 1.0, "GPU": 2.0}),
         ("rollout-1", {"CPU": 1.0, "GPU": 2.0}),
         ("dataloader", {"CPU": 1.0}),
-        ("coordinator", {"CPU": 1.0}),
-    ]
+    ]  # the coordinator places the run: it is no actor of it
     assert [s.is_trainer_worker for s in specs[:4]] == [False, True, True, True]
     assert "rollout-1      CPU 1, GPU 2" in describe(specs)
     check_fits(specs, {"CPU": 64.0, "GPU": 8.0})
-    with pytest.raises(PlacementError, match="need 8 CPU in total and the Ray cluster has 4"):
+    with pytest.raises(PlacementError, match="need 7 CPU in total and the Ray cluster has 4"):
         check_fits(specs, {"CPU": 4.0, "GPU": 8.0})
 
 
 def test_attached_services_get_no_actor_and_gpus_are_counted():
     specs = layout("--trainer-addr", "10.0.0.5:50051", "--dataloader-addr", "10.0.0.5:50053")
-    assert [s.name for s in specs] == ["rollout-0", "rollout-1", "coordinator"]
+    assert [s.name for s in specs] == ["rollout-0", "rollout-1"]
     with pytest.raises(PlacementError, match="needs 8 GPUs and the Ray cluster has 6"):
         layout(gpus=6.0)
     with pytest.raises(PlacementError, match="sglang needs GPUs"):
@@ -55,11 +57,10 @@ def test_a_cpu_cluster_runs_the_hf_engine_without_gpu_requests():
         ("trainer-1", {"CPU": 1.0}),
         ("rollout-0", {"CPU": 1.0}),
         ("dataloader", {"CPU": 1.0}),
-        ("coordinator", {"CPU": 1.0}),
     ]
 
 
-def test_an_unreachable_ray_address_is_refused_at_once(tmp_path):
+def test_an_unreachable_ray_address_is_refused_at_once(tmp_path, tiny_model_dir):
     import subprocess
     import sys
     import time
@@ -72,6 +73,12 @@ def test_an_unreachable_ray_address_is_refused_at_once(tmp_path):
             "rollway.cli",
             "run",
             str(EXAMPLE),
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--rollout-max-response-len",
+            "64",
+            "--run-dir",
+            str(tmp_path / "runs"),
             "--launcher",
             "ray",
             "--ray-address",
@@ -82,8 +89,11 @@ def test_an_unreachable_ray_address_is_refused_at_once(tmp_path):
         timeout=120,
         cwd=tmp_path,
     )
-    assert result.returncode == 2
-    assert "cannot reach the Ray cluster: nothing answers at 127.0.0.1:1" in result.stderr
+    # The coordinator joins the cluster when it starts the run's services: the run fails at once.
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAILED: RayStartError: cannot reach the Ray cluster: nothing answers at 127.0.0.1:1" in (
+        result.stdout
+    )
     assert time.monotonic() - started < 60  # not Ray's minutes of retries
 
 
