@@ -128,9 +128,10 @@ class _PolicyInterceptor(
 ):
     """Adds the default deadline, auth and context metadata; retries idempotent unary calls."""
 
-    def __init__(self, config: ClientConfig):
+    def __init__(self, config: ClientConfig, stop: threading.Event | None = None):
         self._config = config
         self._token = config.auth_token or os.environ.get("ROLLWAY_AUTH_TOKEN", "")
+        self._stop = stop or threading.Event()
 
     def _details(self, details: grpc.ClientCallDetails) -> _CallDetails:
         metadata = list(details.metadata or ())
@@ -175,7 +176,8 @@ class _PolicyInterceptor(
             budget[code] -= 1
             attempt += 1
             log.info("retrying", method=details.method, code=code.name, attempt=attempt, delay_seconds=delay)
-            time.sleep(delay)
+            if self._stop.wait(delay):  # the caller gave up on this channel's calls: no more retries
+                return outcome
 
     def intercept_unary_stream(self, continuation, client_call_details, request):
         return continuation(self._details(client_call_details), request)
@@ -264,11 +266,14 @@ def _with_tls_env(config: ClientConfig) -> ClientConfig:
     return dataclasses.replace(config, **values) if values["tls_ca"] else config
 
 
-def open_channel(address: str, config: ClientConfig | None = None) -> grpc.Channel:
+def open_channel(
+    address: str, config: ClientConfig | None = None, *, stop: threading.Event | None = None
+) -> grpc.Channel:
     """A channel to `address` with rollway's call policy, tracing, limits and (m)TLS.
 
     Without a CA in `config`, ROLLWAY_TLS_CA (and ROLLWAY_TLS_CERT/KEY for mTLS,
-    ROLLWAY_TLS_SERVER_NAME) from the environment turn TLS on."""
+    ROLLWAY_TLS_SERVER_NAME) from the environment turn TLS on. Once `stop` is set, a call waiting
+    to be retried returns its last error at once (a supervisor that saw the service die)."""
     config = _with_tls_env(config or ClientConfig())
     options = channel_options(config.max_message_mb, config.keepalive_seconds)
     # gRPC's reconnect backoff grows to 120 s by default: a restarted service would wait that
@@ -286,7 +291,7 @@ def open_channel(address: str, config: ClientConfig | None = None) -> grpc.Chann
     else:
         channel = grpc.insecure_channel(address, options=options)
     # Tracing is outermost: one CLIENT span covers all retries of a call.
-    return grpc.intercept_channel(channel, client_interceptor(), _PolicyInterceptor(config))
+    return grpc.intercept_channel(channel, client_interceptor(), _PolicyInterceptor(config, stop))
 
 
 class UnreachableError(ConnectionError):

@@ -47,6 +47,7 @@ class Services:
     _calls: set = field(default_factory=set)
     _calls_lock: threading.Lock = field(default_factory=threading.Lock)
     cancelled: bool = False
+    _stopped: threading.Event = field(default_factory=threading.Event)  # ends the channels' retries
 
     @classmethod
     def connect(
@@ -80,7 +81,7 @@ class Services:
         return services
 
     def _open(self, address: str, client_config: ClientConfig | None) -> grpc.Channel:
-        channel = open_channel(address, client_config)
+        channel = open_channel(address, client_config, stop=self._stopped)
         self._channels.append(channel)
         return channel
 
@@ -93,6 +94,7 @@ class Services:
         with self._calls_lock:
             self.cancelled = True
             calls = list(self._calls)
+        self._stopped.set()
         for call in calls:
             call.cancel()
 
