@@ -57,7 +57,7 @@ def _make_tiny_model(argv: list[str]) -> int:
 
 
 def _up(argv: list[str]) -> int:
-    from rollway.common.local_launch import main as up_main
+    from rollway.deploy.local_processes import main as up_main
 
     return up_main(argv)
 

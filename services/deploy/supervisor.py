@@ -29,8 +29,8 @@ from pathlib import Path
 import grpc
 
 from rollway.common.client import ClientConfig, open_channel
-from rollway.common.local_launch import ServiceProcess
 from rollway.common.tracing import trace_file_environment
+from rollway.deploy.local_processes import ServiceProcess
 
 TAIL_LINES = 30
 

@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from support.processes import ServiceProcess
 
-from rollway.common.local_launch import demo_service_args
+from rollway.deploy.local_processes import demo_service_args
 
 BUF = Path(sys.executable).parent / "buf"
 PROTOS = Path(__file__).resolve().parents[2] / "protos"

@@ -1,4 +1,4 @@
-"""Start rollway services as real processes for tests (see rollway.common.local_launch), and look
+"""Start rollway services as real processes for tests (see rollway.deploy.local_processes), and look
 at process trees through /proc (Linux): what a launcher started, and whether it is still running."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rollway.common.local_launch import ServiceProcess
 from rollway.deploy.chaos import descendants
+from rollway.deploy.local_processes import ServiceProcess
 
 __all__ = ["ServiceProcess", "alive", "descendants", "wait_all_gone"]
 
