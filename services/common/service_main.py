@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import sys
 from collections.abc import Sequence
 
 from rollway.common.config import parse_components
@@ -48,3 +50,11 @@ def run_service(service: str, config_classes: Sequence[type], argv: Sequence[str
     )
     module = importlib.import_module(f"rollway.{service}.service")
     module.serve(server_config, *service_configs)
+    # serve() returns once the service has drained, stopped its ranks and engines and flushed its
+    # spans. Interpreter teardown is skipped: with a peer of a torch.distributed group gone (a
+    # killed trainer rank, a dead weight-sync member), gloo's threads abort the process there
+    # ("terminate called without an active exception"), and the exit status must say that the
+    # service stopped cleanly.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
