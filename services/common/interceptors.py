@@ -9,6 +9,7 @@ becomes INTERNAL with a short message, while the traceback goes to the service's
 from __future__ import annotations
 
 import hmac
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -77,6 +78,32 @@ def _abort_for(exc: BaseException, context: grpc.ServicerContext, method: str) -
     context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}: {exc}"[:500])
 
 
+class _RunningHandlers:
+    """How many RPC handlers of this process are running (a handler may outlive its call: the
+    server ends a call at the drain's deadline while its handler still unwinds)."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._cond = threading.Condition()
+
+    def __enter__(self) -> None:
+        with self._cond:
+            self._count += 1
+
+    def __exit__(self, *exc) -> None:
+        with self._cond:
+            self._count -= 1
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no handler runs (True), at most `timeout` seconds."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._count == 0, timeout)
+
+
+RUNNING_HANDLERS = _RunningHandlers()
+
+
 class ContextInterceptor(grpc.ServerInterceptor):
     """Binds log context from metadata and maps exceptions to gRPC statuses."""
 
@@ -95,7 +122,7 @@ class ContextInterceptor(grpc.ServerInterceptor):
             if resp_stream:
 
                 def stream(request, context) -> Iterator[Any]:
-                    with bound_contextvars(**fields):
+                    with RUNNING_HANDLERS, bound_contextvars(**fields):
                         try:
                             yield from behaviour(request, context)
                         except Exception as exc:
@@ -106,7 +133,7 @@ class ContextInterceptor(grpc.ServerInterceptor):
                 return stream
 
             def unary(request, context):
-                with bound_contextvars(**fields):
+                with RUNNING_HANDLERS, bound_contextvars(**fields):
                     try:
                         return behaviour(request, context)
                     except Exception as exc:

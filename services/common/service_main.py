@@ -16,10 +16,14 @@ import sys
 from collections.abc import Sequence
 
 from rollway.common.config import parse_components
+from rollway.common.interceptors import RUNNING_HANDLERS
 from rollway.common.server import ServerConfig
 
 # The components whose settings make up one run config (the flat namespace of `rollway run`),
 # as (module, dataclass); their config modules import no torch.
+# How long a stopped service waits for RPC handlers still unwinding before it exits.
+HANDLERS_EXIT_SECONDS = 5.0
+
 RUN_COMPONENTS = {
     "coordinator": ("rollway.coordinator.config", "CoordinatorConfig"),
     "dataloader": ("rollway.dataloader.config", "DataloaderConfig"),
@@ -54,7 +58,8 @@ def run_service(service: str, config_classes: Sequence[type], argv: Sequence[str
     # spans. Interpreter teardown is skipped: with a peer of a torch.distributed group gone (a
     # killed trainer rank, a dead weight-sync member), gloo's threads abort the process there
     # ("terminate called without an active exception"), and the exit status must say that the
-    # service stopped cleanly.
+    # service stopped cleanly. Handlers still unwinding (a join the stop cancelled) finish first.
+    RUNNING_HANDLERS.wait_idle(HANDLERS_EXIT_SECONDS)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
