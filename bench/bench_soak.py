@@ -29,17 +29,12 @@ from collections import Counter
 from pathlib import Path
 
 from bench.harness import BenchResult
+from rollway.common.demo_data import write_digit_share_reward
 from rollway.coordinator.prompt_ledger import PromptLedger
 from rollway.deploy.chaos import ChaosRun, random_schedule, run_with_chaos
 
 SEED = 2024
 RUN_ID = "soak"
-REWARD = '''
-def digit_share(sample):
-    """Share of digits among a response's non-space characters: varies between samples."""
-    text = "".join(sample.response.split())
-    return sum(c.isdigit() for c in text) / max(len(text), 1)
-'''
 
 
 def write_config(workdir: Path, model: Path, data: Path, num_steps: int, max_restarts: int) -> Path:
@@ -77,7 +72,7 @@ def soak_run(
 ) -> tuple[ChaosRun, Path]:
     workdir = root / name
     workdir.mkdir()
-    (workdir / "soak_reward.py").write_text(REWARD)
+    write_digit_share_reward(workdir, "soak_reward")
     config = write_config(workdir, model, data, num_steps, max_restarts=len(schedule) + 2)
     run_dir = workdir / "runs" / RUN_ID
     run = run_with_chaos(

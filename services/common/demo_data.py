@@ -156,3 +156,22 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# A reward that varies between the tiny model's samples. exact_match scores an untrained model 0
+# everywhere, so GRPO would compute no gradient; runs that must change the weights (tests of
+# recovery, soak benchmarks, client tests) use this one through custom_rm_path.
+DIGIT_SHARE_REWARD = '''
+def digit_share(sample):
+    """Share of digits among a response's non-space characters: varies between samples."""
+    text = "".join(sample.response.split())
+    return sum(c.isdigit() for c in text) / max(len(text), 1)
+'''
+
+
+def write_digit_share_reward(directory: Path, module: str = "digit_reward") -> str:
+    """Write DIGIT_SHARE_REWARD as DIRECTORY/MODULE.py (put DIRECTORY on the rollout service's
+    PYTHONPATH); returns the custom_rm_path that names it."""
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    (Path(directory) / f"{module}.py").write_text(DIGIT_SHARE_REWARD)
+    return f"{module}:digit_share"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rollway.common.demo_data import write_digit_share_reward
 from rollway.coordinator.prompt_ledger import PromptLedger
 from rollway.deploy.chaos import Kill, run_with_chaos
 
@@ -17,12 +18,6 @@ pytestmark = pytest.mark.slow
 
 NUM_STEPS = 10
 RUN_SECONDS = 420.0
-REWARD = '''
-def digit_share(sample):
-    """Share of digits among a response's non-space characters: varies between samples."""
-    text = "".join(sample.response.split())
-    return sum(c.isdigit() for c in text) / max(len(text), 1)
-'''
 
 
 def write_config(path: Path, model: Path, data: Path, run_dir: Path, save: Path, export: Path) -> Path:
@@ -57,7 +52,7 @@ def write_config(path: Path, model: Path, data: Path, run_dir: Path, save: Path,
 def run_to_end(tmp_path: Path, name: str, model: Path, data: Path, schedule=(), seed: int = 0):
     workdir = tmp_path / name
     workdir.mkdir()
-    (workdir / "chaos_reward.py").write_text(REWARD)
+    write_digit_share_reward(workdir, "chaos_reward")
     run_dir = workdir / "runs"
     config = write_config(workdir / "run.json", model, data, run_dir, workdir / "save", workdir / "hf")
     pythonpath = f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"

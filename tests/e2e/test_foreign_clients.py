@@ -30,6 +30,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.processes import ServiceProcess
 
+from rollway.common.demo_data import write_digit_share_reward
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,13 +45,6 @@ NPM_OFFLINE = re.compile(
     r"E(NOTFOUND|AI_AGAIN|CONNREFUSED|CONNRESET|TIMEDOUT|NETUNREACH|HOSTUNREACH)|network", re.I
 )
 RUN_SECONDS = 240.0
-
-DIGIT_REWARD = '''
-def digit_share(sample):
-    """Share of digits among a response's non-space characters: varies between samples."""
-    text = "".join(sample.response.split())
-    return sum(c.isdigit() for c in text) / max(len(text), 1)
-'''
 
 
 # ---------------------------------------------------------------- fixtures
@@ -91,8 +86,7 @@ def coordinator(tmp_path_factory):
     """One coordinator, alone: the runs start their own services. Its children can import the reward."""
     workdir = tmp_path_factory.mktemp("foreign-clients")
     rewards = workdir / "rewards"
-    rewards.mkdir()
-    (rewards / "e2e_digit_reward.py").write_text(DIGIT_REWARD)
+    write_digit_share_reward(rewards, "e2e_digit_reward")
     path = os.pathsep.join(p for p in (str(rewards), os.environ.get("PYTHONPATH", "")) if p)
     with ServiceProcess(
         "coordinator", ["--runs-root", str(workdir / "runs")], workdir, env={"PYTHONPATH": path}

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 from support.processes import ServiceProcess
+from support.waiting import wait_until
 
 from rollway.common.client import open_channel
 from rollway.common.v1 import common_pb2
@@ -33,13 +34,6 @@ def _request(i: int, n: int = 2, max_new_tokens: int = 4) -> rollout_pb2.Generat
 
 def _info(stub) -> rollout_pb2.GetInfoResponse:
     return stub.GetInfo(rollout_pb2.GetInfoRequest(), timeout=10)
-
-
-def _wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def test_200_concurrent_calls_beyond_2_running_slots_all_complete(tiny_model_dir, tmp_path):
@@ -107,9 +101,9 @@ def test_full_queue_refuses_a_cancelled_call_leaves_it_and_a_long_wait_ends(smal
     stub = small_queue
     stub.Pause(rollout_pb2.PauseRequest())  # the running call waits for Resume, holding its slot
     running = Call(stub, _request(0))
-    _wait_for(lambda: _info(stub).num_generate_calls_running == 1, 30, "the running call")
+    wait_until(lambda: _info(stub).num_generate_calls_running == 1, 30, "the running call")
     queued = [Call(stub, _request(1)), Call(stub, _request(2))]
-    _wait_for(lambda: _info(stub).num_generate_calls_queued == 2, 30, "two queued calls")
+    wait_until(lambda: _info(stub).num_generate_calls_queued == 2, 30, "two queued calls")
 
     with pytest.raises(grpc.RpcError) as full:
         list(stub.Generate(_request(3), timeout=30))
@@ -119,7 +113,7 @@ def test_full_queue_refuses_a_cancelled_call_leaves_it_and_a_long_wait_ends(smal
     )
 
     queued[1].cancel()  # leaves the queue at once, making room
-    _wait_for(lambda: _info(stub).num_generate_calls_queued == 1, 10, "the cancelled call to leave")
+    wait_until(lambda: _info(stub).num_generate_calls_queued == 1, 10, "the cancelled call to leave")
     queued[1].join(10)
     assert queued[1].error.code() == grpc.StatusCode.CANCELLED
 

@@ -8,6 +8,7 @@ import time
 
 import grpc
 from support.processes import ServiceProcess
+from support.waiting import wait_until
 
 from rollway.common.client import open_channel
 from rollway.common.v1 import common_pb2
@@ -47,13 +48,6 @@ def _long_request(n=4):
     )
 
 
-def _wait_for(condition, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def _start(tiny_model_dir, workdir, *extra, grace=GRACE):
     args = ["--hf-checkpoint", str(tiny_model_dir), "--reward", "none", "--grace-seconds", str(grace)]
     return ServiceProcess("rollout", [*args, *extra], workdir).start()
@@ -66,7 +60,7 @@ def test_sigterm_mid_generation_exits_within_grace_and_streams_end_with_aborted_
     try:
         stub = rollout_pb2_grpc.RolloutServiceStub(open_channel(svc.address))
         calls = [Collect(stub, _long_request()) for _ in range(4)]  # one alone rarely hit the old hang
-        _wait_for(
+        wait_until(
             lambda: stub.GetInfo(rollout_pb2.GetInfoRequest()).num_samples_in_flight == 32, 60, "samples"
         )
         sent = time.monotonic()
@@ -92,7 +86,7 @@ def test_sigterm_ends_queued_calls_and_calls_waiting_for_resume_at_once(tiny_mod
         stub = rollout_pb2_grpc.RolloutServiceStub(open_channel(svc.address))
         stub.Pause(rollout_pb2.PauseRequest())
         calls = [Collect(stub, _long_request(n=1)) for _ in range(2)]
-        _wait_for(
+        wait_until(
             lambda: stub.GetInfo(rollout_pb2.GetInfoRequest()).num_generate_calls_queued == 1, 30, "queue"
         )
         sent = time.monotonic()

@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import grpc
 import pytest
 from support.processes import ServiceProcess
+from support.waiting import wait_until
 
 from rollway.common.client import open_channel
 from rollway.common.v1 import common_pb2
@@ -47,13 +48,6 @@ def spec(port: int, world_size: int, rank_offset: int) -> common_pb2.WeightGroup
         backend="gloo",
         timeout_seconds=GROUP_TIMEOUT,
     )
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {timeout}s"
-        time.sleep(0.05)
 
 
 def log_events(process: ServiceProcess) -> list[dict]:
@@ -173,7 +167,9 @@ def test_a_trainer_gone_from_the_group_fails_updates_and_new_groups_in_seconds(p
 def test_a_trainer_gone_while_the_rollout_joins_fails_the_join_in_seconds(pair, signum):
     trainer, rollout, port = pair.init_both(3)  # rank 2 never comes: both wait in the rendezvous
     in_rendezvous = {"event": "weight group rendezvous", "rank": 1}
-    wait_for(lambda: in_rendezvous in log_events(pair.rollout), 30, "the rollout reaches the trainer's store")
+    wait_until(
+        lambda: in_rendezvous in log_events(pair.rollout), 30, "the rollout reaches the trainer's store"
+    )
     assert not rollout.done()
     stopped_within(pair.trainer, signum, GRACE + MARGIN)
     error, seconds = failure(rollout, FAST)
@@ -185,7 +181,9 @@ def test_a_trainer_gone_while_the_rollout_joins_fails_the_join_in_seconds(pair, 
 def test_sigterm_ends_the_rollout_and_the_trainer_while_a_join_is_pending(pair):
     trainer, rollout, port = pair.init_both(3)
     in_rendezvous = {"event": "weight group rendezvous", "rank": 1}
-    wait_for(lambda: in_rendezvous in log_events(pair.rollout), 30, "the rollout reaches the trainer's store")
+    wait_until(
+        lambda: in_rendezvous in log_events(pair.rollout), 30, "the rollout reaches the trainer's store"
+    )
     assert stopped_within(pair.rollout, signal.SIGTERM, GRACE + MARGIN) < GRACE + MARGIN
     assert not trainer.done()  # still waiting for rank 2 (and the rollout that left)
     assert stopped_within(pair.trainer, signal.SIGTERM, GRACE + MARGIN) < GRACE + MARGIN
@@ -196,7 +194,7 @@ def test_sigterm_ends_the_rollout_while_an_update_waits_for_bytes(pair):
     manifest = pair.form_group_and_push()
     update = pair.update(manifest, 2)  # the trainer is alive but never sends version 2
     receiving = {"event": "receiving weights", "weight_version": 2}
-    wait_for(
+    wait_until(
         lambda: receiving in log_events(pair.rollout), 30, "the rollout waits for the bytes of version 2"
     )
     assert not update.done()

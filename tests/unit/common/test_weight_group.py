@@ -6,6 +6,7 @@ is this process, as the rollout service is.
 
 from __future__ import annotations
 
+import datetime
 import signal
 import socket
 import subprocess
@@ -99,6 +100,23 @@ def hosts():
         host.close()
 
 
+def store_keys(port: int) -> int:
+    """How many keys rank 0's store holds (a member in the rendezvous has written its own)."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=10))
+    return store.num_keys()
+
+
+def wait_for_member(port: int, keys_before: int, thread: threading.Thread, timeout: float = 30.0) -> None:
+    """Wait until the joining member has reached rank 0's store (its keys are there)."""
+    deadline = time.monotonic() + timeout
+    while store_keys(port) <= keys_before:
+        assert thread.is_alive(), "the member stopped joining before it reached the store"
+        assert time.monotonic() < deadline, "the member never reached rank 0's store"
+        time.sleep(0.05)
+
+
 def join_in_thread(group_spec: GroupSpec, cancel: threading.Event | None = None):
     """Join as rank 1 on a thread; returns (thread, outcome) with outcome filled when it ends."""
     outcome: dict = {}
@@ -143,8 +161,9 @@ def test_a_host_that_dies_during_the_rendezvous_fails_the_join_at_once(hosts, si
     port = free_port()
     host = hosts(port, world_size=3)  # rank 2 never comes: the rendezvous waits
     host.expect("weight group rendezvous")
+    before = store_keys(port)
     thread, outcome = join_in_thread(spec(port, world_size=3))
-    time.sleep(1.0)
+    wait_for_member(port, before, thread)
     assert thread.is_alive()
     died = time.monotonic()
     host.kill(signum)
@@ -159,8 +178,9 @@ def test_cancel_ends_a_join_in_progress_at_once(hosts):
     host = hosts(port, world_size=3)
     host.expect("weight group rendezvous")
     cancel = threading.Event()
+    before = store_keys(port)
     thread, outcome = join_in_thread(spec(port, world_size=3), cancel)
-    time.sleep(1.0)
+    wait_for_member(port, before, thread)
     cancelled = time.monotonic()
     cancel.set()
     thread.join(10)

@@ -1,19 +1,12 @@
 """GenerateQueue: slots handed over in FIFO order, cancelled waiters leave, closing ends waiters."""
 
 import threading
-import time
 
 import pytest
+from support.waiting import wait_until
 
 from rollway.common.errors import ResourceExhausted, Unavailable
 from rollway.rollout.generate_queue import GenerateQueue
-
-
-def _until(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
 
 
 class Waiter(threading.Thread):
@@ -43,32 +36,32 @@ class Waiter(threading.Thread):
 def test_slots_pass_in_fifo_order_and_a_cancelled_waiter_leaves():
     queue, order = GenerateQueue(max_running=1, max_queued=3, timeout=30), []
     first = Waiter(queue, order, "first")
-    _until(lambda: order == ["first"])
+    wait_until(lambda: order == ["first"])
     waiters = []
     for name in ("a", "b", "c"):
         waiters.append(Waiter(queue, order, name))
-        _until(lambda n=len(waiters): queue.num_queued == n)
+        wait_until(lambda n=len(waiters): queue.num_queued == n)
     with pytest.raises(ResourceExhausted, match="--generate-queue-size 3"):
         with queue.slot(lambda: True, lambda cb: None):
             pass
     waiters[1].cancel()
-    _until(lambda: queue.num_queued == 2)
+    wait_until(lambda: queue.num_queued == 2)
     waiters[1].join(5)
     assert waiters[1].admitted is False and waiters[1].error is None
     first.release.set()
-    _until(lambda: order == ["first", "a"])
+    wait_until(lambda: order == ["first", "a"])
     waiters[0].release.set()
-    _until(lambda: order == ["first", "a", "c"])
+    wait_until(lambda: order == ["first", "a", "c"])
     waiters[2].release.set()
-    _until(lambda: queue.num_running == 0 and queue.num_queued == 0)
+    wait_until(lambda: queue.num_running == 0 and queue.num_queued == 0)
 
 
 def test_close_ends_waiters_and_refuses_new_calls_but_running_ones_keep_their_slot():
     queue, order = GenerateQueue(max_running=1, max_queued=2, timeout=30), []
     running = Waiter(queue, order, "running")
-    _until(lambda: order == ["running"])
+    wait_until(lambda: order == ["running"])
     waiting = Waiter(queue, order, "waiting")
-    _until(lambda: queue.num_queued == 1)
+    wait_until(lambda: queue.num_queued == 1)
     queue.close()
     waiting.join(5)
     assert isinstance(waiting.error, Unavailable) and queue.num_queued == 0
