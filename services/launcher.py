@@ -17,7 +17,6 @@ progress line, restarts a dead coordinator, and stops everything (by pid) on exi
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import signal
 import sys
 import threading
@@ -70,17 +69,6 @@ def parse_launcher_options(argv: list[str]) -> tuple[argparse.Namespace, list[st
     if "-h" in argv or "--help" in argv:  # the run settings' help follows
         print(parser.format_help().split("\n\n", 1)[1])
     return parser.parse_known_args(argv)
-
-
-def non_default_settings(config) -> dict:
-    """The settings of `config` that differ from its dataclass defaults (what its service is told)."""
-    out = {}
-    for f in dataclasses.fields(config):
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        value = getattr(config, f.name)
-        if value != default or default is dataclasses.MISSING:
-            out[f.name] = value
-    return out
 
 
 def plan(configs: dict[str, object]) -> str:
@@ -217,11 +205,12 @@ def _drive(
     from rollway.common.client import open_channel
     from rollway.coordinator.metrics import ProgressLine
     from rollway.coordinator.remote import to_struct
+    from rollway.coordinator.run_config import jsonable
     from rollway.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 
     stub = coordinator_pb2_grpc.CoordinatorServiceStub(open_channel(address))
     try:
-        stub.StartRun(coordinator_pb2.StartRunRequest(config=to_struct(_jsonable(settings)), run_id=run_id))
+        stub.StartRun(coordinator_pb2.StartRunRequest(config=to_struct(jsonable(settings)), run_id=run_id))
     except grpc.RpcError as exc:
         print(f"run refused: {exc.details()}", file=sys.stderr)
         return 2
@@ -287,10 +276,6 @@ def _quiet(stream):
         yield from stream
     except grpc.RpcError:
         return
-
-
-def _jsonable(settings: dict) -> dict:
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in settings.items()}
 
 
 def plan_main(argv: list[str]) -> int:

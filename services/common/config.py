@@ -354,6 +354,17 @@ def _run_config_part(
     return part
 
 
+def non_default_settings(config: Any) -> dict[str, Any]:
+    """The settings of `config` that differ from its dataclass defaults (what a service is told)."""
+    out = {}
+    for f in dataclasses.fields(config):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        value = getattr(config, f.name)
+        if value != default or default is dataclasses.MISSING:
+            out[f.name] = value
+    return out
+
+
 def to_dict(config: Any) -> dict[str, Any]:
     """Plain-data view of a config dataclass (for logs, Describe and checkpoints)."""
     return dataclasses.asdict(config)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollway.common.config import ConfigError, coerce_setting, from_dict, to_dict
+from rollway.common.config import ConfigError, coerce_setting, from_dict
 from rollway.coordinator.config import CoordinatorConfig
 from rollway.dataloader.config import DataloaderConfig
 from rollway.rollout.config import RolloutConfig
@@ -266,8 +266,3 @@ def _unique(problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
 def jsonable(mapping: Mapping[str, Any]) -> dict[str, Any]:
     """A settings mapping as plain JSON data (tuples to lists), for a google.protobuf.Struct."""
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in mapping.items()}
-
-
-def effective(run: RunConfig, name: str) -> dict[str, Any]:
-    """Every setting of component `name` as the run resolved it (for config.json and logs)."""
-    return to_dict(run.component(name))

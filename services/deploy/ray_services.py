@@ -31,12 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollway.common.client import wait_until_serving
-from rollway.common.config import to_dict
+from rollway.common.config import non_default_settings, to_dict
 from rollway.common.log import get_logger
 from rollway.deploy.placement import ActorSpec, PlacementError, check_fits, describe, plan_actors
 from rollway.deploy.ray_actors import ServiceHost
 from rollway.deploy.supervisor import CannotRestart, DeadService, ServiceGroup
-from rollway.launcher import non_default_settings
 
 log = get_logger("rollway.deploy.ray")
 

@@ -1,4 +1,4 @@
-"""Waiting on a condition with a deadline (never a fixed sleep)."""
+"""Waiting on a condition with a deadline (never a fixed sleep), and reading what a wait ended with."""
 
 from __future__ import annotations
 
@@ -14,3 +14,12 @@ def wait_until(
     while not condition():
         assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
         time.sleep(poll)
+
+
+# How c10d words a store whose host went away; which one depends on the moment it is noticed
+# (an open connection closed or reset, or a new connection gloo opens to the store failing).
+PEER_GONE = ("Connection was likely closed", "Connection reset by peer", "while trying to connect to")
+
+
+def names_a_gone_peer(message: str) -> bool:
+    return any(wording in message for wording in PEER_GONE)
