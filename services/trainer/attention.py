@@ -14,6 +14,11 @@ that inference; it passes the sample boundaries explicitly:
 - flash_attention_2 gets the same `cu_seq_lens_*` / `max_length_*` (its native varlen inputs).
 - eager gets an explicit block-diagonal causal additive mask built from the segments.
 
+A response that shares its prompt with others (micro_batch.py) also attends to the prompt's
+segment: sdpa gathers the prompt's keys and values in front of it (its sequence is prompt +
+response, as if alone), eager allows it in the mask. flash_attention_2's cu_seq_lens cannot say
+this, so the engine shares prompts only with sdpa and eager (SHARED_PROMPT_KERNELS).
+
 Padded rows (one right-padded sample per row) need no boundaries: under a causal mask a real
 token only sees earlier real tokens, and padding outputs carry no loss.
 """
@@ -32,6 +37,7 @@ from rollway.trainer.micro_batch import MicroBatch
 VARLEN_SDPA = "rollway_varlen_sdpa"
 VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 LAYOUT_KWARG = "rollway_varlen_layout"
+SHARED_PROMPT_KERNELS = ("sdpa", "eager")
 # Samples whose lengths are within this factor of the longest of their group share one SDPA call
 # (bounds the padding slots to ~25% of a group, and the number of calls to a few per row).
 GROUP_LENGTH_RATIO = 1.25
@@ -41,9 +47,11 @@ GROUP_LENGTH_RATIO = 1.25
 class VarlenLayout:
     """Where the tokens of one packed row go for attention, built once per micro-batch.
 
-    Slots are laid out group after group; group g is a [count, longest] block (segment-major).
-    A padding slot repeats its segment's last token: it sits after the real tokens, so causal
-    attention never lets a real query see it, and its output is never read back.
+    Slots are laid out group after group; group g is a [count, longest] block (sequence-major).
+    A sequence with a shared prompt has the prompt's positions first (its keys and values, seen
+    by every query after them; those slots' outputs are not read back: the prompt's own sequence
+    gives them). A padding slot repeats its sequence's last token: it sits after the real
+    tokens, so causal attention never lets a real query see it, and its output is never read back.
     """
 
     gather: torch.Tensor  # [slots] row position read into each slot
@@ -51,24 +59,56 @@ class VarlenLayout:
     groups: tuple[tuple[int, int], ...]  # (count, longest) of each group, in slot order
 
 
-def varlen_layout(bounds: list[int]) -> VarlenLayout:
-    """The layout of a row cut at `bounds` (cumulative, from 0 to the row length)."""
-    segments = [(bounds[k], bounds[k + 1] - bounds[k]) for k in range(len(bounds) - 1)]
-    segments.sort(key=lambda seg: -seg[1])
+@dataclass(frozen=True)
+class AttentionSequence:
+    """Row positions [start, start + length) that attend causally among themselves, after the
+    `prefix` positions (a shared prompt), which they all see."""
+
+    own: tuple[int, int]
+    prefix: tuple[int, int] = (0, 0)
+
+    def __len__(self) -> int:
+        return self.own[1] + self.prefix[1]
+
+
+def row_sequences(
+    segment_ids: torch.Tensor, prefix_ids: torch.Tensor | None = None
+) -> list[AttentionSequence]:
+    """The attention sequences of one packed row: each segment (samples, then the padding tail),
+    preceded by the segment it shares a prompt with, if any."""
+    bounds = segment_bounds(segment_ids).tolist()
+    starts = segment_ids.reshape(-1)[bounds[:-1]].tolist()
+    prefixes = prefix_ids.reshape(-1)[bounds[:-1]].tolist() if prefix_ids is not None else [-1] * len(starts)
+    where = {segment: k for k, segment in enumerate(starts) if segment >= 0}
+    sequences = []
+    for k in range(len(bounds) - 1):
+        own = (bounds[k], bounds[k + 1] - bounds[k])
+        if prefixes[k] >= 0:
+            p = where[prefixes[k]]
+            sequences.append(AttentionSequence(own, (bounds[p], bounds[p + 1] - bounds[p])))
+        else:
+            sequences.append(AttentionSequence(own))
+    return sequences
+
+
+def varlen_layout(sequences: list[AttentionSequence]) -> VarlenLayout:
+    """The layout of a row's attention sequences (row_sequences)."""
+    order = sorted(sequences, key=lambda seq: -len(seq))
     gather: list[int] = []
-    scatter = [0] * bounds[-1]
+    scatter = [0] * sum(seq.own[1] for seq in sequences)
     groups: list[tuple[int, int]] = []
     k = 0
-    while k < len(segments):
-        longest = segments[k][1]
+    while k < len(order):
+        longest = len(order[k])
         end = k
-        while end < len(segments) and segments[end][1] * GROUP_LENGTH_RATIO >= longest:
+        while end < len(order) and len(order[end]) * GROUP_LENGTH_RATIO >= longest:
             end += 1
-        for start, length in segments[k:end]:
-            for j in range(longest):
-                if j < length:
-                    scatter[start + j] = len(gather)
-                gather.append(start + min(j, length - 1))
+        for seq in order[k:end]:
+            (start, length), (prefix_start, prefix_length) = seq.own, seq.prefix
+            gather.extend(range(prefix_start, prefix_start + prefix_length))
+            scatter[start : start + length] = range(len(gather), len(gather) + length)
+            gather.extend(range(start, start + length))
+            gather.extend([start + length - 1] * (longest - len(seq)))
         groups.append((end - k, longest))
         k = end
     return VarlenLayout(torch.tensor(gather), torch.tensor(scatter), tuple(groups))
@@ -113,15 +153,19 @@ def segment_bounds(segment_ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros(1, dtype=torch.long), starts, ends]).to(torch.int32)
 
 
-def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """[rows, 1, L, L] bool, True where query q may attend key k: same segment and k <= q.
+def block_causal_mask(segment_ids: torch.Tensor, prefix_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """[rows, 1, L, L] bool, True where query q may attend key k: same segment and k <= q, or k in
+    the segment q shares a prompt with (prefix_ids).
 
     Padding (segment -1) attends causally to padding only, so no row of the mask is empty.
     """
     length = segment_ids.shape[-1]
     same = segment_ids[:, :, None] == segment_ids[:, None, :]
     causal = torch.ones(length, length, dtype=torch.bool, device=segment_ids.device).tril()
-    return (same & causal)[:, None]
+    allowed = same & causal
+    if prefix_ids is not None:
+        allowed |= (prefix_ids[:, :, None] == segment_ids[:, None, :]) & (prefix_ids[:, :, None] >= 0)
+    return allowed[:, None]
 
 
 def model_inputs(
@@ -136,16 +180,20 @@ def model_inputs(
     if not mb.packed:
         inputs["attention_mask"] = mb.attention_mask.to(device)
     elif attn_implementation == "eager":
-        allowed = block_causal_mask(mb.segment_ids.to(device))
+        allowed = block_causal_mask(mb.segment_ids.to(device), mb.prefix_ids.to(device))
         # eager adds the mask to the scores: 0 where allowed, the dtype's minimum elsewhere.
         zero = torch.zeros((), dtype=dtype, device=device)
         inputs["attention_mask"] = torch.where(allowed, zero, torch.finfo(dtype).min)
     elif attn_implementation == "sdpa":
-        layout = varlen_layout(segment_bounds(mb.segment_ids).tolist())
+        layout = varlen_layout(row_sequences(mb.segment_ids, mb.prefix_ids))
         inputs[LAYOUT_KWARG] = VarlenLayout(
             layout.gather.to(device), layout.scatter.to(device), layout.groups
         )
     else:
+        if bool((mb.prefix_ids >= 0).any()):
+            raise ValueError(
+                f"{attn_implementation} has no shared-prompt layout (the engine shares prompts for sdpa and eager only)"
+            )
         bounds = segment_bounds(mb.segment_ids)
         longest = int((bounds[1:] - bounds[:-1]).max())
         inputs.update(

@@ -7,6 +7,7 @@ runs in the same order, and return what rank 0 needs (other ranks' return values
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import torch.distributed as dist
 
 from rollway.common.config import from_dict
 from rollway.trainer import checkpoint, export, lora, weight_send
-from rollway.trainer.attention import model_inputs
+from rollway.trainer.attention import SHARED_PROMPT_KERNELS, model_inputs
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.distributed import RankInfo
 from rollway.trainer.log_probs import response_values, token_log_probs
@@ -33,6 +34,17 @@ from rollway.trainer.sharding import resolve_dtype, shard_model
 from rollway.trainer.step_timer import StepTimer
 from rollway.trainer.tiled_mlp import enable_tiled_mlp
 from rollway.trainer.weights import full_weights_checksum
+
+
+def shares_prompts(config: TrainerConfig, packing: bool) -> bool:
+    """Samples with the same prompt share one copy of it in a packed row (micro_batch.py) where
+    the attention kernel can show it to each of them (attention.py)."""
+    return packing and config.attn_implementation in SHARED_PROMPT_KERNELS
+
+
+def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the model's forward can compute logits at chosen positions (most HF causal LMs)."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 @dataclass
@@ -167,11 +179,18 @@ class TrainerEngine:
             pad_multiple=self.config.pad_to_multiple,
             pad_token_id=self.pad_token_id,
             extra_names=extra_names,
+            share_prompts=shares_prompts(self.config, packing),
         )
 
     def _logits(self, mb: MicroBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
+        """Logits [rows, targets, vocab] at the micro-batch's target columns only: lm_head (and
+        everything after it) skips prompts and padding."""
+        model = model or self.model
         inputs = model_inputs(mb, self.config.attn_implementation, self.compute_dtype, self.info.device)
-        return (model or self.model)(**inputs).logits
+        columns = mb.logit_columns.to(self.info.device)
+        if accepts_logits_to_keep(model):
+            return model(**inputs, logits_to_keep=columns).logits
+        return model(**inputs).logits.index_select(1, columns)
 
     def accumulate_gradients(
         self,

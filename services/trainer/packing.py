@@ -7,11 +7,16 @@
 
 Costs are tokens a micro-batch occupies: the sum of sample lengths when packed, the longest
 sample times the number of samples when padded. Every micro-batch stays within the budget.
+
+Shared prompts (`prompts`, packed rows with a token budget): samples with the same prompt (a
+GRPO group) are planned as one unit that costs the prompt once plus the responses - the row
+the micro-batch becomes (micro_batch.py) - cut into several units where one would not fit.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Sequence
 
 
@@ -80,6 +85,57 @@ def micro_batches(
     return [sorted(group) for group in bins]
 
 
+NO_PROMPT = (-1, 0)  # a sample that shares its prompt with no other
+
+
+def prompt_units(
+    lengths: Sequence[int], prompts: Sequence[tuple[int, int]], max_tokens: int
+) -> tuple[list[list[int]], list[int]]:
+    """Units of samples that share a prompt and their row costs (the prompt once), each within
+    `max_tokens`. prompts[i] = (prompt group, prompt length), group -1 for none."""
+    groups: list[list[int]] = []
+    by_group: dict[int, list[int]] = {}
+    for index, (group, _) in enumerate(prompts):
+        if group < 0:
+            groups.append([index])
+        elif group in by_group:
+            by_group[group].append(index)
+        else:
+            by_group[group] = [index]
+            groups.append(by_group[group])
+    units: list[list[int]] = []
+    costs: list[int] = []
+    for members in groups:
+        prompt = prompts[members[0]][1] if len(members) > 1 else 0
+        unit, cost = [], prompt
+        for index in members:
+            if unit and cost + lengths[index] - prompt > max_tokens:
+                units.append(unit)
+                costs.append(cost if len(unit) > 1 else lengths[unit[0]])
+                unit, cost = [], prompt
+            unit.append(index)
+            cost += lengths[index] - prompt
+        units.append(unit)
+        costs.append(cost if len(unit) > 1 else lengths[unit[0]])
+    return units, costs
+
+
+def row_cost(mb: Sequence[int], lengths: Sequence[int], prompts: Sequence[tuple[int, int]] | None) -> int:
+    """Tokens of the packed row of micro-batch `mb` (shared prompts once), before the final pad."""
+    if prompts is None:
+        return sum(lengths[i] for i in mb)
+    counts = Counter(prompts[i][0] for i in mb if prompts[i][0] >= 0)
+    cost, placed = 0, set()
+    for i in mb:
+        group, prompt = prompts[i]
+        if group >= 0 and counts[group] > 1:
+            cost += lengths[i] - (prompt if group in placed else 0)  # the prompt's first copy only
+            placed.add(group)
+        else:
+            cost += lengths[i]
+    return cost
+
+
 def plan(
     lengths: Sequence[int],
     world_size: int,
@@ -89,8 +145,26 @@ def plan(
     dynamic: bool,
     packing: bool,
     balance: bool,
+    prompts: Sequence[tuple[int, int]] | None = None,
 ) -> list[list[list[int]]]:
-    """plan[rank][k] = sample indices of rank `rank`'s k-th micro-batch; same k count on every rank."""
+    """plan[rank][k] = sample indices of rank `rank`'s k-th micro-batch; same k count on every rank.
+
+    `prompts` (packed, dynamic): samples that share a prompt go together (prompt_units)."""
+    if prompts is not None and packing and dynamic:
+        for index, length in enumerate(lengths):
+            if length > max_tokens:
+                raise BudgetError(f"sample {index} has {length} tokens, over max_tokens_per_gpu={max_tokens}")
+        units, costs = prompt_units(lengths, prompts, max_tokens)
+        unit_plan = plan(
+            costs,
+            world_size,
+            max_tokens=max_tokens,
+            micro_batch_size=micro_batch_size,
+            dynamic=True,
+            packing=True,
+            balance=balance,
+        )
+        return [[sorted(i for u in mb for i in units[u]) for mb in mbs] for mbs in unit_plan]
     per_rank = [
         micro_batches(
             part,
@@ -107,16 +181,37 @@ def plan(
 
 
 def packing_efficiency(
-    plan_: list[list[list[int]]], lengths: Sequence[int], packing: bool, pad_multiple: int
+    plan_: list[list[list[int]]],
+    lengths: Sequence[int],
+    packing: bool,
+    pad_multiple: int,
+    prompts: Sequence[tuple[int, int]] | None = None,
 ) -> float:
-    """Share of real tokens among the tokens the forward passes process (1.0 = no padding)."""
-    real = sum(lengths[i] for rank in plan_ for mb in rank for i in mb)
-    total = 0
+    """Share of real tokens among the tokens the forward passes process (1.0 = no padding); with
+    shared prompts a prompt is one copy of real tokens."""
+    real, total = forward_tokens(plan_, lengths, packing, pad_multiple, prompts)
+    return real / total if total else 1.0
+
+
+def forward_tokens(
+    plan_: list[list[list[int]]],
+    lengths: Sequence[int],
+    packing: bool,
+    pad_multiple: int,
+    prompts: Sequence[tuple[int, int]] | None = None,
+) -> tuple[int, int]:
+    """(real tokens, tokens with padding) the forward passes of a plan process."""
+    real = total = 0
     for rank in plan_:
         for mb in rank:
-            mb_lengths = [lengths[i] for i in mb]
-            total += padded_size(mb_lengths, packing, pad_multiple)
-    return real / total if total else 1.0
+            if packing:
+                tokens = row_cost(mb, lengths, prompts)
+                real += tokens
+                total += -(-tokens // pad_multiple) * pad_multiple if mb else pad_multiple
+            else:
+                real += sum(lengths[i] for i in mb)
+                total += padded_size([lengths[i] for i in mb], packing, pad_multiple)
+    return real, total
 
 
 def padded_size(mb_lengths: Sequence[int], packing: bool, pad_multiple: int) -> int:

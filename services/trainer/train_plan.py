@@ -13,10 +13,10 @@ from rollway.common.config import to_dict
 from rollway.common.errors import InvalidArgument, ResourceExhausted
 from rollway.trainer.batch import num_loss_tokens
 from rollway.trainer.config import TrainerConfig
-from rollway.trainer.engine import OptimizerStepPlan
+from rollway.trainer.engine import OptimizerStepPlan, shares_prompts
 from rollway.trainer.losses import GlobalDenominators
 from rollway.trainer.micro_batch import SequenceItem
-from rollway.trainer.packing import BudgetError, packing_efficiency, plan
+from rollway.trainer.packing import NO_PROMPT, BudgetError, forward_tokens, plan
 
 
 def check_lengths(items: list[SequenceItem], max_tokens: int) -> None:
@@ -40,9 +40,25 @@ def split_evenly(items: list[SequenceItem], parts: int) -> list[list[SequenceIte
     return chunks
 
 
+def shared_prompts(items: list[SequenceItem], settings: TrainerConfig, packing: bool) -> list | None:
+    """(prompt group, prompt length) per item for packing.plan, when packed rows share prompts."""
+    if not shares_prompts(settings, packing):
+        return None
+    groups: dict[tuple[int, ...], int] = {}
+    keys = [tuple(item.token_ids[: item.response_start]) for item in items]
+    counts: dict[tuple[int, ...], int] = {}
+    for key in keys:
+        counts[key] = counts.get(key, 0) + 1
+    return [
+        (groups.setdefault(key, len(groups)), len(key)) if key and counts[key] > 1 else NO_PROMPT
+        for key in keys
+    ]
+
+
 def _layout(
-    lengths: list[int], world_size: int, settings: TrainerConfig, **overrides
-) -> list[list[list[int]]]:
+    items: list[SequenceItem], world_size: int, settings: TrainerConfig, **overrides
+) -> tuple[list[list[list[int]]], list | None]:
+    """The plan of `items` and their shared prompts (packing.py)."""
     options = dict(
         max_tokens=settings.max_tokens_per_gpu,
         micro_batch_size=settings.samples_per_micro_batch,
@@ -51,8 +67,9 @@ def _layout(
         balance=settings.balance_data,
     )
     options.update(overrides)
+    prompts = shared_prompts(items, settings, options["packing"])
     try:
-        return plan(lengths, world_size, **options)
+        return plan([len(item) for item in items], world_size, prompts=prompts, **options), prompts
     except BudgetError as exc:
         raise ResourceExhausted(str(exc)) from None
 
@@ -71,10 +88,12 @@ def plan_train_steps(
     real = padded = 0.0
     for chunk in split_evenly(items, settings.num_steps_per_rollout):
         lengths = [len(item) for item in chunk]
-        layout = _layout(lengths, world_size, settings)
-        efficiency = packing_efficiency(layout, lengths, settings.packing, settings.pad_to_multiple)
-        real += sum(lengths)
-        padded += sum(lengths) / efficiency
+        layout, prompts = _layout(chunk, world_size, settings)
+        chunk_real, chunk_padded = forward_tokens(
+            layout, lengths, settings.packing, settings.pad_to_multiple, prompts
+        )
+        real += chunk_real
+        padded += chunk_padded
         denominators = GlobalDenominators(len(chunk), sum(num_loss_tokens(item) for item in chunk))
         extra_names = tuple(sorted(items[0].extras))  # the same fields for every item (batch.py)
         for rank, mbs in enumerate(layout):
@@ -90,6 +109,5 @@ def plan_log_probs(
 ) -> list[list[list[SequenceItem]]]:
     """Per rank, micro-batches for a forward-only pass: packed, by token budget, balanced."""
     check_lengths(items, settings.max_tokens_per_gpu)
-    lengths = [len(item) for item in items]
-    layout = _layout(lengths, world_size, settings, dynamic=True, packing=True, balance=True)
+    layout, _ = _layout(items, world_size, settings, dynamic=True, packing=True, balance=True)
     return [[[items[i] for i in mb] for mb in mbs] for mbs in layout]

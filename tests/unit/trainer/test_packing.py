@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 
 from rollway.trainer.packing import (
+    NO_PROMPT,
     BudgetError,
     batch_cost,
     micro_batches,
     packing_efficiency,
     padded_size,
     plan,
+    prompt_units,
+    row_cost,
     split_for_ranks,
 )
 
@@ -70,3 +73,39 @@ def test_packing_efficiency_counts_padding():
     assert packing_efficiency(packed, lengths, True, 16) == pytest.approx(60 / 64)
     assert packing_efficiency(padded, lengths, False, 16) == pytest.approx(60 / 90)
     assert padded_size([], True, 16) == 16
+
+
+def test_samples_sharing_a_prompt_are_one_unit_that_costs_the_prompt_once():
+    # Samples 0, 2, 3 share a 10-token prompt (group 5), sample 1 shares nothing.
+    lengths = [14, 20, 12, 16]
+    prompts = [(5, 10), NO_PROMPT, (5, 10), (5, 10)]
+    units, costs = prompt_units(lengths, prompts, max_tokens=100)
+    assert units == [[0, 2, 3], [1]] and costs == [10 + 4 + 2 + 6, 20]
+    # A unit that does not fit is cut; a lone member costs its full length.
+    units, costs = prompt_units(lengths, prompts, max_tokens=17)
+    assert units == [[0, 2], [3], [1]] and costs == [16, 16, 20]
+    assert row_cost([0, 1, 2, 3], lengths, prompts) == 22 + 20
+    assert row_cost([0, 1], lengths, prompts) == 34 and row_cost([0, 1], lengths, None) == 34
+    layout = plan(
+        lengths,
+        2,
+        max_tokens=40,
+        micro_batch_size=1,
+        dynamic=True,
+        packing=True,
+        balance=True,
+        prompts=prompts,
+    )
+    assert sorted(map(sorted, (mb for rank in layout for mb in rank))) == [[0, 2, 3], [1]]
+    assert packing_efficiency(layout, lengths, True, 1, prompts) == 1.0
+    with pytest.raises(BudgetError, match="sample 1 has 20 tokens"):
+        plan(
+            lengths,
+            1,
+            max_tokens=19,
+            micro_batch_size=1,
+            dynamic=True,
+            packing=True,
+            balance=True,
+            prompts=prompts,
+        )

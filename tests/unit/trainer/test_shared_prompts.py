@@ -1,0 +1,161 @@
+"""Shared prompts and logits at target positions only (micro_batch.py, attention.py, engine.py).
+
+The n samples of a GRPO group hold their prompt once in a packed row, and lm_head runs only where
+a response token is predicted. Neither may change the maths: the log-probs, every policy-loss
+metric and every gradient equal those of each sample run alone (the old path: one plain
+per-sample forward), for sdpa and eager attention, on real FSDP2 (one gloo rank).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+from unit.trainer.rl_harness import make_config, new_engine, run_scenarios, step_gradients
+from unit.trainer.rl_scenarios import log_probs
+
+from rollway.common.config import from_dict
+from rollway.trainer.attention import hf_attn_implementation, model_inputs
+from rollway.trainer.config import TrainerConfig
+from rollway.trainer.micro_batch import SequenceItem, build_micro_batch
+from rollway.trainer.train_plan import plan_train_steps
+
+TEMPERATURE = 0.7
+
+
+def grouped_batch(seed: int, groups: int = 3, group_size: int = 3) -> list[SequenceItem]:
+    """GRPO-like: `groups` prompts x `group_size` responses of varied length, plus one lone sample,
+    with masked stretches, +/- advantages and rollout log-probs."""
+    rng = random.Random(seed)
+    items: list[SequenceItem] = []
+    for g in range(groups + 1):
+        prompt = [rng.randint(3, 300) for _ in range(rng.randint(2, 9))]
+        for _ in range(group_size if g < groups else 1):
+            response = rng.randint(2, 10)
+            mask = [1] * response
+            if response > 5:
+                mask[2:4] = [0, 0]
+            extras = {
+                "advantages": [rng.uniform(-1.5, 1.5)] * response,
+                "rollout_log_probs": [-rng.uniform(4.5, 6.5) for _ in range(response)],
+            }
+            tokens = prompt + [rng.randint(3, 300) for _ in range(response)]
+            items.append(SequenceItem(len(items), tokens, len(prompt), mask, extras, source="ab"[g % 2]))
+    rng.shuffle(items)  # group members need not be neighbours in the request
+    for index, item in enumerate(items):
+        item.index = index
+    return items
+
+
+ITEMS = grouped_batch(0)
+ALONE = {"micro_batch_size": 1}  # one sample per micro-batch: nothing shared
+SHARED = {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 4096}
+PADDED = {"packing": False, "micro_batch_size": 4}
+OPTIONS = {
+    "grpo": {"rollout_temperature": TEMPERATURE},
+    "gspo_per_token": {"advantage_estimator": "gspo", "calculate_per_token_loss": True},
+    "full": {
+        "use_tis": True,
+        "use_kl_loss": True,
+        "kl_loss_coef": 0.3,
+        "entropy_coef": 0.01,
+        "eps_clip_high": 0.28,
+        "num_steps_per_rollout": 2,  # the old-policy pre-pass
+    },
+}
+SPLITS = {"alone": ALONE, "shared": SHARED, "padded": PADDED}
+VARIANTS = {
+    # eager: the shared prompt through the explicit mask (the layout itself is sdpa's test).
+    "eager": {f"grpo/{s}": {**OPTIONS["grpo"], **SPLITS[s]} for s in ("alone", "shared")},
+    "sdpa": {f"{o}/{s}": {**OPTIONS[o], **SPLITS[s]} for o in OPTIONS for s in SPLITS},
+}
+
+
+def scenario_shared(info, model_dir: str, items, attn: str, variants: dict) -> dict:
+    """Per variant (metrics, gradients) of one step, and the ComputeLogProbs log-probs."""
+    config = make_config(model_dir, attn_implementation=attn)
+    engine = new_engine(info, config)
+    results = {
+        name: step_gradients(engine, items, from_dict(TrainerConfig, overrides, base=config))
+        for name, overrides in variants.items()
+    }
+    results["log_probs"] = log_probs(engine, items, use_reference=False)
+    return results
+
+
+@pytest.fixture(scope="module", params=["sdpa", "eager"])
+def engine_results(request, tiny_model_dir, tmp_path_factory):
+    attn = request.param
+    scenario = {"model_dir": str(tiny_model_dir), "items": ITEMS, "attn": attn, "variants": VARIANTS[attn]}
+    return run_scenarios(1, [(scenario_shared, scenario)], tmp_path_factory.mktemp("shared"))[0]
+
+
+def alone_log_probs(model, item: SequenceItem, temperature: float = 1.0) -> torch.Tensor:
+    """The old path: the sample on its own, full logits, log-softmax, its response's log-probs."""
+    ids = torch.tensor([item.token_ids])
+    logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float() / temperature, -1)
+    return logp.gather(-1, ids[0, 1:, None])[item.response_start - 1 :, 0]
+
+
+def test_a_group_holds_its_prompt_once_and_plans_as_one_unit():
+    settings = from_dict(TrainerConfig, {"hf_checkpoint": "unused", **SHARED})
+    per_rank, efficiency = plan_train_steps(ITEMS, settings, 1)
+    assert len(per_rank[0][0].micro_batches) == 1 and efficiency <= 1.0
+    mb = build_micro_batch(ITEMS, packing=True, pad_multiple=1, pad_token_id=0, share_prompts=True)
+    prompts = {tuple(item.token_ids[: item.response_start]) for item in ITEMS}
+    assert mb.num_tokens == sum(map(len, prompts)) + sum(len(i) - i.response_start for i in ITEMS)
+    assert mb.num_tokens < sum(len(item) for item in ITEMS)
+    assert mb.logit_columns.numel() == sum(len(i) - i.response_start for i in ITEMS)  # responses only
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_shared_prompt_row_gives_every_response_its_log_probs_alone(tiny_model_dir, attn):
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation=hf_attn_implementation(attn)
+    ).eval()
+    mb = build_micro_batch(ITEMS, packing=True, pad_multiple=16, pad_token_id=0, share_prompts=True)
+    with torch.no_grad():
+        inputs = model_inputs(mb, attn, torch.float32, torch.device("cpu"))
+        logits = model(**inputs, logits_to_keep=mb.logit_columns).logits
+        logp = torch.log_softmax(logits[0].float(), -1).gather(-1, mb.target_ids[0, :, None])[:, 0]
+        for index, _, first, end in mb.spans:
+            expected = alone_log_probs(model, ITEMS[index])
+            torch.testing.assert_close(logp[first:end], expected, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_shared_prompts_give_the_same_metrics_and_gradients(engine_results, option):
+    if f"{option}/alone" not in engine_results:
+        pytest.skip("runs with sdpa only")
+    alone_metrics, alone_grads = engine_results[f"{option}/alone"]
+    for split in ("shared", "padded"):
+        if f"{option}/{split}" not in engine_results:
+            continue
+        metrics, grads = engine_results[f"{option}/{split}"]
+        assert metrics.keys() == alone_metrics.keys()
+        for name, value in alone_metrics.items():
+            assert metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-6), f"{split}: {name}"
+        for name, grad in alone_grads.items():
+            torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=f"{split}: {name}")
+
+
+@pytest.mark.slow
+def test_grpo_gradient_and_log_probs_equal_plain_per_sample_transformers(engine_results, tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for item in ITEMS:
+            expected = alone_log_probs(model, item).tolist()
+            assert engine_results["log_probs"][item.index] == pytest.approx(expected, abs=2e-5)
+    _, grads = engine_results["grpo/shared"]
+    loss = 0.0
+    for item in ITEMS:
+        logp = alone_log_probs(model, item, TEMPERATURE)
+        mask = torch.tensor(item.loss_mask, dtype=torch.float32)
+        advantage = item.extras["advantages"][0]
+        loss = loss + (-advantage * logp * mask).sum() / mask.sum().clamp(min=1) / len(ITEMS)
+    loss.backward()  # the PPO loss at ratio 1 has the gradient of -A * log p (not its value)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(grads[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
