@@ -103,12 +103,32 @@ def micro_batch_lines(configs: dict[str, object], per_rank: int) -> list[str]:
         count = -(-per_rank // size)
         return [f"micro-batches            {count} per rank of {size} samples ({layout})"]
     budget = t.max_tokens_per_gpu
+    # The samples of a prompt hold it once in a packed row (trainer/micro_batch.py) where the
+    # attention kernel can show it to each of them: RL groups then cost prompt + n responses.
+    shared = (
+        not c.is_sft
+        and c.n_samples_per_prompt > 1
+        and t.packing
+        and t.attn_implementation != "flash_attention_2"
+    )
+    if shared:
+        layout += f", the {c.n_samples_per_prompt} samples of a prompt share it"
     lines = [f"micro-batches            by token budget: up to {budget} tokens each per rank ({layout})"]
     # The longest sample the data settings allow: SFT conversations are capped by
     # rollout_max_prompt_len; RL samples by prompt + rollout_max_response_len.
     max_prompt = configs["dataloader"].rollout_max_prompt_len
     longest = max_prompt if c.is_sft else (max_prompt + c.rollout_max_response_len if max_prompt else 0)
-    if longest:
+    n = c.n_samples_per_prompt
+    group = max_prompt + n * c.rollout_max_response_len
+    if longest and shared and group <= budget:
+        fits = max(budget // group, 1)
+        count = -(-per_rank // (fits * n))
+        lines.append(
+            f"micro-batch layout       groups of {n} samples of up to {group} tokens (prompt once): "
+            f">= {fits} groups ({fits * n} samples) per micro-batch, at most {count} "
+            f"micro-batch{'es' if count > 1 else ''} per rank per step"
+        )
+    elif longest:
         fits = max(budget // longest, 1)  # packed or padded, a sample costs at most `longest`
         count = -(-per_rank // fits)
         lines.append(

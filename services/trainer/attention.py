@@ -14,10 +14,10 @@ that inference; it passes the sample boundaries explicitly:
 - flash_attention_2 gets the same `cu_seq_lens_*` / `max_length_*` (its native varlen inputs).
 - eager gets an explicit block-diagonal causal additive mask built from the segments.
 
-A response that shares its prompt with others (micro_batch.py) also attends to the prompt's
-segment: sdpa gathers the prompt's keys and values in front of it (its sequence is prompt +
-response, as if alone), eager allows it in the mask. flash_attention_2's cu_seq_lens cannot say
-this, so the engine shares prompts only with sdpa and eager (SHARED_PROMPT_KERNELS).
+A segment of a shared prefix tree (micro_batch.py) also attends to its ancestor segments: sdpa
+gathers their keys and values in front of it (its sequence is the sample's tokens up to it, as
+if alone), eager allows them in the mask. flash_attention_2's cu_seq_lens cannot say this, so
+the engine shares prefixes only with sdpa and eager (SHARED_PREFIX_KERNELS).
 
 Padded rows (one right-padded sample per row) need no boundaries: under a causal mask a real
 token only sees earlier real tokens, and padding outputs carry no loss.
@@ -37,7 +37,7 @@ from rollway.trainer.micro_batch import MicroBatch
 VARLEN_SDPA = "rollway_varlen_sdpa"
 VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 LAYOUT_KWARG = "rollway_varlen_layout"
-SHARED_PROMPT_KERNELS = ("sdpa", "eager")
+SHARED_PREFIX_KERNELS = ("sdpa", "eager")
 # Samples whose lengths are within this factor of the longest of their group share one SDPA call
 # (bounds the padding slots to ~25% of a group, and the number of calls to a few per row).
 GROUP_LENGTH_RATIO = 1.25
@@ -48,9 +48,9 @@ class VarlenLayout:
     """Where the tokens of one packed row go for attention, built once per micro-batch.
 
     Slots are laid out group after group; group g is a [count, longest] block (sequence-major).
-    A sequence with a shared prompt has the prompt's positions first (its keys and values, seen
-    by every query after them; those slots' outputs are not read back: the prompt's own sequence
-    gives them). A padding slot repeats its sequence's last token: it sits after the real
+    A sequence in a shared prefix tree has its ancestors' positions first (their keys and values,
+    seen by every query after them; those slots' outputs are not read back: each ancestor's own
+    sequence gives them). A padding slot repeats its sequence's last token: it sits after the real
     tokens, so causal attention never lets a real query see it, and its output is never read back.
     """
 
@@ -62,32 +62,34 @@ class VarlenLayout:
 @dataclass(frozen=True)
 class AttentionSequence:
     """Row positions [start, start + length) that attend causally among themselves, after the
-    `prefix` positions (a shared prompt), which they all see."""
+    `prefix` ranges (their ancestors in a shared prefix tree, in row order), which they all see."""
 
     own: tuple[int, int]
-    prefix: tuple[int, int] = (0, 0)
+    prefix: tuple[tuple[int, int], ...] = ()
 
     def __len__(self) -> int:
-        return self.own[1] + self.prefix[1]
+        return self.own[1] + sum(length for _, length in self.prefix)
 
 
 def row_sequences(
-    segment_ids: torch.Tensor, prefix_ids: torch.Tensor | None = None
+    segment_ids: torch.Tensor, segment_parents: torch.Tensor | None = None
 ) -> list[AttentionSequence]:
-    """The attention sequences of one packed row: each segment (samples, then the padding tail),
-    preceded by the segment it shares a prompt with, if any."""
+    """The attention sequences of one packed row: each segment (samples or tree segments, then the
+    padding tail), preceded by its ancestor segments (micro_batch.py)."""
     bounds = segment_bounds(segment_ids).tolist()
-    starts = segment_ids.reshape(-1)[bounds[:-1]].tolist()
-    prefixes = prefix_ids.reshape(-1)[bounds[:-1]].tolist() if prefix_ids is not None else [-1] * len(starts)
-    where = {segment: k for k, segment in enumerate(starts) if segment >= 0}
+    ids = segment_ids.reshape(-1)[bounds[:-1]].tolist()
+    parents = segment_parents.tolist() if segment_parents is not None else []
+    ranges = {
+        segment: (bounds[k], bounds[k + 1] - bounds[k]) for k, segment in enumerate(ids) if segment >= 0
+    }
     sequences = []
-    for k in range(len(bounds) - 1):
-        own = (bounds[k], bounds[k + 1] - bounds[k])
-        if prefixes[k] >= 0:
-            p = where[prefixes[k]]
-            sequences.append(AttentionSequence(own, (bounds[p], bounds[p + 1] - bounds[p])))
-        else:
-            sequences.append(AttentionSequence(own))
+    for k, segment in enumerate(ids):
+        prefix: list[tuple[int, int]] = []
+        parent = parents[segment] if 0 <= segment < len(parents) else -1
+        while parent >= 0:
+            prefix.append(ranges[parent])
+            parent = parents[parent]
+        sequences.append(AttentionSequence((bounds[k], bounds[k + 1] - bounds[k]), tuple(reversed(prefix))))
     return sequences
 
 
@@ -104,8 +106,9 @@ def varlen_layout(sequences: list[AttentionSequence]) -> VarlenLayout:
         while end < len(order) and len(order[end]) * GROUP_LENGTH_RATIO >= longest:
             end += 1
         for seq in order[k:end]:
-            (start, length), (prefix_start, prefix_length) = seq.own, seq.prefix
-            gather.extend(range(prefix_start, prefix_start + prefix_length))
+            start, length = seq.own
+            for prefix_start, prefix_length in seq.prefix:
+                gather.extend(range(prefix_start, prefix_start + prefix_length))
             scatter[start : start + length] = range(len(gather), len(gather) + length)
             gather.extend(range(start, start + length))
             gather.extend([start + length - 1] * (longest - len(seq)))
@@ -153,9 +156,9 @@ def segment_bounds(segment_ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros(1, dtype=torch.long), starts, ends]).to(torch.int32)
 
 
-def block_causal_mask(segment_ids: torch.Tensor, prefix_ids: torch.Tensor | None = None) -> torch.Tensor:
+def block_causal_mask(segment_ids: torch.Tensor, segment_parents: torch.Tensor | None = None) -> torch.Tensor:
     """[rows, 1, L, L] bool, True where query q may attend key k: same segment and k <= q, or k in
-    the segment q shares a prompt with (prefix_ids).
+    an ancestor segment of q's (segment_parents, a shared prefix tree).
 
     Padding (segment -1) attends causally to padding only, so no row of the mask is empty.
     """
@@ -163,9 +166,23 @@ def block_causal_mask(segment_ids: torch.Tensor, prefix_ids: torch.Tensor | None
     same = segment_ids[:, :, None] == segment_ids[:, None, :]
     causal = torch.ones(length, length, dtype=torch.bool, device=segment_ids.device).tril()
     allowed = same & causal
-    if prefix_ids is not None:
-        allowed |= (prefix_ids[:, :, None] == segment_ids[:, None, :]) & (prefix_ids[:, :, None] >= 0)
+    if segment_parents is not None and bool((segment_parents >= 0).any()):
+        ancestors = ancestor_matrix(segment_parents.tolist()).to(segment_ids.device)
+        index = segment_ids.clamp(min=0)
+        real = (segment_ids >= 0)[:, :, None] & (segment_ids >= 0)[:, None, :]
+        allowed |= ancestors[index[:, :, None], index[:, None, :]] & real
     return allowed[:, None]
+
+
+def ancestor_matrix(parents: list[int]) -> torch.Tensor:
+    """[segments, segments] bool: [s, a] is True where a is a strict ancestor of s."""
+    matrix = torch.zeros(len(parents), len(parents), dtype=torch.bool)
+    for segment in range(len(parents)):
+        parent = parents[segment]
+        while parent >= 0:
+            matrix[segment, parent] = True
+            parent = parents[parent]
+    return matrix
 
 
 def model_inputs(
@@ -180,17 +197,17 @@ def model_inputs(
     if not mb.packed:
         inputs["attention_mask"] = mb.attention_mask.to(device)
     elif attn_implementation == "eager":
-        allowed = block_causal_mask(mb.segment_ids.to(device), mb.prefix_ids.to(device))
+        allowed = block_causal_mask(mb.segment_ids.to(device), mb.segment_parents)
         # eager adds the mask to the scores: 0 where allowed, the dtype's minimum elsewhere.
         zero = torch.zeros((), dtype=dtype, device=device)
         inputs["attention_mask"] = torch.where(allowed, zero, torch.finfo(dtype).min)
     elif attn_implementation == "sdpa":
-        layout = varlen_layout(row_sequences(mb.segment_ids, mb.prefix_ids))
+        layout = varlen_layout(row_sequences(mb.segment_ids, mb.segment_parents))
         inputs[LAYOUT_KWARG] = VarlenLayout(
             layout.gather.to(device), layout.scatter.to(device), layout.groups
         )
     else:
-        if bool((mb.prefix_ids >= 0).any()):
+        if bool((mb.segment_parents >= 0).any()):
             raise ValueError(
                 f"{attn_implementation} has no shared-prompt layout (the engine shares prompts for sdpa and eager only)"
             )

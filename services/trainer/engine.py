@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from rollway.common.config import from_dict
 from rollway.trainer import checkpoint, export, lora, weight_send
-from rollway.trainer.attention import SHARED_PROMPT_KERNELS, model_inputs
+from rollway.trainer.attention import SHARED_PREFIX_KERNELS, model_inputs
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.distributed import RankInfo
 from rollway.trainer.log_probs import response_values, token_log_probs
@@ -36,10 +36,10 @@ from rollway.trainer.tiled_mlp import enable_tiled_mlp
 from rollway.trainer.weights import full_weights_checksum
 
 
-def shares_prompts(config: TrainerConfig, packing: bool) -> bool:
-    """Samples with the same prompt share one copy of it in a packed row (micro_batch.py) where
-    the attention kernel can show it to each of them (attention.py)."""
-    return packing and config.attn_implementation in SHARED_PROMPT_KERNELS
+def shares_prefixes(config: TrainerConfig, packing: bool) -> bool:
+    """Samples that begin alike (a GRPO group's prompt) share those tokens in a packed row
+    (micro_batch.py) where the attention kernel can show them to each sample (attention.py)."""
+    return packing and config.attn_implementation in SHARED_PREFIX_KERNELS
 
 
 def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
@@ -179,7 +179,7 @@ class TrainerEngine:
             pad_multiple=self.config.pad_to_multiple,
             pad_token_id=self.pad_token_id,
             extra_names=extra_names,
-            share_prompts=shares_prompts(self.config, packing),
+            share_prefixes=shares_prefixes(self.config, packing),
         )
 
     def _logits(self, mb: MicroBatch, model: torch.nn.Module | None = None) -> torch.Tensor:

@@ -10,11 +10,16 @@ Packed (default): one row [t^a_0..t^a_{na-1}, t^b_0.., pad..]; position_ids rest
 sample; `segment_ids` tell the attention where samples end (attention.py); the row is padded to
 a multiple of `pad_multiple`. Padded: one row per sample, right-padded, with an attention mask.
 
-Shared prompts (packed, `share_prompts`): samples of the micro-batch with the same prompt (the
-n samples of a GRPO group) put it in the row once; each response is its own segment that also
-attends to the prompt's segment (`prefix_ids`), with positions continuing after the prompt. So
-every response sees exactly prompt + itself, as if alone, and the prompt is computed once. Its
-last token predicts every response's first token: that column appears once per response.
+Shared prefixes (packed, `share_prefixes`): the row holds the micro-batch's samples as a prefix
+tree, depth-first: tokens that several samples begin with (the prompt of a GRPO group, the chat
+template and the common words of SFT prompts) are in the row once. A segment is a run of tree
+nodes without a branch; it attends causally to itself and to all of its ancestor segments
+(`segment_parents`), and positions are depths in the tree. So every sample sees exactly its own
+tokens, as if alone, and a shared prefix is computed once. The node where samples part predicts
+each of their next tokens: its column appears once per sample in `logit_columns`.
+
+    samples  [p q a b] [p q c] [p r]   ->   row  p q | a b | c | r     segments 0 | 1 | 2 | 3
+                                                                       parents  -  0   0   ...
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ class MicroBatch:
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     segment_ids: torch.Tensor  # sample slot per token, -1 for padding
-    prefix_ids: torch.Tensor  # segment a token also attends to (its shared prompt), -1 for none
+    segment_parents: torch.Tensor  # [segments] the segment each continues (shared prefix), -1 for none
     attention_mask: torch.Tensor | None  # [rows, length] padding mask (padded layout only)
     logit_columns: torch.Tensor  # [targets] row column whose logits predict each target
     target_ids: torch.Tensor
@@ -66,33 +71,61 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def prompt_groups(items: Sequence[SequenceItem], share_prompts: bool) -> list[list[int]]:
-    """Positions of `items` grouped by identical (non-empty) prompt, in order of first appearance;
-    one group per item when not sharing."""
-    if not share_prompts:
-        return [[k] for k in range(len(items))]
-    groups: list[list[int]] = []
-    by_prompt: dict[tuple[int, ...], list[int]] = {}
+@dataclass
+class PrefixTree:
+    """The samples of a packed row as a prefix tree laid out depth-first (module docstring)."""
+
+    tokens: list[int]  # per column
+    depths: list[int]  # per column: the position id
+    segments: list[int]  # per column
+    segment_parents: list[int]  # per segment: the segment it continues, -1 for none
+    paths: list[list[int]]  # per sample: the column of each of its tokens
+
+
+def prefix_tree(items: Sequence[SequenceItem], share_prefixes: bool) -> PrefixTree:
+    """The tree of `items`, children in order of first appearance (one chain per sample when not
+    sharing)."""
+    children: list[dict] = [{}]  # node 0 is the root, above the first tokens
+    node_tokens, node_depths = [-1], [-1]
+    node_paths = []
     for k, item in enumerate(items):
-        if item.response_start == 0:
-            groups.append([k])
-            continue
-        key = tuple(item.token_ids[: item.response_start])
-        if key in by_prompt:
-            by_prompt[key].append(k)
+        node, path = 0, []
+        for depth, token in enumerate(item.token_ids):
+            key = token if share_prefixes or depth else (k, token)  # unshared: a branch per sample
+            child = children[node].get(key)
+            if child is None:
+                child = len(children)
+                children[node][key] = child
+                children.append({})
+                node_tokens.append(token)
+                node_depths.append(depth)
+            path.append(child)
+            node = child
+        node_paths.append(path)
+    tree = PrefixTree([], [], [], [], [])
+    columns = [0] * len(children)
+    node_segment = [-1] * len(children)
+    stack = [(child, 0) for child in reversed(children[0].values())]  # (node, its parent)
+    while stack:
+        node, parent = stack.pop()
+        columns[node] = len(tree.tokens)
+        if parent and len(children[parent]) == 1:  # an only child continues its parent's segment
+            segment = node_segment[parent]
         else:
-            by_prompt[key] = [k]
-            groups.append(by_prompt[key])
-    return groups
+            segment = len(tree.segment_parents)
+            tree.segment_parents.append(node_segment[parent] if parent else -1)
+        node_segment[node] = segment
+        tree.tokens.append(node_tokens[node])
+        tree.depths.append(node_depths[node])
+        tree.segments.append(segment)
+        stack.extend((child, node) for child in reversed(children[node].values()))
+    tree.paths = [[columns[n] for n in path] for path in node_paths]
+    return tree
 
 
-def row_tokens(items: Sequence[SequenceItem], share_prompts: bool) -> int:
-    """Tokens the packed row of `items` holds before padding (shared prompts once)."""
-    total = 0
-    for group in prompt_groups(items, share_prompts):
-        prompt = items[group[0]].response_start if len(group) > 1 else 0
-        total += prompt + sum(len(items[k]) - prompt for k in group)
-    return total
+def row_tokens(items: Sequence[SequenceItem], share_prefixes: bool) -> int:
+    """Tokens the packed row of `items` holds before padding (shared prefixes once)."""
+    return len(prefix_tree(items, share_prefixes).tokens) if share_prefixes else sum(map(len, items))
 
 
 class _Targets:
@@ -120,40 +153,23 @@ class _Targets:
         self.spans.append((item.index, row, first, first + len(columns)))
 
 
-def _packed_row(items, length, pad_token_id, share_prompts, targets: _Targets):
-    """input_ids, position_ids, segment_ids, prefix_ids of one packed row."""
-    input_ids = [pad_token_id] * length
-    positions = [0] * length
-    segments = [-1] * length
-    prefixes = [-1] * length
-    cursor = slot = 0
-
-    def place(tokens: list[int], first_position: int, prefix: int) -> int:
-        nonlocal cursor, slot
-        end = cursor + len(tokens)
-        input_ids[cursor:end] = tokens
-        positions[cursor:end] = range(first_position, first_position + len(tokens))
-        segments[cursor:end] = [slot] * len(tokens)
-        prefixes[cursor:end] = [prefix] * len(tokens)
-        start, cursor, slot = cursor, end, slot + 1
-        return start
-
-    for group in prompt_groups(items, share_prompts):
-        if len(group) == 1:
-            item = items[group[0]]
-            start, prompt = place(item.token_ids, 0, -1), item.response_start
-            skip = max(1 - prompt, 0)  # with no prompt the first response token has no prediction
-            # Response token k is token prompt + k, predicted at position start + prompt + k - 1.
-            targets.add(item, 0, list(range(start + prompt + skip - 1, start + len(item) - 1)), skip)
-            continue
-        prompt = items[group[0]].response_start
-        prompt_slot = slot
-        prompt_last = place(items[group[0]].token_ids[:prompt], 0, -1) + prompt - 1
-        for k in group:
-            item = items[k]
-            start = place(item.token_ids[prompt:], prompt, prompt_slot)
-            targets.add(item, 0, [prompt_last, *range(start, start + len(item) - prompt - 1)], 0)
-    return input_ids, positions, segments, prefixes, cursor
+def _packed_row(items, pad_multiple, pad_token_id, share_prefixes, targets: _Targets):
+    """input_ids, position_ids, segment_ids of one packed row, segment parents, real tokens."""
+    tree = prefix_tree(items, share_prefixes)
+    size = len(tree.tokens)
+    pad = _round_up(max(size, 1), pad_multiple) - size
+    for item, path in zip(items, tree.paths, strict=True):
+        prompt = item.response_start
+        skip = max(1 - prompt, 0)  # with no prompt the first response token has no prediction
+        # Response token j is token prompt + j, predicted at the column of token prompt + j - 1.
+        targets.add(item, 0, path[prompt + skip - 1 : len(item) - 1], skip)
+    return (
+        tree.tokens + [pad_token_id] * pad,
+        tree.depths + [0] * pad,
+        tree.segments + [-1] * pad,
+        tree.segment_parents,
+        size,
+    )
 
 
 def build_micro_batch(
@@ -163,17 +179,17 @@ def build_micro_batch(
     pad_multiple: int,
     pad_token_id: int,
     extra_names: tuple = (),
-    share_prompts: bool = False,
+    share_prefixes: bool = False,
 ) -> MicroBatch:
     """Tensors for `items` (an empty list gives one all-padding row that carries no loss)."""
     targets = _Targets(tuple(extra_names))
     if packing or not items:
-        length = _round_up(max(row_tokens(items, share_prompts), 1), pad_multiple)
-        ids, positions, segments, prefixes, num_tokens = _packed_row(
-            items, length, pad_token_id, share_prompts, targets
+        ids, positions, segments, parents, num_tokens = _packed_row(
+            items, pad_multiple, pad_token_id, share_prefixes, targets
         )
         input_ids, position_ids = torch.tensor([ids]), torch.tensor([positions])
-        segment_ids, prefix_ids = torch.tensor([segments]), torch.tensor([prefixes])
+        segment_ids = torch.tensor([segments])
+        segment_parents = torch.tensor(parents, dtype=torch.long)
         attention_mask = None
         rows = 1
     else:
@@ -185,17 +201,17 @@ def build_micro_batch(
             segment_ids[row, : len(item)] = row
             skip = max(1 - item.response_start, 0)
             targets.add(item, row, list(range(item.response_start + skip - 1, len(item) - 1)), skip)
-        prefix_ids = torch.full_like(segment_ids, -1)
+        segment_parents = torch.full((rows,), -1, dtype=torch.long)
         attention_mask = (segment_ids >= 0).long()
         position_ids = torch.arange(length).expand(rows, length).clone()
         num_tokens = sum(len(item) for item in items)
     return _with_targets(
-        input_ids, position_ids, segment_ids, prefix_ids, attention_mask, rows, targets, num_tokens
+        input_ids, position_ids, segment_ids, segment_parents, attention_mask, rows, targets, num_tokens
     )
 
 
 def _with_targets(
-    input_ids, position_ids, segment_ids, prefix_ids, attention_mask, rows, targets, num_tokens
+    input_ids, position_ids, segment_ids, segment_parents, attention_mask, rows, targets, num_tokens
 ):
     """Per-target tensors [rows, targets]. A packed row's targets are its columns in order; padded
     rows share one column range (their responses' union), holes and other rows' targets masked."""
@@ -227,7 +243,7 @@ def _with_targets(
         input_ids=input_ids,
         position_ids=position_ids,
         segment_ids=segment_ids,
-        prefix_ids=prefix_ids,
+        segment_parents=segment_parents,
         attention_mask=attention_mask,
         logit_columns=columns,
         target_ids=lay_out(targets.ids, 0, torch.long),

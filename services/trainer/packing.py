@@ -16,7 +16,6 @@ the micro-batch becomes (micro_batch.py) - cut into several units where one woul
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 from collections.abc import Sequence
 
 
@@ -120,22 +119,6 @@ def prompt_units(
     return units, costs
 
 
-def row_cost(mb: Sequence[int], lengths: Sequence[int], prompts: Sequence[tuple[int, int]] | None) -> int:
-    """Tokens of the packed row of micro-batch `mb` (shared prompts once), before the final pad."""
-    if prompts is None:
-        return sum(lengths[i] for i in mb)
-    counts = Counter(prompts[i][0] for i in mb if prompts[i][0] >= 0)
-    cost, placed = 0, set()
-    for i in mb:
-        group, prompt = prompts[i]
-        if group >= 0 and counts[group] > 1:
-            cost += lengths[i] - (prompt if group in placed else 0)  # the prompt's first copy only
-            placed.add(group)
-        else:
-            cost += lengths[i]
-    return cost
-
-
 def plan(
     lengths: Sequence[int],
     world_size: int,
@@ -181,37 +164,16 @@ def plan(
 
 
 def packing_efficiency(
-    plan_: list[list[list[int]]],
-    lengths: Sequence[int],
-    packing: bool,
-    pad_multiple: int,
-    prompts: Sequence[tuple[int, int]] | None = None,
+    plan_: list[list[list[int]]], lengths: Sequence[int], packing: bool, pad_multiple: int
 ) -> float:
-    """Share of real tokens among the tokens the forward passes process (1.0 = no padding); with
-    shared prompts a prompt is one copy of real tokens."""
-    real, total = forward_tokens(plan_, lengths, packing, pad_multiple, prompts)
-    return real / total if total else 1.0
-
-
-def forward_tokens(
-    plan_: list[list[list[int]]],
-    lengths: Sequence[int],
-    packing: bool,
-    pad_multiple: int,
-    prompts: Sequence[tuple[int, int]] | None = None,
-) -> tuple[int, int]:
-    """(real tokens, tokens with padding) the forward passes of a plan process."""
-    real = total = 0
+    """Share of real tokens among the tokens the forward passes process (1.0 = no padding)."""
+    real = sum(lengths[i] for rank in plan_ for mb in rank for i in mb)
+    total = 0
     for rank in plan_:
         for mb in rank:
-            if packing:
-                tokens = row_cost(mb, lengths, prompts)
-                real += tokens
-                total += -(-tokens // pad_multiple) * pad_multiple if mb else pad_multiple
-            else:
-                real += sum(lengths[i] for i in mb)
-                total += padded_size([lengths[i] for i in mb], packing, pad_multiple)
-    return real, total
+            mb_lengths = [lengths[i] for i in mb]
+            total += padded_size(mb_lengths, packing, pad_multiple)
+    return real / total if total else 1.0
 
 
 def padded_size(mb_lengths: Sequence[int], packing: bool, pad_multiple: int) -> int:

@@ -13,10 +13,10 @@ from rollway.common.config import to_dict
 from rollway.common.errors import InvalidArgument, ResourceExhausted
 from rollway.trainer.batch import num_loss_tokens
 from rollway.trainer.config import TrainerConfig
-from rollway.trainer.engine import OptimizerStepPlan, shares_prompts
+from rollway.trainer.engine import OptimizerStepPlan, shares_prefixes
 from rollway.trainer.losses import GlobalDenominators
-from rollway.trainer.micro_batch import SequenceItem
-from rollway.trainer.packing import NO_PROMPT, BudgetError, forward_tokens, plan
+from rollway.trainer.micro_batch import SequenceItem, row_tokens
+from rollway.trainer.packing import NO_PROMPT, BudgetError, padded_size, plan
 
 
 def check_lengths(items: list[SequenceItem], max_tokens: int) -> None:
@@ -41,8 +41,9 @@ def split_evenly(items: list[SequenceItem], parts: int) -> list[list[SequenceIte
 
 
 def shared_prompts(items: list[SequenceItem], settings: TrainerConfig, packing: bool) -> list | None:
-    """(prompt group, prompt length) per item for packing.plan, when packed rows share prompts."""
-    if not shares_prompts(settings, packing):
+    """(prompt group, prompt length) per item for packing.plan, when packed rows share prefixes:
+    the samples of a prompt are planned together (the row's prefix tree may share even more)."""
+    if not shares_prefixes(settings, packing):
         return None
     groups: dict[tuple[int, ...], int] = {}
     keys = [tuple(item.token_ids[: item.response_start]) for item in items]
@@ -57,8 +58,8 @@ def shared_prompts(items: list[SequenceItem], settings: TrainerConfig, packing: 
 
 def _layout(
     items: list[SequenceItem], world_size: int, settings: TrainerConfig, **overrides
-) -> tuple[list[list[list[int]]], list | None]:
-    """The plan of `items` and their shared prompts (packing.py)."""
+) -> list[list[list[int]]]:
+    """The plan of `items`; a group of samples with one prompt is one unit (packing.py)."""
     options = dict(
         max_tokens=settings.max_tokens_per_gpu,
         micro_batch_size=settings.samples_per_micro_batch,
@@ -69,9 +70,18 @@ def _layout(
     options.update(overrides)
     prompts = shared_prompts(items, settings, options["packing"])
     try:
-        return plan([len(item) for item in items], world_size, prompts=prompts, **options), prompts
+        return plan([len(item) for item in items], world_size, prompts=prompts, **options)
     except BudgetError as exc:
         raise ResourceExhausted(str(exc)) from None
+
+
+def forward_tokens(items: list[SequenceItem], settings: TrainerConfig) -> tuple[int, int]:
+    """(real tokens, tokens with padding) of the micro-batch `items` become: a packed row holds
+    a shared prefix once (micro_batch.py)."""
+    if not settings.packing:
+        return sum(map(len, items)), padded_size([len(item) for item in items], False, 1)
+    real = row_tokens(items, shares_prefixes(settings, True))
+    return real, -(-max(real, 1) // settings.pad_to_multiple) * settings.pad_to_multiple
 
 
 def plan_train_steps(
@@ -87,13 +97,12 @@ def plan_train_steps(
     per_rank: list[list[OptimizerStepPlan]] = [[] for _ in range(world_size)]
     real = padded = 0.0
     for chunk in split_evenly(items, settings.num_steps_per_rollout):
-        lengths = [len(item) for item in chunk]
-        layout, prompts = _layout(chunk, world_size, settings)
-        chunk_real, chunk_padded = forward_tokens(
-            layout, lengths, settings.packing, settings.pad_to_multiple, prompts
-        )
-        real += chunk_real
-        padded += chunk_padded
+        layout = _layout(chunk, world_size, settings)
+        for mbs in layout:
+            for mb in mbs:
+                mb_real, mb_padded = forward_tokens([chunk[i] for i in mb], settings)
+                real += mb_real
+                padded += mb_padded
         denominators = GlobalDenominators(len(chunk), sum(num_loss_tokens(item) for item in chunk))
         extra_names = tuple(sorted(items[0].extras))  # the same fields for every item (batch.py)
         for rank, mbs in enumerate(layout):
@@ -109,5 +118,5 @@ def plan_log_probs(
 ) -> list[list[list[SequenceItem]]]:
     """Per rank, micro-batches for a forward-only pass: packed, by token budget, balanced."""
     check_lengths(items, settings.max_tokens_per_gpu)
-    layout, _ = _layout(items, world_size, settings, dynamic=True, packing=True, balance=True)
+    layout = _layout(items, world_size, settings, dynamic=True, packing=True, balance=True)
     return [[[items[i] for i in mb] for mb in mbs] for mbs in layout]

@@ -45,10 +45,14 @@ def test_plan_defaults_to_micro_batches_by_token_budget_and_shows_their_layout(t
     result = rollway("plan", str(config))
     assert result.returncode == 0, result.stderr
     lines = {line[:25].strip(): line[25:].strip() for line in result.stdout.splitlines()}
-    assert lines["micro-batches"] == "by token budget: up to 1024 tokens each per rank (packed rows)"
-    # 128 samples of at most 72 tokens: 14 fit in 1024 tokens -> 10 micro-batches
+    assert lines["micro-batches"] == (
+        "by token budget: up to 1024 tokens each per rank (packed rows, the 8 samples of a prompt share it)"
+    )
+    # 16 groups of 8 samples; a group holds its prompt once: 64 + 8 x 8 = 128 tokens at most, so
+    # 8 groups fit in 1024 tokens -> 2 micro-batches
     assert lines["micro-batch layout"] == (
-        "samples of up to 72 tokens: >= 14 per micro-batch, at most 10 micro-batches per rank per step"
+        "groups of 8 samples of up to 128 tokens (prompt once): >= 8 groups (64 samples) per "
+        "micro-batch, at most 2 micro-batches per rank per step"
     )
 
 

@@ -1,9 +1,10 @@
-"""Shared prompts and logits at target positions only (micro_batch.py, attention.py, engine.py).
+"""Shared prefixes and logits at target positions only (micro_batch.py, attention.py, engine.py).
 
-The n samples of a GRPO group hold their prompt once in a packed row, and lm_head runs only where
-a response token is predicted. Neither may change the maths: the log-probs, every policy-loss
-metric and every gradient equal those of each sample run alone (the old path: one plain
-per-sample forward), for sdpa and eager attention, on real FSDP2 (one gloo rank).
+A packed row holds its samples as a prefix tree (a GRPO group's prompt once, responses that
+begin alike once), and lm_head runs only where a response token is predicted. Neither may change
+the maths: the log-probs, every policy-loss metric and every gradient equal those of each sample
+run alone (the old path: one plain per-sample forward), for sdpa and eager attention, on real
+FSDP2 (one gloo rank).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def grouped_batch(seed: int, groups: int = 3, group_size: int = 3) -> list[Seque
         prompt = [rng.randint(3, 300) for _ in range(rng.randint(2, 9))]
         for _ in range(group_size if g < groups else 1):
             response = rng.randint(2, 10)
+            # Responses from 3 tokens: members of a group often begin alike (deeper tree branches).
             mask = [1] * response
             if response > 5:
                 mask[2:4] = [0, 0]
@@ -41,7 +43,7 @@ def grouped_batch(seed: int, groups: int = 3, group_size: int = 3) -> list[Seque
                 "advantages": [rng.uniform(-1.5, 1.5)] * response,
                 "rollout_log_probs": [-rng.uniform(4.5, 6.5) for _ in range(response)],
             }
-            tokens = prompt + [rng.randint(3, 300) for _ in range(response)]
+            tokens = prompt + [rng.randint(3, 5) for _ in range(response)]
             items.append(SequenceItem(len(items), tokens, len(prompt), mask, extras, source="ab"[g % 2]))
     rng.shuffle(items)  # group members need not be neighbours in the request
     for index, item in enumerate(items):
@@ -92,6 +94,16 @@ def engine_results(request, tiny_model_dir, tmp_path_factory):
     return run_scenarios(1, [(scenario_shared, scenario)], tmp_path_factory.mktemp("shared"))[0]
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The reference forwards on one thread: on a busy 2-core machine two OpenMP threads wait on
+    each other (measured ~100x slower here)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def alone_log_probs(model, item: SequenceItem, temperature: float = 1.0) -> torch.Tensor:
     """The old path: the sample on its own, full logits, log-softmax, its response's log-probs."""
     ids = torch.tensor([item.token_ids])
@@ -103,25 +115,39 @@ def test_a_group_holds_its_prompt_once_and_plans_as_one_unit():
     settings = from_dict(TrainerConfig, {"hf_checkpoint": "unused", **SHARED})
     per_rank, efficiency = plan_train_steps(ITEMS, settings, 1)
     assert len(per_rank[0][0].micro_batches) == 1 and efficiency <= 1.0
-    mb = build_micro_batch(ITEMS, packing=True, pad_multiple=1, pad_token_id=0, share_prompts=True)
+    mb = build_micro_batch(ITEMS, packing=True, pad_multiple=1, pad_token_id=0, share_prefixes=True)
     prompts = {tuple(item.token_ids[: item.response_start]) for item in ITEMS}
-    assert mb.num_tokens == sum(map(len, prompts)) + sum(len(i) - i.response_start for i in ITEMS)
-    assert mb.num_tokens < sum(len(item) for item in ITEMS)
+    assert mb.num_tokens < sum(map(len, prompts)) + sum(len(i) - i.response_start for i in ITEMS)
+    assert len(set(mb.segment_parents.tolist())) > 3  # branches below the prompts too
     assert mb.logit_columns.numel() == sum(len(i) - i.response_start for i in ITEMS)  # responses only
 
 
+def sft_batch(seed: int, size: int = 12) -> list[SequenceItem]:
+    """Chat-like SFT samples: a fixed template, prompts and answers from a few tokens."""
+    rng = random.Random(seed)
+    items = []
+    for index in range(size):
+        prompt = [1, 2, 3] + [rng.randint(10, 13) for _ in range(rng.randint(1, 4))] + [4]
+        response = [rng.randint(20, 22) for _ in range(rng.randint(1, 3))] + [5]
+        items.append(SequenceItem(index, prompt + response, len(prompt), [1] * len(response)))
+    return items
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_shared_prompt_row_gives_every_response_its_log_probs_alone(tiny_model_dir, attn):
+@pytest.mark.parametrize("batch", ["grpo", "sft"])
+def test_shared_prefix_row_gives_every_response_its_log_probs_alone(tiny_model_dir, attn, batch):
     model = AutoModelForCausalLM.from_pretrained(
         tiny_model_dir, dtype=torch.float32, attn_implementation=hf_attn_implementation(attn)
     ).eval()
-    mb = build_micro_batch(ITEMS, packing=True, pad_multiple=16, pad_token_id=0, share_prompts=True)
+    items = ITEMS if batch == "grpo" else sft_batch(1)
+    mb = build_micro_batch(items, packing=True, pad_multiple=16, pad_token_id=0, share_prefixes=True)
+    assert mb.num_tokens < 0.8 * sum(map(len, items))
     with torch.no_grad():
         inputs = model_inputs(mb, attn, torch.float32, torch.device("cpu"))
         logits = model(**inputs, logits_to_keep=mb.logit_columns).logits
         logp = torch.log_softmax(logits[0].float(), -1).gather(-1, mb.target_ids[0, :, None])[:, 0]
         for index, _, first, end in mb.spans:
-            expected = alone_log_probs(model, ITEMS[index])
+            expected = alone_log_probs(model, items[index])
             torch.testing.assert_close(logp[first:end], expected, atol=2e-5, rtol=1e-5)
 
 
