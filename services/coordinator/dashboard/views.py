@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 from pathlib import Path
 
 from rollway.coordinator.dashboard import rollout_samples, run_files
@@ -19,6 +20,7 @@ STEP_PHASES = (
     ("checkpoint", "perf/save_time"),
 )
 HEALTH_TIMEOUT_SECONDS = 1.0
+RPC_PREFIX = re.compile(r"^/?rollway\.\w+\.v1\.")  # span names: /rollway.trainer.v1.TrainerService/TrainStep
 
 
 @functools.lru_cache(maxsize=8)
@@ -114,7 +116,7 @@ def trace(run_dir: Path, step: int, trace_file: Path | None) -> dict:
         "trace_file": str(path),
         "spans": [
             {
-                "name": s["name"],
+                "name": RPC_PREFIX.sub("", s["name"]),
                 "service": (s.get("service") or "").removeprefix("rollway-"),
                 "start_ms": (s["start_ns"] - start) / 1e6,
                 "duration_ms": (s["end_ns"] - s["start_ns"]) / 1e6,

@@ -32,6 +32,8 @@ const api = async (path, options) => {
 };
 const fmt = (v, digits = 4) => (v == null ? "—" : typeof v === "number" ? +v.toFixed(digits) + "" : v);
 const hms = (s) => (s == null ? "—" : new Date(s * 1000).toISOString().substr(11, 8));
+// Steps are whole numbers: the x axis ticks only those.
+const STEP_AXES = [{ incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000], values: (u, ticks) => ticks.map((t) => t.toFixed(0)) }, {}];
 const PALETTE = ["#1f6feb", "#cf222e", "#1a7f37", "#9a6700", "#8250df", "#bf3989", "#0a7ea4", "#57606a"];
 
 // ---------- navigation ----------
@@ -209,6 +211,7 @@ function renderCharts() {
         width, height: 180,
         cursor: { drag: { x: true, y: false }, sync: { key: "metrics" } },
         scales: { x: { time: false } },
+        axes: STEP_AXES,
         series: [{ label: "step" }, ...runs.map((r, i) => ({ label: r, stroke: PALETTE[i % PALETTE.length], width: 1.5, spanGaps: true, points: { show: steps.length < 60 } }))],
         legend: { show: runs.length > 1 },
       },
@@ -366,6 +369,7 @@ async function loadTimeline() {
 $("#trace-step").addEventListener("change", (e) => loadTrace(+e.target.value));
 
 const stacked = {};
+state.stacked = stacked;
 function stackedBars(selector, name, xs, parts) {
   // uPlot has no stacking: each series is drawn at its cumulative height, the tallest first, so
   // each lower band paints over the one above it.
@@ -391,6 +395,7 @@ function stackedBars(selector, name, xs, parts) {
     {
       width: Math.max(box.clientWidth, 600), height: 240,
       scales: { x: { time: false } },
+      axes: STEP_AXES,
       series: [{ label: "step" }, ...order.map((i) => ({
         label: parts[i][0], fill: PALETTE[i % PALETTE.length], stroke: PALETTE[i % PALETTE.length], paths: bars, points: { show: false },
         value: (u, v, si, idx) => (idx == null ? "—" : fmt(u.raw[i][idx], 3)),
@@ -431,7 +436,7 @@ async function loadTrace(step) {
   reply.spans.forEach((s, i) => {
     const y = 20 + i * rowH;
     const colour = PALETTE[services.indexOf(s.service) % PALETTE.length];
-    add("text", { x: 4, y: y + 11, "font-size": 11, fill: colour }, `${s.service}: ${s.name}`.slice(0, 42));
+    add("text", { x: 4, y: y + 11, "font-size": 11, fill: colour }, `${s.service}: ${s.name}`.slice(0, 44));
     const rect = add("rect", { x: left + (s.start_ms / end) * plotW, y: y + 2, width: Math.max((s.duration_ms / end) * plotW, 1), height: rowH - 4, fill: colour, class: "span" });
     const title = document.createElementNS(ns, "title");
     title.textContent = `${s.service} ${s.name}: ${s.duration_ms.toFixed(2)} ms at +${s.start_ms.toFixed(2)} ms (${s.status})`;
