@@ -275,8 +275,11 @@ def test_stop_button_stops_the_run(browser, live):
 @pytest.fixture(scope="module")
 def finished(live):
     wait_until(lambda: (live["run_dir"] / "status.json").exists(), 60.0, "the run's end")
+    # A second run to overlay: a copy of this one's files (its curves are the same points).
+    other = live["run_dir"].parent.parent / "others" / "dash-copy"
+    shutil.copytree(live["run_dir"], other, ignore=shutil.ignore_patterns("services", "tensorboard"))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rollway.cli", "dashboard", str(live["run_dir"]), "--port", "0"],
+        [sys.executable, "-m", "rollway.cli", "dashboard", str(live["run_dir"]), str(other.parent), "--port", "0"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -300,6 +303,20 @@ def test_finished_run_views(browser, live, finished):
     wait_until(lambda: chart_points(browser, "train/loss") == count, 20.0, f"{count} points of train/loss")
     assert api(finished, f"runs/{RUN_ID}/metrics")["records"] == records(run_dir)
     shot(browser, live, "finished-metrics")
+
+    open_view(browser, finished, "runs")  # tick the copy to overlay it
+    wait_until(
+        lambda: js(browser, "document.querySelector('tr[data-run=\"dash-copy\"] input')"), 20.0, "the copy"
+    )
+    browser.find_element("css selector", "tr[data-run='dash-copy'] input").click()
+    browser.find_element("css selector", "a[data-view='metrics']").click()
+
+    def overlaid() -> list:  # points of each run's curve
+        code = "window.rollwayDashboard.charts['train/loss'].data.slice(1).map(s => s.filter(v => v != null).length)"
+        return js(browser, code) or []
+
+    wait_until(lambda: overlaid() == [count, count], 20.0, "both runs' train/loss curves")
+    shot(browser, live, "finished-metrics-overlay")
 
     check_rollouts_view(browser, finished, run_dir, rollout_samples.stored_steps(run_dir)[-1])
     shot(browser, live, "finished-rollouts")

@@ -199,3 +199,30 @@ def test_a_token_is_required_when_set(run_dir):
         assert get(f"{server.url}/api/runs", {"Cookie": cookie})[0]["state"] == "STOPPED"
     finally:
         server.stop()
+
+
+def test_the_coordinators_dashboard_sits_beside_grpc_and_a_taken_port_never_stops_it(tmp_path):
+    from rollway.coordinator.config import CoordinatorServiceConfig
+    from rollway.coordinator.dashboard.server import start_for_coordinator
+    from rollway.coordinator.runs import RunManager
+
+    manager = RunManager(str(tmp_path))
+    first = start_for_coordinator(
+        manager, CoordinatorServiceConfig(runs_root=str(tmp_path), dashboard_port=0), 1, ""
+    )
+    assert first is None  # 0: no dashboard
+    holder = DashboardServer(create_app(DashboardRuns(run_dirs=[tmp_path])), "127.0.0.1", 0).start()
+    try:
+        # -1: the gRPC port + 1, here taken (as if gRPC were on holder.port - 1): a free one instead.
+        address_file = tmp_path / "dashboard.address"
+        config = CoordinatorServiceConfig(runs_root=str(tmp_path), dashboard_address_file=str(address_file))
+        beside = start_for_coordinator(manager, config, holder.port - 1, "")
+        assert beside is not None and beside.port != holder.port
+        assert address_file.read_text() == beside.url
+        assert get(f"{beside.url}/api/runs") == []
+        beside.stop()
+        # A port given explicitly and taken: no dashboard (logged), and the coordinator goes on.
+        config = CoordinatorServiceConfig(runs_root=str(tmp_path), dashboard_port=holder.port)
+        assert start_for_coordinator(manager, config, 5000, "") is None
+    finally:
+        holder.stop()
