@@ -159,7 +159,7 @@ const METRIC_ORDER = [
   "rollout/raw_reward", "rollout/rewards", "eval/accuracy", /^eval\//, "train/loss", "train/pg_loss",
   "sft/loss", "sft/per_token_loss", "train/kl_loss", "train/ppo_kl", /kl/, "train/pg_clipfrac", /clipfrac/,
   "train/entropy_loss", /entropy/, "train/grad_norm", "rollout/response_len/mean", /response_len/,
-  "rollout/truncated_ratio", /staleness/, /tis|mismatch|log_?prob/, "rollout/weight_version", /^rollout\//,
+  "rollout/truncated_ratio", /staleness/, /^(train|rollout)\/.*(tis|mismatch|log_?prob)/, "rollout/weight_version", /^rollout\//,
   /^train\//, /^sft\//, /^perf\//, /./,
 ];
 const rank = (key) => METRIC_ORDER.findIndex((p) => (typeof p === "string" ? p === key : p.test(key)));
