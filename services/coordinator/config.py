@@ -112,9 +112,9 @@ class CoordinatorConfig:
     )
     dashboard_rollout_steps: int = setting(200, "rollouts whose samples are kept, the newest (0: all)")
     dashboard_trainer_log_probs: bool = setting(
-        True,
-        "score the kept samples with the trainer before each step (one forward pass over them): "
-        "per-token entropy and trainer-minus-rollout log-probs in the dashboard",
+        False,
+        "score the kept samples with the trainer before each step (one more forward pass over them, "
+        "on the step's critical path): per-token entropy and trainer-minus-rollout log-probs in the dashboard",
     )
 
     # Supervision (services the coordinator started; attached ones can only be watched)

@@ -99,6 +99,7 @@ def live(tmp_path_factory, tiny_model_dir, demo_data_dir, browser):
             "use_dynamic_batch_size": True,
             "max_tokens_per_gpu": 4096,
             "dashboard_rollout_groups": 2,
+            "dashboard_trainer_log_probs": True,
         }
         start_run(stub, RUN_ID, config)
         wait_until(lambda: len(records(run_dir)) >= 3, 240.0, "3 steps of the live run")

@@ -296,8 +296,10 @@ function renderGroup(g) {
 
 function colourTokens() {
   const by = $("#colour-by").value;
-  $("#colour-legend").textContent = LEGENDS[by];
-  document.querySelectorAll("#groups .tok").forEach((span) => {
+  const spans = [...document.querySelectorAll("#groups .tok")];
+  const recorded = spans.some((span) => span.token[by] != null);
+  $("#colour-legend").textContent = recorded || !spans.length ? LEGENDS[by] : "not recorded for this run (the run setting dashboard_trainer_log_probs: true records it)";
+  spans.forEach((span) => {
     const v = span.token[by];
     span.dataset.value = v == null ? "" : v;
     const [r, g, b, a] = v == null ? [0, 0, 0, 0] : COLOURS[by](v);
