@@ -51,8 +51,14 @@ OPTIONS = {
         "eps_clip_c": 3.0,
         "num_steps_per_rollout": 2,
     },
-    "rpp": {"advantage_estimator": "reinforce_plus_plus", "kl_coef": 0.2, "gamma": 0.9, "kl_loss_type": "k3"},
-    "rppb": {"advantage_estimator": "reinforce_plus_plus_baseline", "kl_coef": 0.2},
+    "rpp": {
+        "advantage_estimator": "reinforce_plus_plus",
+        "kl_coef": 0.2,
+        "gamma": 0.9,
+        "kl_loss_type": "k3",
+        "normalize_advantages": True,
+    },
+    "rppb": {"advantage_estimator": "reinforce_plus_plus_baseline", "kl_coef": 0.2, "normalize_advantages": True},
 }
 VARIANTS = {f"{o}/{s}": {**OPTIONS[o], **SPLITS[s]} for o in OPTIONS for s in SPLITS}
 VARIANTS["grpo_temperature"] = {"rollout_temperature": 0.7, "micro_batch_size": 3}
