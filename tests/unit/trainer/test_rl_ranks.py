@@ -58,7 +58,11 @@ OPTIONS = {
         "kl_loss_type": "k3",
         "normalize_advantages": True,
     },
-    "rppb": {"advantage_estimator": "reinforce_plus_plus_baseline", "kl_coef": 0.2, "normalize_advantages": True},
+    "rppb": {
+        "advantage_estimator": "reinforce_plus_plus_baseline",
+        "kl_coef": 0.2,
+        "normalize_advantages": True,
+    },
 }
 VARIANTS = {f"{o}/{s}": {**OPTIONS[o], **SPLITS[s]} for o in OPTIONS for s in SPLITS}
 VARIANTS["grpo_temperature"] = {"rollout_temperature": 0.7, "micro_batch_size": 3}
