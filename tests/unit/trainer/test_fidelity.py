@@ -304,13 +304,13 @@ def test_low_var_kl_is_finite_and_clamped_for_non_finite_and_huge_log_ratios():
     got = approx_kl(lp, other, "low_var_kl")
     assert torch.isfinite(got).all()
     assert got.tolist() == pytest.approx([ref_kl(p, o, "low_var_kl") for p, o in NON_FINITE], rel=1e-5)
-    # A log-ratio of 29 (rollout - train): Miles reports the clamped low_var_kl, not k3's 3.9e12.
+    # Log-ratios of +-29 between train and rollout: Miles reports the clamped low_var_kl, not
+    # k3's 3.9e12 (train - rollout = 29) or 28 (rollout - train = 29).
     samples = random_samples(1, num_samples=1)
-    samples[0].rollout = [o + 29.0 for o in samples[0].old]
+    shifts = [29.0 * (-1) ** t for t in range(len(samples[0].old))]
+    samples[0].rollout = [o + d for o, d in zip(samples[0].old, shifts, strict=True)]
     terms, _ = policy_terms(samples)
-    assert_per_token(
-        terms["train_rollout_kl"], [[ref_kl(29.0, 0.0, "low_var_kl")] * len(samples[0].mask)], samples
-    )
+    assert_per_token(terms["train_rollout_kl"], [[ref_kl(d, 0.0, "low_var_kl") for d in shifts]], samples)
     assert float(terms["train_rollout_kl"].max()) <= 10.0
 
 
