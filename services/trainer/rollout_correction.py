@@ -14,9 +14,11 @@ different policy than the trainer's, weighted or masked by the train/rollout rat
 The pg loss is multiplied by the product of the weights that are on (TIS or MIS, and the
 geometric mask); a masked token keeps its place in the loss's denominators (as Miles' IcePop).
 Bounds are compared in log space, so a sequence ratio that overflows float32 is still masked
-correctly. Metrics (train/<name>, aggregated like the loss): tis (mean r), tis_clipfrac (tokens
-whose weight differs from r: clipped or masked), mis_ratio, mis_masked_frac, mis_below_frac,
-mis_above_frac, geo_mask_ratio (mean G), geo_mask_masked_frac, geo_mask_below_frac, geo_mask_above_frac.
+correctly. Metrics (train/<name>, aggregated like the loss; *_min/*_max over all loss tokens):
+tis (mean r), tis_min, tis_max, tis_clipfrac (tokens whose weight differs from r: clipped or
+masked); mis_ratio (r or R), mis_ratio_min, mis_ratio_max, mis_masked_frac, mis_below_frac,
+mis_above_frac; geo_mask_ratio (G), geo_mask_ratio_min, geo_mask_ratio_max,
+geo_mask_masked_frac, geo_mask_below_frac, geo_mask_above_frac.
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ def truncated_importance_weights(
         weights = torch.where((below + above) > 0, torch.zeros_like(ratio), ratio)
     else:
         raise ValueError(f"tis_mode: unknown {mode!r}, expected truncate or icepop")
-    return weights, {"tis": ratio, "tis_clipfrac": (weights != ratio).float()}
+    metrics = {"tis": ratio, "tis_min": ratio, "tis_max": ratio, "tis_clipfrac": (weights != ratio).float()}
+    return weights, metrics
 
 
 def masked_importance_weights(
@@ -86,6 +89,8 @@ def masked_importance_weights(
     weights = ratio * (1.0 - masked)
     metrics = {
         "mis_ratio": ratio,
+        "mis_ratio_min": ratio,
+        "mis_ratio_max": ratio,
         "mis_masked_frac": masked,
         "mis_below_frac": below,
         "mis_above_frac": above,
@@ -101,8 +106,11 @@ def geometric_mean_mask(
     log_geo = sums / counts.clamp(min=1.0)
     below, above = _band(log_geo, low, high)
     masked = below + above
+    geo = torch.exp(log_geo)
     metrics = {
-        "geo_mask_ratio": torch.exp(log_geo),
+        "geo_mask_ratio": geo,
+        "geo_mask_ratio_min": geo,
+        "geo_mask_ratio_max": geo,
         "geo_mask_masked_frac": masked,
         "geo_mask_below_frac": below,
         "geo_mask_above_frac": above,

@@ -483,6 +483,32 @@ def test_aggregation_is_the_same_for_one_or_several_micro_batches(loss_type, per
         assert total == pytest.approx(reference, rel=1e-9)
 
 
+def test_ratio_extremes_are_the_range_over_every_micro_batch():
+    from rollway.trainer.losses import combine_shares, metric_share
+
+    samples = random_samples(21, num_samples=8)
+    options = {"use_mis": True, "mis_level": "sequence", "mis_low": 0.6, "mis_high": 1.6}
+    ratios = [
+        [math.exp(o - r) for o, r, m in zip(s.old, s.rollout, s.mask, strict=True) if m] for s in samples
+    ]
+    sequence = [math.prod(xs) for xs in ratios]
+    denominators = GlobalDenominators(len(samples), 0)
+    for split in ([samples], [samples[:3], samples[3:]]):
+        totals = {}
+        for part in split:
+            terms, p = policy_terms(part, **options)
+            for name in ("mis_ratio_min", "mis_ratio_max", "tis_min", "tis_max"):
+                if name in terms:
+                    share = metric_share(name, terms[name], p.mask, p.index, denominators, False)
+                    totals[name] = combine_shares(name, totals.get(name), share)
+        assert "tis_min" not in totals
+        assert float(totals["mis_ratio_min"]) == pytest.approx(min(sequence), rel=1e-5)
+        assert float(totals["mis_ratio_max"]) == pytest.approx(max(sequence), rel=1e-5)
+    terms, p = policy_terms(samples, use_tis=True)
+    share = metric_share("tis_max", terms["tis_max"], p.mask, p.index, denominators, False)
+    assert float(share) == pytest.approx(max(max(xs) for xs in ratios), rel=1e-5)
+
+
 # ---------------------------------------------------------------- 1 vs 2 real FSDP2 ranks
 
 
@@ -525,3 +551,12 @@ def test_dr_grpo_and_whitened_losses_are_the_reference_on_one_or_two_ranks(tiny_
             assert result[name][0]["train/pg_loss"] == pytest.approx(expected[run], rel=1e-5, abs=1e-7), name
         for param, grad in two[name][1].items():
             torch.testing.assert_close(grad, one[f"{run}/mbs1"][1][param], rtol=1e-4, atol=1e-6)
+        assert two[name][0].keys() == one[name][0].keys()
+        for metric, value in two[name][0].items():  # sums and ranges (geo_mask_ratio_min/max) alike
+            assert value == pytest.approx(one[name][0][metric], rel=1e-5, abs=1e-7), (name, metric)
+    assert two["dr_grpo/dynamic"][0]["train/geo_mask_masked_frac"] == 0.0
+    assert (
+        0
+        < two["dr_grpo/dynamic"][0]["train/geo_mask_ratio_min"]
+        < two["dr_grpo/dynamic"][0]["train/geo_mask_ratio_max"]
+    )
