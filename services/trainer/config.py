@@ -2,7 +2,8 @@
 
 Settings fall in three groups:
 - start-up settings (model, precision, ranks): fixed for the life of the process;
-- training hyper-parameters (`TRAINING_SETTINGS`): may be overridden by the Init RPC;
+- training hyper-parameters (`TRAINING_SETTINGS`): may be overridden by the Init RPC (among
+  them `ADVANTAGE_SETTINGS`, the run's estimator: never per step);
 - loss settings (`STEP_SETTINGS`): may also be overridden per TrainStep by its header.
 
 This module does not import torch, so `--help` and configuration errors are instant.
