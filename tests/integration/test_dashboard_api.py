@@ -52,6 +52,7 @@ def run_dir(tmp_path_factory, tiny_model_dir):
             },
         )
     sink.close()
+    write_trace(run_dir, step=1, record_time=MetricsSink.read(sink.path)[1]["time"])
     store = rollout_samples.RolloutSampleStore(run_dir, max_groups=2, keep_steps=0)
     for step in range(3):
         samples = [
@@ -76,6 +77,27 @@ def run_dir(tmp_path_factory, tiny_model_dir):
     store.close()
     run_files.write_status(run_dir, "STOPPED")
     return run_dir
+
+
+def write_trace(run_dir, step: int, record_time: float) -> None:
+    """Step `step`'s trace as the services write it: a NextBatch call (its client and server
+    spans, 0.2 s) and the step's root span, which ends just after the metrics record."""
+    end = int((record_time + 0.01) * 1e9)
+    start = end - int(1e9)
+
+    def span(name, service, kind, span_id, parent, begin, finish, **attributes):
+        return {"name": name, "service": f"rollway-{service}", "trace_id": "ab" * 16, "span_id": span_id,
+                "parent_span_id": parent, "kind": kind, "start_ns": begin, "end_ns": finish,
+                "status": "UNSET", "attributes": attributes}  # fmt: skip
+
+    spans = [
+        span("/rollway.dataloader.v1.DataloaderService/NextBatch", "dataloader", "SERVER", "c" * 16, "b" * 16,
+             start + 1000, start + int(0.2e9) - 1000),
+        span("rollway.dataloader.v1.DataloaderService/NextBatch", "coordinator", "CLIENT", "b" * 16, "a" * 16,
+             start, start + int(0.2e9)),
+        span("rl_step", "coordinator", "INTERNAL", "a" * 16, None, start, end, step=step),
+    ]  # fmt: skip
+    (run_dir / "trace.jsonl").write_text("".join(json.dumps(s) + "\n" for s in spans))
 
 
 @pytest.fixture(scope="module")
@@ -139,19 +161,30 @@ def test_rollouts_are_the_stored_samples_with_token_text_and_values(dashboard, r
 
 def test_timeline_splits_each_step_and_lists_weight_syncs(dashboard):
     timeline = get(f"{dashboard}/api/runs/grpo-a/timeline")
+    assert timeline["phases"][:2] == ["dataloading", "generation"]
     assert [s["step"] for s in timeline["steps"]] == [0, 1, 2]
-    phases = timeline["steps"][0]["phases"]
-    assert (phases["generation"], phases["training"], phases["weight sync"], phases["other"]) == (
-        0.5,
-        1.0,
-        0.25,
-        0.25,
-    )
+    phases = timeline["steps"][0]["phases"]  # not in the trace: no dataloading share known
+    assert (phases["dataloading"], phases["generation"], phases["training"]) == (0.0, 0.5, 1.0)
+    assert (phases["weight sync"], phases["other"]) == (0.25, 0.25)
     assert sum(phases.values()) == pytest.approx(timeline["steps"][0]["total"])
+    traced = timeline["steps"][1]["phases"]  # its NextBatch call took 0.2 s of its generation
+    assert (traced["dataloading"], traced["generation"]) == pytest.approx((0.2, 0.3))
     syncs = get(f"{dashboard}/api/runs/grpo-a/services")["weight_syncs"]
     assert [(s["step"], s["weight_sync_wire_time"]) for s in syncs] == [(0, 0.125), (1, 0.125), (2, 0.125)]
+
+
+def test_one_steps_trace_across_services(dashboard, run_dir):
     trace = get(f"{dashboard}/api/runs/grpo-a/trace/1")
-    assert (trace["trace_file"], trace["spans"]) == (None, [])  # this run was not traced
+    assert trace["trace_file"] == str(run_dir / "trace.jsonl")
+    spans = [
+        (s["service"], s["name"], round(s["start_ms"], 3), round(s["duration_ms"], 3)) for s in trace["spans"]
+    ]
+    assert spans == [
+        ("coordinator", "rl_step", 0.0, 1000.0),
+        ("coordinator", "DataloaderService/NextBatch", 0.0, 200.0),
+        ("dataloader", "DataloaderService/NextBatch", 0.001, 199.998),
+    ]
+    assert get(f"{dashboard}/api/runs/grpo-a/trace/0")["spans"] == []  # step 0 was not traced
 
 
 def test_unknown_runs_steps_and_stopping_a_finished_run_are_refused(dashboard):

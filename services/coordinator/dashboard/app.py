@@ -129,10 +129,12 @@ def create_app(runs: DashboardRuns, *, token: str = "", trace_file: str = "") ->
 
     @app.get("/api/runs/{run_id}/timeline")
     def timeline(run_id: str):
-        records, _ = run_files.read_metrics(run_dir(run_id))
+        directory = run_dir(run_id)
+        records, _ = run_files.read_metrics(directory)
+        trace = views.trace_file_of(directory, Path(trace_file) if trace_file else None)
         return {
             "phases": [label for label, _ in views.STEP_PHASES] + ["other"],
-            "steps": views.step_times(records),
+            "steps": views.step_times(records, trace),
         }
 
     @app.get("/api/runs/{run_id}/trace/{step}")

@@ -163,4 +163,7 @@ def step_spans(trace_file: Path, step: int, near_time: float | None = None) -> l
         root = min(roots, key=lambda s: abs(s["end_ns"] / 1e9 - near_time))
     else:
         root = roots[-1]
-    return sorted(by_trace[root["trace_id"]], key=lambda s: s["start_ns"])
+    # By start; the root first where a call starts in the same nanosecond as its step.
+    return sorted(
+        by_trace[root["trace_id"]], key=lambda s: (s["start_ns"], s.get("parent_span_id") is not None)
+    )

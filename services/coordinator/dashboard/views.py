@@ -8,11 +8,15 @@ import functools
 import re
 from pathlib import Path
 
-from rollway.coordinator.dashboard import rollout_samples, run_files
+from rollway.coordinator.dashboard import rollout_samples, run_files, trace_index
 
 # Where a step's time goes, as the timeline stacks it: (label, metric). What is left of
-# perf/step_time is "other" (advantages, metrics, dashboard samples, waiting).
+# perf/step_time is "other" (advantages, metrics, dashboard samples, waiting). Dataloading comes
+# from the trace (the step's NextBatch calls, made inside its generation) when there is one.
+# Rewards are computed by the rollout service as each sample finishes, overlapping generation,
+# so they are part of it.
 STEP_PHASES = (
+    ("dataloading", ""),
     ("generation", "perf/rollout_time"),
     ("training", "perf/train_time"),
     ("weight sync", "perf/weight_sync_time"),
@@ -80,13 +84,17 @@ def rollout_groups(run_dir: Path, step: int) -> dict:
     return {"step": step, "tokenizer": tokenizer is not None, "groups": list(groups.values())}
 
 
-def step_times(records: list[dict]) -> list[dict]:
+def step_times(records: list[dict], trace_file: Path | None = None) -> list[dict]:
     """Each training step's time split into the timeline's phases (seconds)."""
+    index = trace_index.index_for(trace_file) if trace_file is not None and trace_file.exists() else None
     rows = []
     for r in records:
         if "perf/step_time" not in r:
             continue  # the final evaluation's record
-        phases = {label: float(r.get(metric, 0.0)) for label, metric in STEP_PHASES}
+        phases = {label: float(r.get(metric, 0.0)) for label, metric in STEP_PHASES if metric}
+        dataloading = index.dataloading(r["step"], r["time"]) if index is not None else None
+        phases["dataloading"] = min(dataloading or 0.0, phases["generation"])
+        phases["generation"] -= phases["dataloading"]
         phases["other"] = max(r["perf/step_time"] - sum(phases.values()), 0.0)
         rows.append({"step": r["step"], "total": r["perf/step_time"], "phases": phases})
     return rows
@@ -102,10 +110,15 @@ def weight_syncs(records: list[dict]) -> list[dict]:
     return rows
 
 
+def trace_file_of(run_dir: Path, trace_file: Path | None) -> Path | None:
+    """The run's own trace file, else the coordinator's (shared by its runs)."""
+    return run_files.trace_path(run_dir) or (trace_file if trace_file and trace_file.exists() else None)
+
+
 def trace(run_dir: Path, step: int, trace_file: Path | None) -> dict:
     """The spans of one step's trace, times in ms from the step's start."""
-    path = trace_file or run_files.trace_path(run_dir)
-    if path is None or not Path(path).exists():
+    path = trace_file_of(run_dir, trace_file)
+    if path is None:
         return {"step": step, "trace_file": None, "spans": []}
     records, _ = run_files.read_metrics(run_dir)
     near = next((r["time"] for r in records if r["step"] == step and "perf/step_time" in r), None)
