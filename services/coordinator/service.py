@@ -85,7 +85,7 @@ def serve(server_config: ServerConfig, config: CoordinatorServiceConfig) -> None
     server.on_stop(runs.stop_all)
     port = server.start()
     token = server_config.auth_token or os.environ.get("ROLLWAY_AUTH_TOKEN", "")
-    dashboard = start_for_coordinator(runs, config, port, token)
+    dashboard = start_for_coordinator(runs, config, port, token, server_config.host)
     server.set_serving()
     server.wait_for_termination()
     if dashboard is not None:

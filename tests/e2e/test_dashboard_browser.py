@@ -233,7 +233,9 @@ def test_live_services_show_health_pid_and_weight_version(browser, live):
         )
         return {row[0]: row[1:] for row in found or []}
 
-    wait_until(lambda: {"dataloader-0", "rollout-0", "trainer-0"} <= rows().keys(), 30.0, "the services")
+    wait_until(
+        lambda: {"coordinator-0", "dataloader-0", "rollout-0", "trainer-0"} <= rows().keys(), 30.0, "services"
+    )
     for name, (_, address, health, pid, *_rest) in rows().items():
         assert health == "SERVING", name
         assert address.startswith("127.0.0.1:")

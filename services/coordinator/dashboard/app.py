@@ -123,7 +123,7 @@ def create_app(runs: DashboardRuns, *, token: str = "", trace_file: str = "") ->
         directory = run_dir(run_id)
         records, _ = run_files.read_metrics(directory)
         return {
-            "services": views.services(directory, runs.live(run_id)),
+            "services": views.services(directory, runs.live(run_id), runs.coordinator_address),
             "weight_syncs": views.weight_syncs(records),
         }
 

@@ -16,8 +16,15 @@ LIVE_STATES = ("STARTING", "RUNNING")
 class DashboardRuns:
     """Run ids to directories (and live records); `manager` is None for `rollway dashboard`."""
 
-    def __init__(self, manager=None, run_dirs: list[Path] = (), runs_root: Path | None = None):
+    def __init__(
+        self,
+        manager=None,
+        run_dirs: list[Path] = (),
+        runs_root: Path | None = None,
+        coordinator_address: str = "",
+    ):
         self.manager = manager
+        self.coordinator_address = coordinator_address  # gRPC address of the coordinator serving it
         self.run_dirs = [Path(d) for d in run_dirs]
         self.runs_root = Path(runs_root) if runs_root else None
 

@@ -61,11 +61,14 @@ class DashboardServer:
         self._socket.close()
 
 
-def start_for_coordinator(runs_manager, config, grpc_port: int, token: str) -> DashboardServer | None:
+def start_for_coordinator(
+    runs_manager, config, grpc_port: int, token: str, grpc_host: str = "127.0.0.1"
+) -> DashboardServer | None:
     """The coordinator's dashboard (None when disabled or when it cannot start: logged, not fatal)."""
     if config.dashboard_port == 0:
         return None
     port = config.dashboard_port
+    grpc_address = f"{grpc_host}:{grpc_port}"
     if port == -1:
         port = grpc_port + 1 if grpc_port and grpc_port < 65535 else 0
     try:
@@ -73,7 +76,7 @@ def start_for_coordinator(runs_manager, config, grpc_port: int, token: str) -> D
         from rollway.coordinator.dashboard.app import create_app
         from rollway.coordinator.dashboard.runs_view import DashboardRuns
 
-        runs = DashboardRuns(runs_manager, runs_root=Path(config.runs_root))
+        runs = DashboardRuns(runs_manager, runs_root=Path(config.runs_root), coordinator_address=grpc_address)
         trace_file = trace_file_environment().get("ROLLWAY_TRACE_FILE", "")
         app = create_app(runs, token=token, trace_file=trace_file)
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import re
 from pathlib import Path
 
@@ -142,11 +143,20 @@ def trace(run_dir: Path, step: int, trace_file: Path | None) -> dict:
     }
 
 
-def services(run_dir: Path, record=None) -> list[dict]:
+def services(run_dir: Path, record=None, coordinator_address: str = "") -> list[dict]:
     """Each service of the run: address, health, pid, weight version, samples in flight, last
-    error and log tail. Live services are asked (short deadlines); a finished run's come from logs."""
+    error and log tail. Live services are asked (short deadlines); a finished run's come from logs.
+    A live run's coordinator is this process."""
     logs = {(s["name"], s["index"]): s for s in run_files.service_logs(run_dir)}
     rows = []
+    if record is not None and not record.finished:
+        row = {"name": "coordinator", "index": 0, "address": coordinator_address, "pid": os.getpid()}
+        row["health"] = "SERVING"  # it is answering this request
+        if record.driver is not None:
+            row["weight_version"] = record.driver.state.weight_version
+        if ("coordinator", 0) in logs:  # `rollway run` keeps its log with the run
+            row["log_path"] = logs[("coordinator", 0)]["log_path"]
+        rows.append(row)
     if record is not None and record.addresses:
         processes = getattr(record.group, "processes", {}) if record.group is not None else {}
         for name, addresses in record.addresses.items():

@@ -353,7 +353,10 @@ function renderSyncs(rows) {
   const head = ["step", "weight_version", ...SYNC_PHASES, "weight_sync_time"];
   $("#sync-table thead").replaceChildren(el("tr", {}, ...head.map((h) => el("th", {}, h.replace("weight_sync_", "").replace("_time", "")))));
   $("#sync-table tbody").replaceChildren(...rows.slice(-20).reverse().map((r) => el("tr", {}, ...head.map((h) => el("td", {}, fmt(r[h], 3))))));
-  stackedBars("#sync-chart", "sync", rows.map((r) => r.step), SYNC_PHASES.map((p) => [p.replace("weight_sync_", "").replace("_time", ""), rows.map((r) => r[p] || 0)]));
+  const parts = SYNC_PHASES.map((p) => [p.replace("weight_sync_", "").replace("_time", ""), rows.map((r) => r[p] || 0)]);
+  // What the phases leave of the whole update (commit, the group's bookkeeping, the calls).
+  parts.push(["other", rows.map((r) => Math.max((r.weight_sync_time || 0) - SYNC_PHASES.reduce((sum, p) => sum + (r[p] || 0), 0), 0))]);
+  stackedBars("#sync-chart", "sync", rows.map((r) => r.step), parts);
 }
 
 // ---------- Step timeline ----------
