@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -39,23 +40,50 @@ def read_json(path: Path) -> dict:
         return {}
 
 
-def read_metrics(run_dir: Path, from_line: int = 0) -> tuple[list[dict], int]:
-    """Records of metrics.jsonl from line `from_line` on, and the next line to read. A line still
-    being written (no newline yet) is left for the next read."""
-    path = Path(run_dir) / "metrics.jsonl"
-    try:
-        text = path.read_text()
-    except OSError:
-        return [], from_line
-    lines = text.split("\n")[:-1]  # whole lines only
-    records = []
-    for line in lines[from_line:]:
-        if line.strip():
+class _MetricsFile:
+    """metrics.jsonl parsed once: each read parses only what was appended since the last one
+    (a dashboard open on a long run polls it twice a second). A file rewritten in place (a
+    resumed run drops the steps it redoes) is read again from its start."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.inode = None
+        self.offset = 0
+        self.records: list[dict] = []
+        self.lock = threading.Lock()
+
+    def read(self) -> list[dict]:
+        with self.lock:
             try:
-                records.append(json.loads(line))
-            except ValueError:
-                continue
-    return records, max(len(lines), from_line)
+                with open(self.path, "rb") as f:
+                    stat = os.fstat(f.fileno())
+                    if stat.st_ino != self.inode or stat.st_size < self.offset:
+                        self.inode, self.offset, self.records = stat.st_ino, 0, []
+                    f.seek(self.offset)
+                    data = f.read()
+            except OSError:
+                return []
+            complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits
+            self.offset += len(complete)
+            for line in complete.splitlines():
+                try:
+                    self.records.append(json.loads(line))
+                except ValueError:
+                    continue
+            return self.records
+
+
+_metrics_files: dict[Path, _MetricsFile] = {}
+_metrics_lock = threading.Lock()
+
+
+def read_metrics(run_dir: Path, from_record: int = 0) -> tuple[list[dict], int]:
+    """Records of metrics.jsonl from the `from_record`-th on, and how many there are now."""
+    path = Path(run_dir) / "metrics.jsonl"
+    with _metrics_lock:
+        cached = _metrics_files.setdefault(path, _MetricsFile(path))
+    records = cached.read()
+    return records[from_record:], len(records)
 
 
 def finished_state(run_dir: Path) -> tuple[str, str]:
