@@ -95,7 +95,7 @@ def _dashboard(argv: list[str]) -> int:
     )
     parser.add_argument("run_dirs", nargs="+", help="run directories, or folders holding run directories")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
-    parser.add_argument("--port", type=int, default=8265, help="port to bind (0: a free one)")
+    parser.add_argument("--port", type=int, default=8765, help="port to bind (0: a free one)")
     parser.add_argument("--auth-token", default="", help="require this token (also ROLLWAY_AUTH_TOKEN)")
     args = parser.parse_args(argv)
     import os
