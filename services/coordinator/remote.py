@@ -133,8 +133,13 @@ class Services:
         only the samples received so far come back; with `keep_aborted` each service is sent
         Abort(request_id) and the aborted samples stream back too, with their partial responses."""
         shards: list[list[rollout_pb2.Prompt]] = [[] for _ in self.rollouts]
+        # Each service numbers the samples of its shard from 0; positions[s][p] is the place of
+        # shard s's prompt p in `prompts`, so every sample gets its index in the whole request
+        # (prompt position * n + j) and no two services' samples share one.
+        positions: list[list[int]] = [[] for _ in self.rollouts]
         for i, prompt in enumerate(prompts):
             shards[i % len(self.rollouts)].append(prompt)
+            positions[i % len(self.rollouts)].append(i)
         calls: list = []  # the streaming calls started so far (cancel() stops one)
         stopped = threading.Event()
         lock = threading.Lock()
@@ -152,7 +157,9 @@ class Services:
                     stub.Abort(rollout_pb2.AbortRequest(request_id=request_id), timeout=CONTROL_CALL_SECONDS)
 
         def run(
-            stub: rollout_pb2_grpc.RolloutServiceStub, shard: list[rollout_pb2.Prompt]
+            stub: rollout_pb2_grpc.RolloutServiceStub,
+            shard: list[rollout_pb2.Prompt],
+            shard_positions: list[int],
         ) -> list[common_pb2.Sample]:
             if not shard:
                 return []
@@ -172,6 +179,8 @@ class Services:
             samples = []
             try:
                 for reply in call:
+                    local_prompt, j = divmod(reply.sample.index, n_samples_per_prompt)
+                    reply.sample.index = shard_positions[local_prompt] * n_samples_per_prompt + j
                     samples.append(reply.sample)
                     if enough is not None and enough(reply.sample):
                         stop_all()
@@ -183,7 +192,7 @@ class Services:
             return samples
 
         with ThreadPoolExecutor(max(len(self.rollouts), 1)) as pool:
-            results = list(pool.map(in_current_context(run), self.rollouts, shards))
+            results = list(pool.map(in_current_context(run), self.rollouts, shards, positions))
         return sorted((s for shard in results for s in shard), key=lambda s: (s.group_index, s.index))
 
     def rollout_info(self) -> list[rollout_pb2.GetInfoResponse]:

@@ -203,7 +203,14 @@ def _continue_partial_groups(
             prompts.append(prompt)
 
     def continued(sample: common_pb2.Sample) -> bool:
-        original = originals[sample.index]  # the continuation request has one sample per prompt
+        # One sample per prompt: its index in the request (remote.py numbers it across every
+        # rollout service) is the position of the aborted sample it continues.
+        original = originals[sample.index]
+        if original.group_index != sample.group_index:
+            raise RuntimeError(
+                f"continued sample {sample.index} of group {sample.group_index} does not match the "
+                f"aborted sample it continues (group {original.group_index})"
+            )
         num_old = len(original.response_token_ids)
         sample.index, sample.weight_version = original.index, original.weight_version
         if config.mask_offpolicy_in_partial_rollout:
