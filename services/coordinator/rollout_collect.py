@@ -65,6 +65,7 @@ class GroupCollector:
         self.num_dropped = 0
         self.wanted = 0  # stop once this many groups are kept (0: never stop early)
         self.partial: list[list[common_pb2.Sample]] = []  # complete groups with aborted samples
+        self.group_rewards: list[list[float]] = []  # of every group scored (kept or dropped)
         self._open: dict[int, list[common_pb2.Sample]] = {}
         self._lock = threading.Lock()
 
@@ -82,6 +83,7 @@ class GroupCollector:
                 if any(s.finish_reason == common_pb2.FINISH_REASON_ABORT for s in group):
                     self.partial.append(sorted(group, key=lambda s: s.index))  # not scored as a group
                 else:
+                    self.group_rewards.append([s.reward for s in group])
                     kept, dropped = keep_groups(group_samples(group), self.filter_name)
                     self.kept += kept
                     self.num_dropped += dropped
@@ -151,7 +153,7 @@ def collect_rollout(
     )
     usable = len(samples) - len(samples) % c.global_batch_size
     metrics = rollout_metrics(
-        samples[:usable], num_dropped_groups=groups.num_dropped, num_groups=groups.num_complete
+        samples[:usable], num_dropped_groups=groups.num_dropped, group_rewards=groups.group_rewards
     )
     if c.partial_rollout:
         metrics["rollout/partial/continued_samples"] = float(num_continued)
