@@ -22,6 +22,7 @@ from rollway.coordinator.config import CoordinatorConfig
 from rollway.coordinator.remote import Services
 from rollway.coordinator.rollout_collect import collect_rollout, decode_sample, encode_sample
 from rollway.coordinator.run_state import RunState
+from rollway.rollout.v1 import rollout_pb2
 
 pytestmark = pytest.mark.slow
 
@@ -64,6 +65,31 @@ def services(tiny_model_dir, demo_data_dir, tmp_path_factory):
         connected = Services.connect(dataloader=dataloader.address, rollouts=[first.address, second.address])
         yield connected
         connected.close()
+
+
+@pytest.fixture(scope="module")
+def one_service(services):
+    """The first of the two rollout services on its own."""
+    connected = Services.connect(rollouts=services.addresses["rollout"][:1])
+    yield connected
+    connected.close()
+
+
+def test_two_services_generate_the_samples_one_would(services, one_service):
+    # Each sample is numbered and seeded by its place in the whole request, whichever service
+    # generates it: the same request gives the same samples on one service as on two.
+    # One prompt three times: samples that shared a seed would be the same response.
+    prompts = [rollout_pb2.Prompt(token_ids=[1, 40, 41], group_index=k) for k in range(3)]
+    sampling = common_pb2.SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=6, seed=7)
+
+    def generate(on: Services):
+        samples = on.generate(prompts, 2, sampling, "custom", "same-seeds")
+        return [(s.group_index, s.index, list(s.response_token_ids)) for s in samples]
+
+    two = generate(services)
+    assert [(g, i) for g, i, _ in two] == [(k // 2, k) for k in range(6)]
+    assert two == generate(one_service)
+    assert len({tuple(tokens) for _, _, tokens in two}) == 6  # no two samples shared a seed
 
 
 def test_continued_samples_keep_their_own_weight_version_and_mask_across_two_services(services):
