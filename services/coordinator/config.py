@@ -59,7 +59,12 @@ class CoordinatorConfig:
 
     # Advantages
     advantage_estimator: str = shared_settings.advantage_estimator()
-    disable_grpo_std_normalization: bool = setting(False, "Dr.GRPO: centre rewards without dividing by std")
+    disable_grpo_std_normalization: bool = setting(
+        False, "grpo/gspo: centre rewards without dividing by the group's std (Miles' Dr.GRPO switch)"
+    )
+    disable_rewards_normalization: bool = setting(
+        False, "send raw rewards: no group mean/std normalisation for any estimator (Miles' flag)"
+    )
     disable_compute_advantages_and_returns: bool = setting(False, "SFT recipe: no advantages")
 
     # Async and weight sync

@@ -53,7 +53,7 @@ def keep_groups(
 
 
 def assign_advantages(
-    groups: list[list[common_pb2.Sample]], estimator: str, *, disable_grpo_std_normalization: bool = False
+    groups: list[list[common_pb2.Sample]], estimator: str, **normalization: bool
 ) -> list[common_pb2.Sample]:
     """Fill each sample's per-token advantages (the sequence advantage on every response token)."""
     samples = [s for g in groups for s in g]
@@ -66,7 +66,7 @@ def assign_advantages(
         estimator,
         [s.reward for s in samples],
         group_size,
-        disable_grpo_std_normalization=disable_grpo_std_normalization,
+        **normalization,  # disable_grpo_std_normalization, disable_rewards_normalization
     )
     for sample, advantage in zip(samples, advantages, strict=True):
         del sample.advantages[:]

@@ -149,7 +149,10 @@ def collect_rollout(
             f"{groups.num_complete} complete groups"
         )
     samples = assign_advantages(
-        kept, c.advantage_estimator, disable_grpo_std_normalization=c.disable_grpo_std_normalization
+        kept,
+        c.advantage_estimator,
+        disable_grpo_std_normalization=c.disable_grpo_std_normalization,
+        disable_rewards_normalization=c.disable_rewards_normalization,
     )
     usable = len(samples) - len(samples) % c.global_batch_size
     metrics = rollout_metrics(

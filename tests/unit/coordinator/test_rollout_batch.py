@@ -44,10 +44,13 @@ def test_advantages_are_broadcast_to_every_response_token():
     groups = [[sample(0, 0, 1.0, length=2), sample(0, 1, 0.0, length=4)]]
     samples = assign_advantages(groups, "grpo")
     assert len(samples[0].advantages) == 2 and len(samples[1].advantages) == 4
-    np.testing.assert_allclose(samples[0].advantages, [0.999998] * 2, atol=1e-6)
-    np.testing.assert_allclose(samples[1].advantages, [-0.999998] * 4, atol=1e-6)
+    # rewards 1, 0: mean 0.5, sample std sqrt(0.5) -> +-0.5 / 0.7071 = +-0.7071
+    np.testing.assert_allclose(samples[0].advantages, [0.707106] * 2, atol=1e-5)
+    np.testing.assert_allclose(samples[1].advantages, [-0.707106] * 4, atol=1e-5)
     dr = assign_advantages(groups, "grpo", disable_grpo_std_normalization=True)
     np.testing.assert_allclose(dr[0].advantages, [0.5, 0.5])
+    raw = assign_advantages(groups, "grpo", disable_rewards_normalization=True)
+    np.testing.assert_allclose(raw[0].advantages, [1.0, 1.0])
 
 
 def test_rollout_metrics_use_miles_names():
