@@ -61,6 +61,11 @@ class TrainerConfig:
         ["all-linear"], "modules that get LoRA adapters (peft names; all-linear: every linear but lm_head)"
     )
     tiled_mlp: bool = setting(False, "compute each decoder MLP over sequence tiles (less activation memory)")
+    keep_dropout: bool = setting(
+        False,
+        "keep the checkpoint's dropout in training (default: every dropout is set to 0 at load, so "
+        "the trained policy is the one the rollout engine samples from; kept, the run warns once)",
+    )
     tiled_mlp_shards: int = setting(
         0, "tiles per MLP call (0: ceil(tokens / max(hidden_size, 1024)), as ALST)"
     )
