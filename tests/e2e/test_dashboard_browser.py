@@ -250,7 +250,9 @@ def test_live_services_show_health_pid_and_weight_version(browser, live):
 def test_live_step_timeline_and_trace(browser, live):
     open_view(browser, live["url"], "timeline")
     wait_until(
-        lambda: js(browser, "window.rollwayDashboard.stacked.phases.plot.data[0].length") >= 3, 20.0, "steps"
+        lambda: (js(browser, "window.rollwayDashboard.stacked.phases.plot.data[0].length") or 0) >= 3,
+        20.0,
+        "steps",
     )
     wait_until(lambda: js(browser, "document.querySelectorAll('#trace rect.span').length"), 20.0, "the trace")
     services = js(
@@ -267,7 +269,8 @@ def test_stop_button_stops_the_run(browser, live):
         20.0,
         "Stop",
     )
-    browser.find_element("css selector", f"tr[data-run='{RUN_ID}'] button.stop").click()
+    # Clicked in the page: the table is redrawn as the run's progress streams in.
+    js(browser, f"document.querySelector('tr[data-run={json.dumps(RUN_ID)}] button.stop').click() || true")
     wait_until(lambda: state_cell(browser) == "STOPPED", 120.0, "the run's row, STOPPED")
     info = live["stub"].GetRun(coordinator_pb2.GetRunRequest(run_id=RUN_ID)).run
     assert info.state == coordinator_pb2.RUN_STATE_STOPPED
@@ -311,7 +314,7 @@ def test_finished_run_views(browser, live, finished):
     wait_until(
         lambda: js(browser, "document.querySelector('tr[data-run=\"dash-copy\"] input')"), 20.0, "the copy"
     )
-    browser.find_element("css selector", "tr[data-run='dash-copy'] input").click()
+    js(browser, "document.querySelector('tr[data-run=\"dash-copy\"] input').click() || true")
     browser.find_element("css selector", "a[data-view='metrics']").click()
 
     def overlaid() -> list:  # points of each run's curve

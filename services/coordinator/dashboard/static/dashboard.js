@@ -263,8 +263,11 @@ $("#step-select").addEventListener("change", (e) => {
 });
 $("#colour-by").addEventListener("change", () => colourTokens());
 
+let groupsWanted = null;
 async function loadGroups(step) {
+  const wanted = (groupsWanted = `${state.run}/${step}`);
   const reply = await api(`runs/${encodeURIComponent(state.run)}/rollouts/${step}`);
+  if (wanted !== groupsWanted) return;  // another step was asked for meanwhile: its reply wins
   const groups = $("#groups");
   groups.dataset.step = step;
   groups.dataset.run = state.run;
