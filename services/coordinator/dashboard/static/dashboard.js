@@ -74,9 +74,13 @@ function connectEvents() {
   source.onopen = () => $("#live-dot").classList.add("on");
   source.onerror = () => $("#live-dot").classList.remove("on");
   source.addEventListener("runs", (e) => {
+    const before = state.runs.find((r) => r.run_id === state.run);
     state.runs = JSON.parse(e.data);
     renderRunSelect();
     renderRuns();
+    const now = state.runs.find((r) => r.run_id === state.run);
+    // A run that ended (failed, stopped) shows why in its detail.
+    if (state.view === "runs" && before && now && before.state !== now.state) loadRunDetail();
   });
   source.addEventListener("metrics", (e) => {
     const { run_id, records } = JSON.parse(e.data);
