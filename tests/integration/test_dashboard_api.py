@@ -254,6 +254,13 @@ def test_the_coordinators_dashboard_sits_beside_grpc_and_a_taken_port_never_stop
         assert address_file.read_text() == beside.url
         assert get(f"{beside.url}/api/runs") == []
         beside.stop()
+        # The coordinator's token (gRPC's) guards its dashboard too.
+        guarded = start_for_coordinator(manager, CoordinatorServiceConfig(runs_root=str(tmp_path)), 0, "tok")
+        with pytest.raises(urllib.error.HTTPError) as error:
+            get(f"{guarded.url}/api/runs")
+        assert error.value.code == 401
+        assert get(f"{guarded.url}/api/runs", {"Authorization": "Bearer tok"}) == []
+        guarded.stop()
         # A port given explicitly and taken: no dashboard (logged), and the coordinator goes on.
         config = CoordinatorServiceConfig(runs_root=str(tmp_path), dashboard_port=holder.port)
         assert start_for_coordinator(manager, config, 5000, "") is None
