@@ -10,7 +10,9 @@ four local services); its figures come from the run's metrics.jsonl (perf/step_t
 coordinator's wall time of a step, gRPC included). TRL runs in its own virtualenv (created here,
 pinned, torch==2.13.0 first so that pip never pulls CUDA builds) with bench/trl_runner.py, which
 times each optimizer step with a callback; fp32 without gradient checkpointing, like rollway on
-CPU, at TRL's default thread count. The first steps of every run are warm-up and not counted.
+CPU, at TRL's default thread count - or ROLLWAY_BENCH_TRL_THREADS (1: the trainer's own count;
+on a machine busy with other work, two OpenMP threads that wait on each other were measured
+~100x slower than one). The first steps of every run are warm-up and not counted.
 
 - sft_tokens_per_s_ratio: rollway tokens/s / TRL tokens/s (goal >= 1.5)
 - grpo_step_time_ratio: rollway s/step / TRL s/step (goal <= 0.5)
@@ -37,6 +39,7 @@ TRL_PINS = ["trl==1.16.0", "transformers==5.23.0", TORCH_PIN]
 TRL_VENV = Path(os.environ.get("ROLLWAY_TRL_VENV", Path.home() / ".cache" / "rollway-bench" / "trl-venv"))
 RUNNER = Path(__file__).with_name("trl_runner.py")
 WARMUP_STEPS = 3
+TRL_THREADS = os.environ.get("ROLLWAY_BENCH_TRL_THREADS", "")  # "": TRL's default
 
 
 def ensure_trl_venv() -> Path:
@@ -142,7 +145,11 @@ def run_trl(python: Path, workload: str, model: Path, data: Path, steps: int, wo
         check=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+        env={
+            **os.environ,
+            "TOKENIZERS_PARALLELISM": "false",
+            **({"OMP_NUM_THREADS": TRL_THREADS} if TRL_THREADS else {}),
+        },
     )
     result = json.loads(out.read_text())
     return {
