@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 from support.processes import ServiceProcess
 from support.waiting import wait_until
@@ -76,6 +77,17 @@ def test_episodes_run_against_an_environment_in_another_process(rollout):
         start = s.turns[0].num_tokens
         assert list(s.loss_mask[start : start + env_tokens]) == [0] * env_tokens
         assert "obs 1." in s.response_text
+
+
+def test_a_request_chooses_its_environment(rollout):
+    request = _request({"turns": 2}, n=1)
+    request.environment = "none"  # single turn: no episode
+    [reply] = list(rollout.Generate(request, timeout=60))
+    assert not reply.sample.turns and set(reply.sample.loss_mask) == {1}
+    request.environment = "chess"
+    with pytest.raises(grpc.RpcError) as err:
+        list(rollout.Generate(request, timeout=60))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "environment" in err.value.details()
 
 
 def test_a_remote_environment_killed_mid_episode_fails_its_samples(rollout, environment, tmp_path):

@@ -243,3 +243,23 @@ def test_abort_ends_episodes_mid_turn_and_a_continuation_resumes_them(engine, to
     forced = _teacher_forced(reference, PROMPT, done.token_ids)
     for i, m in enumerate(done.episode.loss_mask):
         assert done.log_probs[i] == (pytest.approx(forced[i], abs=2e-4) if m else 0.0)
+
+
+def test_an_episode_spanning_a_weight_update_records_each_turns_version(engine, tokenizer):
+    CountingEnvironment.gate, CountingEnvironment.waiting = threading.Event(), 0
+    episodes = _episodes(engine, tokenizer)
+    before = engine.weight_version
+    try:
+        results = queue.Queue()
+        episodes.submit([_request(metadata={"turns": 2})], results.put)
+        wait_until(lambda: CountingEnvironment.waiting == 1, 30, "the episode in its first step")
+        engine.weight_version = before + 1  # what a committed weight update does between two turns
+        CountingEnvironment.gate.set()
+        result = results.get(timeout=30)
+    finally:
+        CountingEnvironment.gate = None
+        engine.weight_version = before
+        episodes.close()
+    versions = [(t.role, t.weight_version) for t in result.episode.turns if t.role == MODEL]
+    assert versions == [(MODEL, before), (MODEL, before + 1)]
+    assert result.weight_version == before  # the oldest turn's: staleness is never understated
