@@ -187,7 +187,8 @@ class EpisodeEngine:
         with self._lock:
             self._closed = True
             self._wake.notify_all()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        # Queued work still runs: every episode sees its abort and finishes (none is left unreported).
+        self.pool.shutdown(wait=False)
 
     # --- one episode ---
 
@@ -269,9 +270,7 @@ class EpisodeEngine:
                 ep.turn_limited_by_total = response_room < turn_room
                 ep.turn_deadline = time.monotonic() + limits.turn_timeout
                 try:
-                    ep.turn_handle = self.engine.submit(
-                        [turn], lambda r: self.pool.submit(self._after_turn, ep, r)
-                    )
+                    ep.turn_handle = self.engine.submit([turn], lambda r: self._hand_over(ep, r))
                 except Exception as exc:  # weights released, engine stopped: the call fails as it would
                     ep.phase = "env"
                     ending = f"error:{exc}"
@@ -279,6 +278,13 @@ class EpisodeEngine:
             self._finish(ep, FINISH_ABORT, engine_error=ending.removeprefix("error:"))
         elif ending:
             self._finish(ep, ending)
+
+    def _hand_over(self, ep: _Episode, result: SampleResult) -> None:
+        """From the engine thread: the turn's result goes to a worker (it may step the environment)."""
+        try:
+            self.pool.submit(self._after_turn, ep, result)
+        except RuntimeError:  # closed (the run ended): no more steps, the episode ends here
+            self._finish(ep, FINISH_ABORT)
 
     def _after_turn(self, ep: _Episode, result: SampleResult) -> None:
         with self._lock:
