@@ -128,7 +128,7 @@ def grpo_config(workdir: Path, sft_model: Path, data_dir: Path, steps: int, seed
         "rollout_max_response_len": 112,  # per model turn: a tool call is ~80 byte-level tokens
         "environment": "calculator",
         "generate_max_turns": 3,
-        "lr": 1e-4,
+        "lr": 3e-4,
         "use_dynamic_batch_size": True,
         "max_tokens_per_gpu": 16384,
         "seed": seed,
@@ -191,9 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default="runs/demo-tools", help="parent of the demo directory")
     parser.add_argument("--seed", type=int, default=0, help="seed of model, data and sampling")
     parser.add_argument(
-        "--sft-steps", type=int, default=300, help="SFT optimizer steps (each of the two SFT runs)"
+        "--sft-steps", type=int, default=500, help="SFT optimizer steps (each of the two SFT runs)"
     )
-    parser.add_argument("--rl-steps", type=int, default=20, help="GRPO rollouts with the calculator")
+    parser.add_argument("--rl-steps", type=int, default=24, help="GRPO rollouts with the calculator")
     parser.add_argument("--num-eval", type=int, default=200, help="held-out sums evaluated")
     args = parser.parse_args(argv)
     start = time.monotonic()
