@@ -20,6 +20,7 @@ import argparse
 import json
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -221,10 +222,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("== evaluating on held-out sums", flush=True)
     eval_path = data_dir / "eval.jsonl"
+    evaluations = {  # each through its own rollout service, at once
+        "accuracy_without_tools": (direct, "none"),
+        "accuracy_after_sft": (tools, "calculator"),
+        "accuracy_after_rl": (rl_model, "calculator"),
+    }
+    with ThreadPoolExecutor(len(evaluations)) as pool:
+        futures = {
+            k: pool.submit(evaluate, m, eval_path, env, workdir) for k, (m, env) in evaluations.items()
+        }
     summary = {
-        "accuracy_without_tools": evaluate(direct, eval_path, "none", workdir),
-        "accuracy_after_sft": evaluate(tools, eval_path, "calculator", workdir),
-        "accuracy_after_rl": evaluate(rl_model, eval_path, "calculator", workdir),
+        **{key: future.result() for key, future in futures.items()},
         "sft_steps": args.sft_steps,
         "rl_steps": args.rl_steps,
         "num_eval": args.num_eval,
