@@ -59,14 +59,23 @@ class CoordinatorConfig:
 
     # Advantages
     advantage_estimator: str = shared_settings.advantage_estimator()
-    disable_grpo_std_normalization: bool = setting(False, "Dr.GRPO: centre rewards without dividing by std")
+    disable_grpo_std_normalization: bool = setting(
+        False, "grpo/gspo: centre rewards without dividing by the group's std (Miles' Dr.GRPO switch)"
+    )
+    disable_rewards_normalization: bool = setting(
+        False, "send raw rewards: no group mean/std normalisation for any estimator (Miles' flag)"
+    )
     disable_compute_advantages_and_returns: bool = setting(False, "SFT recipe: no advantages")
 
     # Async and weight sync
     async_mode: bool = setting(
         False, "overlap generation of step k with training of step k-1", aliases=("async",)
     )
-    max_weight_staleness: int = setting(1, "async: never start generation with weights older than this")
+    max_weight_staleness: int = setting(
+        1,
+        "async: generate up to this many rollouts ahead of the one training; rollout k starts only "
+        "on weights of version >= k + 1 - this, so its samples are at most this many versions old",
+    )
     update_weights_interval: int = setting(1, "push weights every N rollouts")
     update_weight_buffer_size: int = setting(512 * 1024 * 1024, "bytes per weight-sync bucket")
     update_weight_transport: Literal["distributed", "disk"] = setting("distributed", "weight-sync transport")
@@ -105,6 +114,17 @@ class CoordinatorConfig:
         "", "replay rollouts from this path ({rollout_id}); implies train-only"
     )
     debug_determinism: bool = setting(False, "log per-step hashes of data, weights and losses")
+
+    # Dashboard (what the run keeps for its Rollouts view)
+    dashboard_rollout_groups: int = setting(
+        8, "groups of each rollout kept in RUN_DIR/rollouts for the dashboard (0: none)"
+    )
+    dashboard_rollout_steps: int = setting(200, "rollouts whose samples are kept, the newest (0: all)")
+    dashboard_trainer_log_probs: bool = setting(
+        False,
+        "score the kept samples with the trainer before each step (one more forward pass over them, "
+        "on the step's critical path): per-token entropy and trainer-minus-rollout log-probs in the dashboard",
+    )
 
     # Supervision (services the coordinator started; attached ones can only be watched)
     max_restarts: int = setting(
@@ -171,7 +191,9 @@ class CoordinatorConfig:
                 "eval_interval" if self.eval_interval < 0 else "save_interval", "must not be negative"
             )
         if self.max_weight_staleness < 1:
-            raise ConfigError("max_weight_staleness", "must be at least 1 (async overlaps one step)")
+            raise ConfigError(
+                "max_weight_staleness", "must be at least 1 (async generates that many rollouts ahead)"
+            )
         if self.dynamic_sampling_filter_path not in ("", "check_reward_nonzero_std"):
             raise ConfigError("dynamic_sampling_filter_path", "supported filters: check_reward_nonzero_std")
         if self.partial_rollout and not self.dynamic_sampling_filter_path:
@@ -186,6 +208,13 @@ class CoordinatorConfig:
         if self.max_restarts < 0 or self.restart_backoff_seconds < 0:
             raise ConfigError(
                 "max_restarts" if self.max_restarts < 0 else "restart_backoff_seconds", "must not be negative"
+            )
+        if self.dashboard_rollout_groups < 0 or self.dashboard_rollout_steps < 0:
+            raise ConfigError(
+                "dashboard_rollout_groups"
+                if self.dashboard_rollout_groups < 0
+                else "dashboard_rollout_steps",
+                "must not be negative",
             )
         if self.rollout_temperature < 0:
             raise ConfigError("rollout_temperature", "must not be negative")
@@ -210,3 +239,14 @@ class CoordinatorServiceConfig:
     """Settings of the coordinator process itself (runs bring their own CoordinatorConfig)."""
 
     runs_root: str = setting("runs", "where runs started over gRPC write their directories by default")
+    dashboard_host: str = setting(
+        "127.0.0.1", "address the web dashboard binds; loopback unless told otherwise"
+    )
+    dashboard_port: int = setting(
+        -1, "web dashboard port (-1: the gRPC port + 1, or a free port when that is 0; 0: no dashboard)"
+    )
+    dashboard_address_file: str = setting("", "write the dashboard's http:// address here once it serves")
+
+    def validate(self) -> None:
+        if not -1 <= self.dashboard_port < 65536:
+            raise ConfigError("dashboard_port", f"must be -1, 0 or a port (got {self.dashboard_port})")
