@@ -250,6 +250,9 @@ class EpisodeEngine:
             return
         done_in_turn = len(ep.tokens) - ep.turn_start
         turn_room = params.max_new_tokens - done_in_turn
+        if turn_room <= 0:  # a continued turn that had used its whole budget when it was cut
+            self._finish(ep, FINISH_LENGTH)
+            return
         max_new = min(turn_room, response_room)
         seed = None if params.seed is None else (params.seed + ep.num_model_turns * SEED_STRIDE) % 2**63
         turn = replace(

@@ -263,3 +263,36 @@ def test_an_episode_spanning_a_weight_update_records_each_turns_version(engine, 
     versions = [(t.role, t.weight_version) for t in result.episode.turns if t.role == MODEL]
     assert versions == [(MODEL, before), (MODEL, before + 1)]
     assert result.weight_version == before  # the oldest turn's: staleness is never understated
+
+
+def test_a_turn_cut_mid_way_continues_where_it_stopped(engine, tokenizer):
+    # Greedy, no stop tokens: one 600-token turn. Cut it (turn timeout), continue it from the cut:
+    # the same tokens as uncut, as two parts of one model turn.
+    greedy = dict(max_new_tokens=600, temperature=0.0, stops=frozenset(), metadata={"turns": 1})
+    episodes = _episodes(engine, tokenizer)
+    try:
+        [whole] = _run(episodes, [_request(**greedy)])
+    finally:
+        episodes.close()
+    episodes = _episodes(engine, tokenizer, turn_timeout=0.3)
+    try:
+        [cut] = _run(episodes, [_request(**greedy)])
+    finally:
+        episodes.close()
+    assert whole.finish_reason == "length" and len(whole.token_ids) == 600
+    assert cut.finish_reason == "turn_timeout" and 0 < len(cut.token_ids) < 600
+    assert cut.token_ids == whole.token_ids[: len(cut.token_ids)]
+    prefix = dict(
+        prefix_token_ids=tuple(cut.token_ids),
+        prefix_log_probs=tuple(cut.log_probs),
+        prefix_loss_mask=tuple(cut.episode.loss_mask),
+        prefix_turns=tuple(cut.episode.turns),
+    )
+    episodes = _episodes(engine, tokenizer)
+    try:
+        [resumed] = _run(episodes, [_request(**greedy, **prefix)])
+    finally:
+        episodes.close()
+    assert resumed.finish_reason == "length" and resumed.token_ids == whole.token_ids
+    assert [t.role for t in resumed.episode.turns] == [MODEL, MODEL]  # one turn, in two parts
+    assert resumed.log_probs == pytest.approx(whole.log_probs, abs=2e-4)
