@@ -10,6 +10,7 @@ FSDP2 (one gloo rank).
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from unit.trainer.rl_scenarios import log_probs
 from rollway.common.config import from_dict
 from rollway.trainer.attention import hf_attn_implementation, model_inputs
 from rollway.trainer.config import TrainerConfig
+from rollway.trainer.engine import TrainerEngine, accepts_logits_to_keep
 from rollway.trainer.micro_batch import SequenceItem, build_micro_batch
 from rollway.trainer.train_plan import plan_train_steps
 
@@ -185,3 +187,32 @@ def test_grpo_gradient_and_log_probs_equal_plain_per_sample_transformers(engine_
     loss.backward()  # the PPO loss at ratio 1 has the gradient of -A * log p (not its value)
     for name, param in model.named_parameters():
         torch.testing.assert_close(grads[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_model_without_logits_to_keep_gets_the_same_target_logits(tiny_model_dir):
+    """engine._logits falls back to full logits and picks the target columns itself."""
+
+    class FullLogitsOnly(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, position_ids, use_cache, **kwargs):
+            return self.inner(input_ids=input_ids, position_ids=position_ids, use_cache=use_cache, **kwargs)
+
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation=hf_attn_implementation("sdpa")
+    ).eval()
+    engine = SimpleNamespace(
+        config=SimpleNamespace(attn_implementation="sdpa"),
+        compute_dtype=torch.float32,
+        info=SimpleNamespace(device=torch.device("cpu")),
+        model=model,
+    )
+    mb = build_micro_batch(ITEMS, packing=True, pad_multiple=16, pad_token_id=0, share_prefixes=True)
+    assert accepts_logits_to_keep(model) and not accepts_logits_to_keep(FullLogitsOnly(model))
+    with torch.no_grad():
+        kept = TrainerEngine._logits(engine, mb)
+        picked = TrainerEngine._logits(engine, mb, model=FullLogitsOnly(model))
+    assert kept.shape == (1, mb.logit_columns.numel(), model.config.vocab_size)
+    torch.testing.assert_close(kept, picked, atol=1e-5, rtol=1e-5)
