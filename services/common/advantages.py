@@ -1,19 +1,24 @@
-"""Group-level reward normalisation and advantage baselines (the coordinator's half of the estimators).
+"""Group-level reward normalisation (the coordinator's half of every advantage estimator).
 
-Where each estimator is computed:
+An estimator has two halves, each computed once, where its inputs are:
 
-  estimator                       here (coordinator: has whole groups)      trainer (has log-probs, KL)
-  grpo                            (r - mean_g) / (std_g + 1e-6)             broadcast to every response token
-  grpo + disable_grpo_std_norm.   r - mean_g  (Dr.GRPO)                     broadcast
-  gspo                            as grpo                                   sequence-level ratio in the loss
-  rloo                            r - mean of the other samples in group    broadcast
-  reinforce_plus_plus             r (raw)                                   -kl_coef*kl per token, r at last token,
-                                                                            discounted returns, whitened
-  reinforce_plus_plus_baseline    r - mean_g                                -kl_coef*kl per token, whitened
+  estimator                     coordinator (here: has whole groups)     trainer (returns.py: has the KL)
+  grpo, gspo                    (r - mean_g) / (std_g + 1e-6)            broadcast to every response token
+  dr_grpo                       r - mean_g                               broadcast; pg loss summed per sample
+                                                                         over a constant length (policy_loss)
+  rloo                          r - mean of the other samples of g       broadcast
+  reinforce_plus_plus           r (raw)                                  -kl_coef*kl per token, r at the last
+                                                                         token, gamma-discounted returns
+  reinforce_plus_plus_baseline  r - mean_g                               (r - mean_g) - kl_coef*kl per token
+  then, for every estimator, with --normalize-advantages, the trainer whitens the token values over
+  the whole global batch (all ranks).
 
-With n_samples_per_prompt == 1 the std is not used (a group of one has no spread). The
-population std (ddof=0) matches Miles. This module is numpy-only so the coordinator stays
-free of torch; each formula lives here once.
+As Miles (rollout-side reward post-processing): std_g is the sample standard deviation (n - 1,
+torch's default); --disable-grpo-std-normalization drops the division (grpo, gspo);
+--disable-rewards-normalization sends the raw rewards (every group estimator); a group of one
+has no spread, so n_samples_per_prompt == 1 never divides by a std. The trainer's estimator is
+the run's (run_start.disagreements refuses a trainer set otherwise). numpy-only, so the
+coordinator stays free of torch.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from collections.abc import Sequence
 import numpy as np
 
 EPS = 1e-6
-ESTIMATORS = ("grpo", "gspo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
-# Estimators whose token-level part (KL shaping, returns, whitening) the trainer completes.
+ESTIMATORS = ("grpo", "gspo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+# Estimators whose token-level part (KL reward shaping, returns) the trainer computes.
 TRAINER_COMPLETED = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
 
@@ -38,11 +43,11 @@ def _groups(rewards: Sequence[float], group_size: int) -> np.ndarray:
 
 
 def group_normalised(rewards: Sequence[float], group_size: int, *, use_std: bool = True) -> np.ndarray:
-    """GRPO: (r - group mean) / (group std + 1e-6); Dr.GRPO with use_std=False; no std when n == 1."""
+    """GRPO: (r - group mean) / (group sample std + 1e-6); without std with use_std=False or n == 1."""
     g = _groups(rewards, group_size)
     centred = g - g.mean(axis=1, keepdims=True)
     if use_std and group_size > 1:
-        centred = centred / (g.std(axis=1, keepdims=True) + EPS)
+        centred = centred / (g.std(axis=1, ddof=1, keepdims=True) + EPS)
     return centred.reshape(-1)
 
 
@@ -56,18 +61,26 @@ def leave_one_out(rewards: Sequence[float], group_size: int) -> np.ndarray:
 
 
 def sequence_advantages(
-    estimator: str, rewards: Sequence[float], group_size: int, *, disable_grpo_std_normalization: bool = False
+    estimator: str,
+    rewards: Sequence[float],
+    group_size: int,
+    *,
+    disable_grpo_std_normalization: bool = False,
+    disable_rewards_normalization: bool = False,
 ) -> np.ndarray:
     """One scalar per sample, in sample order (groups contiguous), for `estimator`."""
+    if estimator not in ESTIMATORS:
+        raise ValueError(
+            f"unknown advantage estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}"
+        )
+    _groups(rewards, group_size)
+    if estimator == "reinforce_plus_plus" or disable_rewards_normalization:
+        return np.asarray(rewards, dtype=np.float64)
     if estimator in ("grpo", "gspo"):
         return group_normalised(rewards, group_size, use_std=not disable_grpo_std_normalization)
     if estimator == "rloo":
         return leave_one_out(rewards, group_size)
-    if estimator == "reinforce_plus_plus":
-        return np.asarray(rewards, dtype=np.float64)
-    if estimator == "reinforce_plus_plus_baseline":
-        return group_normalised(rewards, group_size, use_std=False)
-    raise ValueError(f"unknown advantage estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}")
+    return group_normalised(rewards, group_size, use_std=False)  # dr_grpo, reinforce_plus_plus_baseline
 
 
 def zero_std_groups(rewards: Sequence[float], group_size: int) -> np.ndarray:

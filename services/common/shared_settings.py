@@ -102,5 +102,9 @@ def rollout_stop(**options):
 
 def advantage_estimator(**options):
     return setting(
-        "grpo", "grpo, gspo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline", shared=True, **options
+        "grpo",
+        "grpo, gspo, dr_grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline (README: Advantage "
+        "estimators); the coordinator computes the group part, the trainer the token part",
+        shared=True,
+        **options,
     )

@@ -59,14 +59,23 @@ class CoordinatorConfig:
 
     # Advantages
     advantage_estimator: str = shared_settings.advantage_estimator()
-    disable_grpo_std_normalization: bool = setting(False, "Dr.GRPO: centre rewards without dividing by std")
+    disable_grpo_std_normalization: bool = setting(
+        False, "grpo/gspo: centre rewards without dividing by the group's std (Miles' Dr.GRPO switch)"
+    )
+    disable_rewards_normalization: bool = setting(
+        False, "send raw rewards: no group mean/std normalisation for any estimator (Miles' flag)"
+    )
     disable_compute_advantages_and_returns: bool = setting(False, "SFT recipe: no advantages")
 
     # Async and weight sync
     async_mode: bool = setting(
         False, "overlap generation of step k with training of step k-1", aliases=("async",)
     )
-    max_weight_staleness: int = setting(1, "async: never start generation with weights older than this")
+    max_weight_staleness: int = setting(
+        1,
+        "async: generate up to this many rollouts ahead of the one training; rollout k starts only "
+        "on weights of version >= k + 1 - this, so its samples are at most this many versions old",
+    )
     update_weights_interval: int = setting(1, "push weights every N rollouts")
     update_weight_buffer_size: int = setting(512 * 1024 * 1024, "bytes per weight-sync bucket")
     update_weight_transport: Literal["distributed", "disk"] = setting("distributed", "weight-sync transport")
@@ -171,7 +180,9 @@ class CoordinatorConfig:
                 "eval_interval" if self.eval_interval < 0 else "save_interval", "must not be negative"
             )
         if self.max_weight_staleness < 1:
-            raise ConfigError("max_weight_staleness", "must be at least 1 (async overlaps one step)")
+            raise ConfigError(
+                "max_weight_staleness", "must be at least 1 (async generates that many rollouts ahead)"
+            )
         if self.dynamic_sampling_filter_path not in ("", "check_reward_nonzero_std"):
             raise ConfigError("dynamic_sampling_filter_path", "supported filters: check_reward_nonzero_std")
         if self.partial_rollout and not self.dynamic_sampling_filter_path:

@@ -109,8 +109,33 @@ class MetricsSink:
             self._tb.close()
 
 
+# What the progress line shows, (label, metric) in order; the first present of each label's
+# metrics is shown. RL shows its loss terms, not train/loss: with group-normalised advantages
+# the on-policy policy loss is ~0 by construction, so a lone "loss 0.0000" said nothing.
+RL_PROGRESS = (
+    ("reward", "rollout/raw_reward"),
+    ("pg_loss", "train/pg_loss"),
+    ("kl_loss", "train/kl_loss"),
+    ("entropy", "train/entropy_loss"),
+    ("clipfrac", "train/pg_clipfrac"),
+    ("grad_norm", "train/grad_norm"),
+    ("acc", "eval/accuracy"),
+)
+SFT_PROGRESS = (
+    ("reward", "rollout/raw_reward"),
+    ("loss", "train/loss"),
+    ("loss", "sft/loss"),
+    ("acc", "eval/accuracy"),
+)
+
+
+def _number(value: float) -> str:
+    """4 decimals, or 3 significant digits for small values (a tiny loss is not 0.0000)."""
+    return f"{value:.4f}" if value == 0 or abs(value) >= 1e-3 else f"{value:.3e}"
+
+
 class ProgressLine:
-    """One console line per step: step, reward, loss, time per step, ETA."""
+    """One console line per step: step, reward, the losses (pg_loss, ... for RL), time per step, ETA."""
 
     def __init__(self, total_steps: int, stream=None):
         self.total = total_steps
@@ -125,14 +150,11 @@ class ProgressLine:
         remaining = max(self.total - step, 0) * per_step
         # A record past the last step is the final evaluation.
         parts = [f"step {step}/{self.total}" if not self.total or step <= self.total else "final"]
-        for label, key in (
-            ("reward", "rollout/raw_reward"),
-            ("loss", "train/loss"),
-            ("loss", "sft/loss"),
-            ("acc", "eval/accuracy"),
-        ):
-            if key in metrics:
-                parts.append(f"{label} {metrics[key]:.4f}")
+        shown = set()
+        for label, key in RL_PROGRESS if "train/pg_loss" in metrics else SFT_PROGRESS:
+            if key in metrics and label not in shown:
+                shown.add(label)
+                parts.append(f"{label} {_number(metrics[key])}")
         parts += [f"{per_step:.1f} s/step", f"ETA {_hms(remaining)}"]
         line = " | ".join(parts)
         print(line, file=self.stream, flush=True)

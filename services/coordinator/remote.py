@@ -132,9 +132,14 @@ class Services:
         rollout services abort the samples still generating. By default the calls are cancelled and
         only the samples received so far come back; with `keep_aborted` each service is sent
         Abort(request_id) and the aborted samples stream back too, with their partial responses."""
-        shards: list[list[rollout_pb2.Prompt]] = [[] for _ in self.rollouts]
-        for i, prompt in enumerate(prompts):
-            shards[i % len(self.rollouts)].append(prompt)
+        # Contiguous shards, one per service. Each service numbers the samples of its shard from
+        # 0 and seeds sample i with seed + i: shard s, which starts at prompt `starts[s]`, gets
+        # seed + starts[s] * n, and its samples' indices are shifted by as much, so every sample
+        # has its index in the whole request and the seed a single service would have given it.
+        num_shards = max(len(self.rollouts), 1)
+        size, extra = divmod(len(prompts), num_shards)
+        starts = [s * size + min(s, extra) for s in range(num_shards + 1)]
+        shards = [list(prompts[starts[s] : starts[s + 1]]) for s in range(len(self.rollouts))]
         calls: list = []  # the streaming calls started so far (cancel() stops one)
         stopped = threading.Event()
         lock = threading.Lock()
@@ -152,10 +157,13 @@ class Services:
                     stub.Abort(rollout_pb2.AbortRequest(request_id=request_id), timeout=CONTROL_CALL_SECONDS)
 
         def run(
-            stub: rollout_pb2_grpc.RolloutServiceStub, shard: list[rollout_pb2.Prompt]
+            stub: rollout_pb2_grpc.RolloutServiceStub,
+            shard: list[rollout_pb2.Prompt],
+            start: int,
         ) -> list[common_pb2.Sample]:
             if not shard:
                 return []
+            first_index = start * n_samples_per_prompt
             request = rollout_pb2.GenerateRequest(
                 prompts=shard,
                 n_samples_per_prompt=n_samples_per_prompt,
@@ -163,6 +171,8 @@ class Services:
                 reward=reward,
                 request_id=request_id,
             )
+            if sampling.HasField("seed"):
+                request.sampling_params.seed = sampling.seed + first_index
             # A busy rollout service (its Generate queue full) refuses before the first sample: retried.
             call = self._track(RetryingStream(lambda: stub.Generate(request, timeout=LONG_CALL_SECONDS)))
             with lock:
@@ -172,6 +182,7 @@ class Services:
             samples = []
             try:
                 for reply in call:
+                    reply.sample.index += first_index
                     samples.append(reply.sample)
                     if enough is not None and enough(reply.sample):
                         stop_all()
@@ -183,7 +194,7 @@ class Services:
             return samples
 
         with ThreadPoolExecutor(max(len(self.rollouts), 1)) as pool:
-            results = list(pool.map(in_current_context(run), self.rollouts, shards))
+            results = list(pool.map(in_current_context(run), self.rollouts, shards, starts))
         return sorted((s for shard in results for s in shard), key=lambda s: (s.group_index, s.index))
 
     def rollout_info(self) -> list[rollout_pb2.GetInfoResponse]:

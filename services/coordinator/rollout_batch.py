@@ -53,7 +53,7 @@ def keep_groups(
 
 
 def assign_advantages(
-    groups: list[list[common_pb2.Sample]], estimator: str, *, disable_grpo_std_normalization: bool = False
+    groups: list[list[common_pb2.Sample]], estimator: str, **normalization: bool
 ) -> list[common_pb2.Sample]:
     """Fill each sample's per-token advantages (the sequence advantage on every response token)."""
     samples = [s for g in groups for s in g]
@@ -66,7 +66,7 @@ def assign_advantages(
         estimator,
         [s.reward for s in samples],
         group_size,
-        disable_grpo_std_normalization=disable_grpo_std_normalization,
+        **normalization,  # disable_grpo_std_normalization, disable_rewards_normalization
     )
     for sample, advantage in zip(samples, advantages, strict=True):
         del sample.advantages[:]
@@ -74,10 +74,28 @@ def assign_advantages(
     return samples
 
 
+def zero_std_metrics(group_rewards: Sequence[Sequence[float]]) -> dict[str, float]:
+    """Groups whose rewards are all equal (no GRPO signal), as Miles reports them:
+    rollout/zero_std/count_<reward> (rounded to 0.1) per reward value, and
+    rollout/zero_std/ratio, their fraction of all groups scored in the rollout."""
+    if not group_rewards:
+        return {}
+    zero_std = [g for g in group_rewards if all(r == g[0] for r in g)]
+    metrics = {"rollout/zero_std/ratio": len(zero_std) / len(group_rewards)}
+    for group in zero_std:
+        key = f"rollout/zero_std/count_{round(float(group[0]), 1)}"
+        metrics[key] = metrics.get(key, 0.0) + 1.0
+    return metrics
+
+
 def rollout_metrics(
-    samples: Sequence[common_pb2.Sample], *, num_dropped_groups: int = 0, num_groups: int = 0
+    samples: Sequence[common_pb2.Sample],
+    *,
+    num_dropped_groups: int = 0,
+    group_rewards: Sequence[Sequence[float]] | None = None,
 ) -> dict[str, float]:
-    """rollout/* metrics of one rollout (Miles' names)."""
+    """rollout/* metrics of one rollout (Miles' names). `group_rewards`: the rewards of every
+    group scored in the rollout, those a filter dropped included (default: the samples' groups)."""
     if not samples:
         return {}
     raw = np.array([s.raw_reward for s in samples])
@@ -102,9 +120,10 @@ def rollout_metrics(
         metrics["rollout/advantages"] = float(
             np.mean([np.mean(s.advantages) for s in samples if s.advantages])
         )
-    if num_groups:
-        metrics["rollout/zero_std/dropped_groups"] = float(num_dropped_groups)
-        metrics["rollout/zero_std/ratio"] = num_dropped_groups / num_groups
+    if group_rewards is None:
+        group_rewards = [[s.reward for s in g] for g in group_samples(samples)]
+    metrics.update(zero_std_metrics(group_rewards))
+    metrics["rollout/zero_std/dropped_groups"] = float(num_dropped_groups)
     by_source: dict[str, list[float]] = {}
     for s in samples:
         by_source.setdefault(s.source, []).append(s.raw_reward)

@@ -65,6 +65,7 @@ class GroupCollector:
         self.num_dropped = 0
         self.wanted = 0  # stop once this many groups are kept (0: never stop early)
         self.partial: list[list[common_pb2.Sample]] = []  # complete groups with aborted samples
+        self.group_rewards: list[list[float]] = []  # of every group scored (kept or dropped)
         self._open: dict[int, list[common_pb2.Sample]] = {}
         self._lock = threading.Lock()
 
@@ -82,6 +83,7 @@ class GroupCollector:
                 if any(s.finish_reason == common_pb2.FINISH_REASON_ABORT for s in group):
                     self.partial.append(sorted(group, key=lambda s: s.index))  # not scored as a group
                 else:
+                    self.group_rewards.append([s.reward for s in group])
                     kept, dropped = keep_groups(group_samples(group), self.filter_name)
                     self.kept += kept
                     self.num_dropped += dropped
@@ -147,11 +149,14 @@ def collect_rollout(
             f"{groups.num_complete} complete groups"
         )
     samples = assign_advantages(
-        kept, c.advantage_estimator, disable_grpo_std_normalization=c.disable_grpo_std_normalization
+        kept,
+        c.advantage_estimator,
+        disable_grpo_std_normalization=c.disable_grpo_std_normalization,
+        disable_rewards_normalization=c.disable_rewards_normalization,
     )
     usable = len(samples) - len(samples) % c.global_batch_size
     metrics = rollout_metrics(
-        samples[:usable], num_dropped_groups=groups.num_dropped, num_groups=groups.num_complete
+        samples[:usable], num_dropped_groups=groups.num_dropped, group_rewards=groups.group_rewards
     )
     if c.partial_rollout:
         metrics["rollout/partial/continued_samples"] = float(num_continued)
@@ -203,7 +208,14 @@ def _continue_partial_groups(
             prompts.append(prompt)
 
     def continued(sample: common_pb2.Sample) -> bool:
-        original = originals[sample.index]  # the continuation request has one sample per prompt
+        # One sample per prompt: its index in the request (remote.py numbers it across every
+        # rollout service) is the position of the aborted sample it continues.
+        original = originals[sample.index]
+        if original.group_index != sample.group_index:
+            raise RuntimeError(
+                f"continued sample {sample.index} of group {sample.group_index} does not match the "
+                f"aborted sample it continues (group {original.group_index})"
+            )
         num_old = len(original.response_token_ids)
         sample.index, sample.weight_version = original.index, original.weight_version
         if config.mask_offpolicy_in_partial_rollout:

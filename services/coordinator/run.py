@@ -7,9 +7,13 @@ RL, one step (rollout k):
          │                                                                         v
     checkpoint? <── weight sync v+1 (every update_weights_interval) <── trainer.TrainStep
 
-Async (--async): generation of rollout k+1 runs in a background thread while rollout k trains.
-Generation of rollout k starts only when the engines serve a weight version of at least
-k + 1 - max_weight_staleness (admission), so staleness is bounded without dropping samples.
+Async (--async): one background worker generates the next rollouts, in order, while rollout k
+trains: up to max_weight_staleness rollouts ahead (k+1 .. k+max_weight_staleness).
+Generation of rollout j is admitted only when the engines serve a weight version of at least
+j + 1 - max_weight_staleness, so staleness is bounded without dropping samples:
+
+    main:   train k ──> sync v+1 ──> train k+1 ──> sync ──> ...
+    worker:   generate k+1 ──> generate k+2 ──> ...  (queued at most max_weight_staleness ahead)
 """
 
 from __future__ import annotations
@@ -80,10 +84,12 @@ class Run:
         self.hf_export_dir = ""
         self.checkpoint_dir = ""  # the newest complete run checkpoint this run wrote
         self.fault_metrics: dict[str, float] = {}  # restarts so far, set by the supervision (runs.py)
-        # Data position (dataloader cursor, next batch id, next group index) to store with the next
-        # checkpoint. Taken before batches are fetched ahead for a later step (SFT prefetch, async
-        # generation), so a resume neither skips nor repeats data.
-        self._data_position: tuple[str | None, int, int, list] | None = None
+        # Data position (dataloader cursor, next batch id, next group index, carried groups) just
+        # before the data of step k was fetched, by k: a checkpoint after step k - 1 stores that of
+        # step k, as batches are fetched ahead (SFT prefetch, async generation), so a resume
+        # neither skips nor repeats data.
+        self._data_positions: dict[int, tuple[str | None, int, int, list]] = {}
+        self._positions_lock = threading.Lock()  # the generate worker records them too
 
     # --- setup ---
     def total_steps(self) -> int:
@@ -123,21 +129,26 @@ class Run:
                 trainer_pb2.SaveCheckpointRequest(path=str(directory / "trainer"), extra_state=extra_state)
             )
         state = dataclasses.replace(self.state)
-        cursor = self._data_cursor()
-        if self._data_position is not None:
-            cursor, state.next_batch_id, state.next_group_index, state.partial_groups = self._data_position
+        with self._positions_lock:
+            position = self._data_positions.get(self.state.next_rollout_id)
+        cursor = self._data_cursor() if position is None else position[0]
+        if position is not None:
+            _, state.next_batch_id, state.next_group_index, state.partial_groups = position
         run_state.write_checkpoint(directory, state, cursor)
         self.checkpoint_dir = str(directory)
         log.info("checkpoint saved", path=str(directory))
 
-    def _mark_data_position(self) -> None:
+    def _mark_data_position(self, step: int) -> None:
+        """Record the data position before step `step`'s data is fetched (for a checkpoint)."""
         if self.config.save:
-            self._data_position = (
+            position = (
                 self._data_cursor(),
                 self.state.next_batch_id,
                 self.state.next_group_index,
                 list(self.state.partial_groups),
             )
+            with self._positions_lock:
+                self._data_positions[step] = position
 
     def _data_cursor(self) -> str | None:
         if self.services.dataloader is None or not self.config.save:
@@ -180,6 +191,9 @@ class Run:
         self.final_metrics.update(metrics)
         if self.progress:
             self.progress.update(rollout_id + 1, metrics)
+        with self._positions_lock:
+            for step in [s for s in self._data_positions if s <= rollout_id + 1]:
+                del self._data_positions[step]
 
     # --- SFT ---
     def _sft_loop(self) -> None:
@@ -198,7 +212,7 @@ class Run:
                 if not batch.items:
                     break
                 self.state.next_batch_id += 1
-                self._mark_data_position()
+                self._mark_data_position(step + 1)
                 # One trace per step: the next batch's fetch (overlapping training) and TrainStep.
                 with tracer("rollway.coordinator").start_as_current_span(
                     "sft_step", attributes={"step": step}
@@ -239,7 +253,11 @@ class Run:
 
     # --- RL ---
     def _generate(self, rollout_id: int) -> Rollout:
-        return collect_rollout(self.config, self.services, self.state, rollout_id)
+        """Rollout `rollout_id`; rollouts are generated one at a time, in order (here or on the
+        generate worker), so the data position after this one is where the next one starts."""
+        rollout = collect_rollout(self.config, self.services, self.state, rollout_id)
+        self._mark_data_position(rollout_id + 1)
+        return rollout
 
     def _rl_loop(self) -> None:
         c = self.config
@@ -250,8 +268,9 @@ class Run:
                 self._push_weights()  # engines and trainer start identical, also after a resume
                 if c.check_weight_update_equal:
                     self._check_weight_update_equal()
+        # One worker: rollouts are generated in order (data order, carried partial groups).
         generator = ThreadPoolExecutor(1, thread_name_prefix="generate")
-        next_rollout: Future | None = None
+        ahead: dict[int, Future] = {}  # rollouts queued or generated ahead, by id (contiguous)
         try:
             for rollout_id in range(self.state.next_rollout_id, self.total_steps()):
                 if self.stop.is_set():
@@ -261,7 +280,7 @@ class Run:
                 with tracer("rollway.coordinator").start_as_current_span(
                     "rl_step", attributes={"step": rollout_id}
                 ):
-                    next_rollout = self._rl_step(rollout_id, next_rollout, generator)
+                    self._rl_step(rollout_id, ahead, generator)
             if self.evaluator and self.total_steps() > 0:
                 final = self.evaluator.evaluate("eval-final")
                 self.sink.log(self.total_steps(), final)
@@ -269,24 +288,22 @@ class Run:
         finally:
             generator.shutdown(wait=True, cancel_futures=True)
 
-    def _rl_step(
-        self, rollout_id: int, prefetched: Future | None, generator: ThreadPoolExecutor
-    ) -> Future | None:
+    def _rl_step(self, rollout_id: int, ahead: dict[int, Future], generator: ThreadPoolExecutor) -> None:
         """Rollout `rollout_id` (generated now, or earlier in the background), train, sync.
 
-        Returns the background generation of the next rollout (async mode), if started.
+        In async mode, first queues the next rollouts on the generate worker (`ahead`), up to
+        max_weight_staleness ahead of this one, as far as admission allows.
         """
         c = self.config
         step_start = time.perf_counter()
-        self._data_position = None
         metrics: dict[str, float] = {}
         if self.evaluator and (rollout_id == 0 or self._due(c.eval_interval, rollout_id - 1)):
             metrics.update(self.evaluator.evaluate(f"eval-{rollout_id}"))
+        # `ahead` holds contiguous ids from rollout_id on: when this one is not there, none is.
+        prefetched = ahead.pop(rollout_id, None)
         rollout = prefetched.result() if prefetched else self._generate(rollout_id)
-        next_rollout = None
-        if c.async_mode and rollout_id + 1 < self.total_steps() and self._admitted(rollout_id + 1):
-            self._mark_data_position()
-            next_rollout = generator.submit(in_current_context(self._generate), rollout_id + 1)
+        if c.async_mode:
+            self._queue_ahead(rollout_id, ahead, generator)
         metrics.update(rollout.metrics)
         metrics["perf/rollout_time"] = rollout.generate_seconds
         if c.save_debug_rollout_data:
@@ -300,7 +317,14 @@ class Run:
         metrics["perf/step_time"] = time.perf_counter() - step_start
         self._determinism(rollout_id, rollout.samples, metrics)
         self._after_step(rollout_id, metrics, rollout.prompts)
-        return next_rollout
+
+    def _queue_ahead(self, rollout_id: int, ahead: dict[int, Future], generator: ThreadPoolExecutor) -> None:
+        """Queue rollouts rollout_id+1 .. rollout_id+max_weight_staleness that are admitted now."""
+        next_id = max(ahead, default=rollout_id) + 1
+        last = min(rollout_id + self.config.max_weight_staleness, self.total_steps() - 1)
+        while next_id <= last and self._admitted(next_id):
+            ahead[next_id] = generator.submit(in_current_context(self._generate), next_id)
+            next_id += 1
 
     def _admitted(self, rollout_id: int) -> bool:
         """Async admission: the engines' weights may lag the rollout id by max_weight_staleness."""
@@ -314,6 +338,9 @@ class Run:
         if staleness:
             metrics["rollout/staleness/max"] = float(max(staleness))
             metrics["rollout/staleness/mean"] = float(sum(staleness) / len(staleness))
+            # Miles' names for the same lag (its fully-async rollout).
+            metrics["rollout/fully_async/max_staleness"] = metrics["rollout/staleness/max"]
+            metrics["rollout/fully_async/avg_staleness"] = metrics["rollout/staleness/mean"]
         metrics["perf/train_time"] = time.perf_counter() - start
         tokens = sum(len(s.response_token_ids) + len(s.prompt_token_ids) for s in rollout.samples)
         metrics["perf/tokens_per_s"] = tokens / max(metrics["perf/train_time"], 1e-9)

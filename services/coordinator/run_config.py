@@ -21,7 +21,7 @@ from typing import Any
 from rollway.common.config import ConfigError, coerce_setting, from_dict
 from rollway.coordinator.config import CoordinatorConfig
 from rollway.dataloader.config import DataloaderConfig
-from rollway.rollout.config import RolloutConfig
+from rollway.rollout.config import PROCESS_SETTINGS, RolloutConfig, process_setting_problem
 from rollway.trainer.config import TrainerConfig
 
 # Config modules import no torch, so parsing a run config is instant.
@@ -67,8 +67,9 @@ class RunConfig:
         settings = {k: v for k, v in self.given.items() if k in fields}
         if name == "trainer":  # the trainer's share of the coordinator's batch arithmetic
             c = self.coordinator
-            settings["num_steps_per_rollout"] = c.samples_per_rollout // c.global_batch_size
             settings.update(c.trainer_settings)
+            # Equal to a given num_steps_per_rollout (parse_run_config refuses a contradiction).
+            settings["num_steps_per_rollout"] = c.samples_per_rollout // c.global_batch_size
         return settings
 
     def services_used(self) -> list[str]:
@@ -127,6 +128,8 @@ def parse_run_config(mapping: Mapping[str, Any]) -> RunConfig:
                 except ConfigError as exc:
                     problems.append((exc.setting, exc.problem))
                     break
+    problems += _process_setting_problems(given)
+    problems += _batch_arithmetic(given)
     if problems:
         raise RunConfigError(_unique(problems))
     configs = {}
@@ -150,6 +153,54 @@ def parse_run_config(mapping: Mapping[str, Any]) -> RunConfig:
     if problems:
         raise RunConfigError(problems)
     return run
+
+
+def _process_setting_problems(given: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Settings of a rollout process (its Generate queue) are no run's to set: refused, naming the
+    service flag, instead of being pushed to a service that would ignore them."""
+    return [(key, process_setting_problem(key)) for key in sorted(PROCESS_SETTINGS & set(given))]
+
+
+def _batch_arithmetic(given: dict[str, Any]) -> list[tuple[str, str]]:
+    """num_steps_per_rollout, when the run gives it, is honoured (Miles: global_batch_size =
+    samples per rollout / num_steps_per_rollout) or a contradiction is refused; it is never
+    replaced by the arithmetic of the other settings. Writes the derived global_batch_size into
+    `given`. The values are already known to coerce."""
+    trainer_settings = given.get("trainer_settings") or {}
+    if "num_steps_per_rollout" not in given and "num_steps_per_rollout" not in trainer_settings:
+        return []
+    steps = coerce_setting(
+        TrainerConfig,
+        "num_steps_per_rollout",
+        given.get("num_steps_per_rollout", trainer_settings.get("num_steps_per_rollout")),
+    )
+    if steps <= 0:
+        return [("num_steps_per_rollout", f"must be positive (got {steps})")]
+
+    def value(name: str):
+        if name in given:
+            return coerce_setting(CoordinatorConfig, name, given[name])
+        return next(f.default for f in dataclasses.fields(CoordinatorConfig) if f.name == name)
+
+    sft = value("loss_type") == "sft_loss"
+    samples = value("rollout_batch_size") * (1 if sft else value("n_samples_per_prompt"))
+    arithmetic = "rollout_batch_size" + ("" if sft else " * n_samples_per_prompt") + f" = {samples}"
+    if "global_batch_size" in given:
+        batch = value("global_batch_size")
+        if batch * steps != samples:
+            return [
+                (
+                    "num_steps_per_rollout",
+                    f"{steps} contradicts global_batch_size {batch}: {arithmetic} samples per rollout "
+                    f"make {samples / batch:g} optimizer steps of {batch}; give only one of the two, "
+                    f"or values whose product is {samples}",
+                )
+            ]
+        return []
+    if samples % steps:
+        return [("num_steps_per_rollout", f"{steps} does not divide {arithmetic} samples per rollout")]
+    given["global_batch_size"] = samples // steps
+    return []
 
 
 def _canonical_any(key: str) -> str:

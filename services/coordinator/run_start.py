@@ -138,7 +138,12 @@ def disagreements(run: RunConfig, replies: dict[str, object]) -> list[str]:
         )
     trainer = replies.get("trainer")
     if trainer is not None and not c.is_sft:
-        for setting in ("rollout_temperature", "advantage_estimator"):
+        # The coordinator computes the group part of the estimator, the trainer its token part;
+        # dr_grpo's loss divides by the response budget the rollout samples with.
+        shared = ["rollout_temperature", "advantage_estimator"]
+        if c.advantage_estimator == "dr_grpo":
+            shared.append("rollout_max_response_len")
+        for setting in shared:
             ours, theirs = getattr(c, setting), trainer.settings[setting]
             if ours != theirs:
                 problems.append(f"{setting}: the run has {ours!r}, the trainer has {theirs!r}")

@@ -17,6 +17,21 @@ from rollway.common.config import ConfigError, setting
 
 # Engine names; the registry in engines/__init__.py maps each to its implementation.
 ENGINE_NAMES = ("hf", "sglang")
+# Settings of the rollout process, shared by every run it serves (its Generate queue is built
+# once at start-up): only its start-up flags set them; a run that gives one is refused (runs.py,
+# and the coordinator's run config) rather than silently ignored.
+PROCESS_SETTINGS = frozenset({"max_generate_calls", "generate_queue_size", "generate_queue_timeout"})
+
+
+def process_setting_problem(name: str) -> str:
+    """Why a run may not set `name` (one of PROCESS_SETTINGS), naming the flag to use instead."""
+    flag = "--" + name.replace("_", "-")
+    return (
+        f"is a setting of the rollout service process (its Generate queue, shared by every run), "
+        f"not of a run: start the rollout service with {flag}"
+    )
+
+
 # Settings of the engine itself: a run that changes one gets a new engine (runs.py); the other
 # settings are defaults of requests and rewards, per run.
 ENGINE_SETTINGS = frozenset(

@@ -18,7 +18,7 @@ from rollway.common.config import ConfigError, from_dict, to_dict
 from rollway.common.errors import FailedPrecondition, InvalidArgument
 from rollway.common.log import bind_run_context, get_logger
 from rollway.common.run_host import RunHost
-from rollway.rollout.config import ENGINE_SETTINGS, RolloutConfig
+from rollway.rollout.config import ENGINE_SETTINGS, PROCESS_SETTINGS, RolloutConfig, process_setting_problem
 from rollway.rollout.engines.base import Engine, EngineError
 from rollway.rollout.v1 import rollout_pb2
 
@@ -92,10 +92,14 @@ class RolloutRuns:
     def Init(self, request, context):
         if request.run_id:
             bind_run_context(run_id=request.run_id)
+        given = json_format.MessageToDict(request.config)
         try:
-            settings = from_dict(RolloutConfig, json_format.MessageToDict(request.config), base=self.startup)
+            settings = from_dict(RolloutConfig, given, base=self.startup)
         except ConfigError as exc:
             raise InvalidArgument(f"config.{exc.setting}", exc.problem) from None
+        for name in sorted(PROCESS_SETTINGS & set(given)):
+            if getattr(settings, name) != getattr(self.startup, name):
+                raise InvalidArgument(f"config.{name}", process_setting_problem(name))
         servicer, already, _ = self.host.init(request.run_id, settings, rebuild=request.rebuild)
         info = servicer.engine.model_info
         struct = struct_pb2.Struct()

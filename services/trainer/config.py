@@ -2,7 +2,8 @@
 
 Settings fall in three groups:
 - start-up settings (model, precision, ranks): fixed for the life of the process;
-- training hyper-parameters (`TRAINING_SETTINGS`): may be overridden by the Init RPC;
+- training hyper-parameters (`TRAINING_SETTINGS`): may be overridden by the Init RPC (among
+  them `ADVANTAGE_SETTINGS`, the run's estimator: never per step);
 - loss settings (`STEP_SETTINGS`): may also be overridden per TrainStep by its header.
 
 This module does not import torch, so `--help` and configuration errors are instant.
@@ -24,6 +25,8 @@ KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 # Estimators whose token-level returns the trainer computes (KL reward shaping applies to them).
 TOKEN_LEVEL_ESTIMATORS = TRAINER_COMPLETED
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
+TIS_MODES = ("truncate", "icepop")
+MIS_LEVELS = ("token", "sequence")
 
 
 @dataclass
@@ -58,6 +61,11 @@ class TrainerConfig:
         ["all-linear"], "modules that get LoRA adapters (peft names; all-linear: every linear but lm_head)"
     )
     tiled_mlp: bool = setting(False, "compute each decoder MLP over sequence tiles (less activation memory)")
+    keep_dropout: bool = setting(
+        False,
+        "keep the checkpoint's dropout in training (default: every dropout is set to 0 at load, so "
+        "the trained policy is the one the rollout engine samples from; kept, the run warns once)",
+    )
     tiled_mlp_shards: int = setting(
         0, "tiles per MLP call (0: ceil(tokens / max(hidden_size, 1024)), as ALST)"
     )
@@ -65,9 +73,9 @@ class TrainerConfig:
     seed: int = setting(1234, "random seed (rank r uses seed + r)")
     lr: float = setting(1e-5, "peak learning rate of AdamW")
     min_lr: float = setting(0.0, "learning rate at the end of the decay")
-    weight_decay: float = setting(0.01, "AdamW decoupled weight decay")
+    weight_decay: float = setting(0.0, "AdamW decoupled weight decay (Miles' FSDP default)")
     adam_beta1: float = setting(0.9, "AdamW beta1")
-    adam_beta2: float = setting(0.999, "AdamW beta2")
+    adam_beta2: float = setting(0.95, "AdamW beta2 (Miles' FSDP default)")
     adam_eps: float = setting(1e-8, "AdamW epsilon")
     clip_grad: float = setting(1.0, "clip the global gradient norm to this value; 0 disables clipping")
     lr_decay_style: str = setting("constant", "learning-rate schedule after warmup", choices=LR_DECAY_STYLES)
@@ -93,7 +101,11 @@ class TrainerConfig:
     )
     # --- RL (policy_loss; see policy_loss.py) ---
     advantage_estimator: str = shared_settings.advantage_estimator(choices=ESTIMATORS)
+    normalize_advantages: bool = setting(
+        False, "whiten the token advantages over the whole global batch (all ranks), any estimator"
+    )
     rollout_temperature: float = shared_settings.rollout_temperature()
+    rollout_max_response_len: int = shared_settings.rollout_max_response_len()
     eps_clip: float = setting(0.2, "PPO clip: ratio is clipped to [1 - eps_clip, 1 + eps_clip_high]")
     eps_clip_high: float | None = setting(None, "upper PPO clip (DAPO clip-higher); default: eps_clip")
     eps_clip_c: float | None = setting(
@@ -108,9 +120,31 @@ class TrainerConfig:
     )
     gamma: float = setting(1.0, "discount of reinforce_plus_plus returns")
     entropy_coef: float = setting(0.0, "subtract entropy_coef * entropy from the loss")
-    use_tis: bool = setting(False, "truncated importance sampling: weight the pg loss by exp(old - rollout)")
-    tis_clip: float = setting(2.0, "upper clip of the TIS weight")
-    tis_clip_low: float = setting(0.0, "lower clip of the TIS weight")
+    # Rollout corrections (README: Rollout corrections): train vs rollout policy, r = exp(old - rollout)
+    use_tis: bool = setting(False, "importance-weight the pg loss by the token ratio r (tis_mode)")
+    tis_mode: str = setting(
+        "truncate",
+        "truncate: weight clamp(r, tis_clip_low, tis_clip) (TIS); icepop: weight r inside "
+        "[tis_clip_low, tis_clip], 0 outside (IcePop)",
+        choices=TIS_MODES,
+    )
+    tis_clip: float = setting(2.0, "upper bound of the TIS weight")
+    tis_clip_low: float = setting(0.0, "lower bound of the TIS weight")
+    use_mis: bool = setting(
+        False, "masked importance sampling: weight the pg loss by r where r is in [mis_low, mis_high], else 0"
+    )
+    mis_level: str = setting(
+        "token",
+        "token: per-token r; sequence: r of the whole sample (product over its tokens)",
+        choices=MIS_LEVELS,
+    )
+    mis_low: float = setting(0.5, "lower bound of masked importance sampling")
+    mis_high: float = setting(2.0, "upper bound of masked importance sampling")
+    use_geo_mask: bool = setting(
+        False, "mask samples whose geometric-mean ratio is outside [geo_mask_low, geo_mask_high] (SkyRL)"
+    )
+    geo_mask_low: float = setting(0.99, "lower bound of the geometric-mean sequence mask")
+    geo_mask_high: float = setting(1.01, "upper bound of the geometric-mean sequence mask")
 
     @property
     def dynamic_batching(self) -> bool:
@@ -175,9 +209,22 @@ def _validate_rl(config: TrainerConfig) -> None:
         raise ConfigError("eps_clip_c", f"must be greater than 1 (got {config.eps_clip_c})")
     if not 0.0 <= config.gamma <= 1.0:
         raise ConfigError("gamma", f"must be in [0, 1] (got {config.gamma})")
-    if config.tis_clip < config.tis_clip_low:
+    _non_negative(config, "mis_low", "geo_mask_low")
+    _positive(config, "rollout_max_response_len")
+    for low, high in (
+        ("tis_clip_low", "tis_clip"),
+        ("mis_low", "mis_high"),
+        ("geo_mask_low", "geo_mask_high"),
+    ):
+        if getattr(config, high) < getattr(config, low):
+            raise ConfigError(
+                high, f"must not be below {low} ({getattr(config, high)} < {getattr(config, low)})"
+            )
+    _validate_corrections(config)
+    if config.advantage_estimator == "dr_grpo" and config.calculate_per_token_loss:
         raise ConfigError(
-            "tis_clip", f"must not be below tis_clip_low ({config.tis_clip} < {config.tis_clip_low})"
+            "calculate_per_token_loss",
+            "dr_grpo sums each sample's loss over the constant rollout_max_response_len: not per-token loss",
         )
     if config.kl_coef and config.use_kl_loss:
         raise ConfigError(
@@ -189,6 +236,22 @@ def _validate_rl(config: TrainerConfig) -> None:
             f"shapes the rewards of {' and '.join(TOKEN_LEVEL_ESTIMATORS)} only "
             f"(advantage_estimator={config.advantage_estimator}); use use_kl_loss with kl_loss_coef",
         )
+
+
+def _validate_corrections(config: TrainerConfig) -> None:
+    """Rollout corrections compare the trainer's old policy with the rollout's: not with
+    use_rollout_logprobs (the old policy would be the rollout's, every ratio 1; Miles refuses it),
+    and one importance weight at a time."""
+    if config.use_rollout_logprobs:
+        for name in ("use_tis", "use_mis", "use_geo_mask"):
+            if getattr(config, name):
+                raise ConfigError(
+                    name,
+                    "cannot be combined with use_rollout_logprobs: the old log-probs would be the rollout's, "
+                    "so the train/rollout ratio is always 1; drop one of them",
+                )
+    if config.use_tis and config.use_mis:
+        raise ConfigError("use_mis", "use_tis and use_mis are both importance weights: set one")
 
 
 def _positive(config: TrainerConfig, *names: str) -> None:
@@ -203,9 +266,11 @@ def _non_negative(config: TrainerConfig, *names: str) -> None:
             raise ConfigError(name, f"must not be negative (got {getattr(config, name)})")
 
 
+# What defines the run's advantages: Init may set them (the run pushes them), a TrainStep header
+# may not (the coordinator computed the step's group part for the run's estimator).
+ADVANTAGE_SETTINGS = ("advantage_estimator", "normalize_advantages", "rollout_max_response_len")
 # RL loss settings: hyper-parameters of policy_loss (Init and TrainStep headers may change them).
 RL_SETTINGS = (
-    "advantage_estimator",
     "rollout_temperature",
     "eps_clip",
     "eps_clip_high",
@@ -218,8 +283,16 @@ RL_SETTINGS = (
     "gamma",
     "entropy_coef",
     "use_tis",
+    "tis_mode",
     "tis_clip",
     "tis_clip_low",
+    "use_mis",
+    "mis_level",
+    "mis_low",
+    "mis_high",
+    "use_geo_mask",
+    "geo_mask_low",
+    "geo_mask_high",
 )
 
 # Settings the Init RPC may change: hyper-parameters, not the model or the ranks.
@@ -246,6 +319,7 @@ TRAINING_SETTINGS = frozenset(
         "log_probs_chunk_size",
         "loss_type",
         "calculate_per_token_loss",
+        *ADVANTAGE_SETTINGS,
         *RL_SETTINGS,
     }
 )

@@ -61,7 +61,9 @@ def merge_settings(
             except ConfigError:
                 same = False
             if not same:
-                raise InvalidArgument(f"{field_prefix}.{key}", "cannot be changed here (a start-up setting)")
+                raise InvalidArgument(
+                    f"{field_prefix}.{key}", "cannot be changed here (a start-up or run-wide setting)"
+                )
     try:
         return from_dict(TrainerConfig, overrides, base=base)
     except ConfigError as exc:

@@ -22,7 +22,15 @@ from rollway.trainer.attention import model_inputs
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.distributed import RankInfo
 from rollway.trainer.log_probs import response_values, token_log_probs
-from rollway.trainer.losses import GlobalDenominators, LossInputs, aggregate, get_loss
+from rollway.trainer.losses import (
+    GlobalDenominators,
+    LossInputs,
+    aggregate,
+    combine_shares,
+    get_loss,
+    metric_share,
+    reduce_shares,
+)
 from rollway.trainer.micro_batch import MicroBatch, SequenceItem, build_micro_batch
 from rollway.trainer.model_loading import load_model
 from rollway.trainer.optimizer import apply_settings, build_optimizer, clip_grad_norm
@@ -199,12 +207,8 @@ class TrainerEngine:
             shares, sums = self._micro_batch_loss(mb, settings, spec, step.denominators, timer)
             per_sample.update(sums)
             for name, value in shares.items():
-                totals[name] = totals.get(name, 0.0) + value
-        names = sorted(totals)
-        # The shares stay on the device until here: one transfer per step, not per micro-batch.
-        summed = torch.stack([totals[n].float() for n in names])
-        dist.all_reduce(summed)
-        metrics = {f"train/{n}": float(v) for n, v in zip(names, summed.tolist(), strict=True)}
+                totals[name] = combine_shares(name, totals.get(name), value)
+        metrics = reduce_shares(totals)
         metrics.update(
             gather_source_losses(per_sample, step.micro_batches, settings.calculate_per_token_loss)
         )
@@ -257,7 +261,8 @@ class TrainerEngine:
         with timer.phase("backward"):
             loss.backward()
         shares = {
-            name: aggregate(t.detach(), mask, index, denominators, per_token) for name, t in terms.items()
+            name: metric_share(name, t.detach(), mask, index, denominators, per_token)
+            for name, t in terms.items()
         }
         shares["loss"] = loss.detach()
         shares["per_token_loss"] = aggregate(terms["loss"].detach(), mask, index, denominators, True)

@@ -5,11 +5,13 @@ With log r = log p_policy(token) - log p_other(token), for tokens sampled from t
     k1          log r                          unbiased, high variance, may be negative
     k2          (log r)^2 / 2                  biased, low variance
     k3          exp(-log r) - 1 + log r        unbiased, low variance, never negative
-    low_var_kl  k3 clamped to [-10, 10]        as Miles: bounds the rare huge ratio
+    low_var_kl  k3 of log r made finite and clamped to [-20, 20] before exp, then clamped to
+                [-10, 10]                      as Miles: bounds the rare huge ratio
 
-Used for the KL loss (`--use-kl-loss`, policy vs reference, with gradients), for the reward
-penalty of reinforce_plus_plus (`--kl-coef`, old policy vs reference) and for the train/rollout
-mismatch metric.
+low_var_kl stays finite for any input: a NaN log-ratio (both log-probs -inf: the token is
+impossible under both) counts as 0, +-inf as +-20. Used for the KL loss (`--use-kl-loss`,
+policy vs reference, with gradients), for the reward penalty of reinforce_plus_plus
+(`--kl-coef`, old policy vs reference) and for the train/rollout mismatch metric.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import torch
 
 LOW_VAR_KL_CLAMP = 10.0
+LOG_RATIO_CLAMP = 20.0
 
 
 def approx_kl(log_probs: torch.Tensor, other_log_probs: torch.Tensor, kl_type: str) -> torch.Tensor:
@@ -26,9 +29,11 @@ def approx_kl(log_probs: torch.Tensor, other_log_probs: torch.Tensor, kl_type: s
         return log_ratio
     if kl_type == "k2":
         return log_ratio.square() / 2.0
-    if kl_type in ("k3", "low_var_kl"):
-        kl = torch.exp(-log_ratio) - 1.0 + log_ratio
-        if kl_type == "low_var_kl":
-            kl = kl.clamp(-LOW_VAR_KL_CLAMP, LOW_VAR_KL_CLAMP)
-        return kl
+    if kl_type == "k3":
+        return torch.exp(-log_ratio) - 1.0 + log_ratio
+    if kl_type == "low_var_kl":
+        bounded = torch.nan_to_num(log_ratio, nan=0.0, posinf=LOG_RATIO_CLAMP, neginf=-LOG_RATIO_CLAMP)
+        bounded = bounded.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        kl = torch.exp(-bounded) - 1.0 + bounded
+        return kl.clamp(-LOW_VAR_KL_CLAMP, LOW_VAR_KL_CLAMP)
     raise ValueError(f"kl_loss_type: unknown {kl_type!r}, expected k1, k2, k3 or low_var_kl")

@@ -9,16 +9,22 @@ is split:
     per-sample (default):      sum_i (sum_t term_it * m_it / n_i) / num_samples
     --calculate-per-token-loss: sum_it term_it * m_it / num_loss_tokens
 
+A reported term whose name ends in _min or _max (the range of a ratio) is instead the smallest or
+largest value over the loss tokens of the global batch (metric_share, then combine_shares and
+reduce_shares across micro-batches and ranks).
+
 A policy loss plugs in with `@register_loss("policy_loss", per_token_inputs=("advantages",
 "old_log_probs"))`: the listed Sample fields are validated, packed and passed in `extras`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from rollway.trainer.config import TrainerConfig
 
@@ -100,6 +106,56 @@ def aggregate(
     counts.scatter_add_(0, index.reshape(-1), (loss_mask * valid).reshape(-1))
     per_position = counts[index].clamp(min=1.0)
     return (masked / per_position).sum() / max(denominators.num_samples, 1)
+
+
+def _extreme(name: str) -> str | None:
+    return "max" if name.endswith("_max") else "min" if name.endswith("_min") else None
+
+
+def metric_share(
+    name: str,
+    term: torch.Tensor,
+    loss_mask: torch.Tensor,
+    sample_index: torch.Tensor,
+    denominators: GlobalDenominators,
+    per_token: bool,
+) -> torch.Tensor:
+    """This micro-batch's share of the reported train/<name>: aggregate(), or its extreme."""
+    kind = _extreme(name)
+    if kind is None:
+        return aggregate(term, loss_mask, sample_index, denominators, per_token)
+    fill = torch.full_like(term, -math.inf if kind == "max" else math.inf)
+    values = torch.where(loss_mask > 0, term, fill)
+    return values.max() if kind == "max" else values.min()
+
+
+def combine_shares(name: str, total: torch.Tensor | None, share: torch.Tensor) -> torch.Tensor:
+    """Two micro-batches' shares of one metric: summed, or the extreme of both."""
+    if total is None:
+        return share
+    kind = _extreme(name)
+    if kind is None:
+        return total + share
+    return torch.maximum(total, share) if kind == "max" else torch.minimum(total, share)
+
+
+def reduce_shares(totals: dict[str, torch.Tensor]) -> dict[str, float]:
+    """train/<name> over every rank (a collective): sums in one all-reduce, extremes in another.
+    The shares stay on the device until here: one transfer per step, not per micro-batch. An
+    extreme with no loss token anywhere is left out."""
+    sums = sorted(n for n in totals if _extreme(n) is None)
+    extremes = sorted(n for n in totals if _extreme(n) is not None)
+    summed = torch.stack([totals[n].float() for n in sums])
+    dist.all_reduce(summed)
+    metrics = {f"train/{n}": float(v) for n, v in zip(sums, summed.tolist(), strict=True)}
+    if extremes:  # every rank reports the same names (same settings), so the collectives match
+        signs = torch.tensor([1.0 if _extreme(n) == "max" else -1.0 for n in extremes], device=summed.device)
+        largest = torch.stack([totals[n].float() for n in extremes]) * signs
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        for name, value in zip(extremes, (largest * signs).tolist(), strict=True):
+            if math.isfinite(value):
+                metrics[f"train/{name}"] = value
+    return metrics
 
 
 # Registers policy_loss (it imports this module's names, so it comes last).

@@ -6,10 +6,15 @@
              -> broadcast the buffers (rotary inv_freq is not in the state dict)
 
 Master weights are fp32 whatever the checkpoint's dtype; `--dtype` is the compute dtype.
+Dropout is off (every dropout probability of the config and every nn.Dropout set to 0) unless
+`keep_dropout`: the rollout engine samples without dropout, so a trainer with dropout would
+train a perturbed policy (train/train_rollout_kl > 0 at step 0 and off-policy ratios throughout).
 """
 
 from __future__ import annotations
 
+import copy
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,8 +23,16 @@ import torch.distributed as dist
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from transformers.utils import logging as hf_logging
 
+from rollway.common.log import get_logger
 from rollway.trainer.attention import hf_attn_implementation
 from rollway.trainer.config import TrainerConfig
+
+log = get_logger("rollway.trainer.model_loading")
+
+# Config fields holding a dropout probability across architectures: attention_dropout,
+# hidden_dropout, classifier_dropout, summary_first_dropout (GPT-2), resid_pdrop, embd_pdrop, ...
+DROPOUT_FIELD = re.compile(r"dropout|pdrop")
+_warned_keep_dropout: set[str] = set()  # checkpoints already warned about (once per process)
 
 
 class ModelLoadError(RuntimeError):
@@ -57,10 +70,61 @@ def build_meta_model(hf_config: PretrainedConfig, config: TrainerConfig) -> torc
     return model
 
 
+def config_dropouts(hf_config: PretrainedConfig, prefix: str = "") -> dict[str, float]:
+    """Every non-zero dropout probability of the config (nested configs included), by field name."""
+    found = {}
+    for name, value in vars(hf_config).items():
+        if isinstance(value, PretrainedConfig):
+            found.update(config_dropouts(value, f"{prefix}{name}."))
+        elif DROPOUT_FIELD.search(name) and isinstance(value, int | float) and not isinstance(value, bool):
+            if value:
+                found[prefix + name] = float(value)
+    return found
+
+
+def disable_dropout(hf_config: PretrainedConfig, model: torch.nn.Module | None = None) -> None:
+    """Set every dropout probability to 0: in the config before the model is built (modules that
+    read it at forward time, e.g. attention_dropout) and in the built model's dropout modules."""
+    for name in config_dropouts(hf_config):
+        owner = hf_config
+        *parents, field_name = name.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent)
+        setattr(owner, field_name, 0.0)
+    if model is not None:
+        for module in model.modules():
+            if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+                module.p = 0.0
+
+
+def _warn_kept_dropout(config: TrainerConfig, hf_config: PretrainedConfig, model: torch.nn.Module) -> None:
+    dropouts = config_dropouts(hf_config)
+    modules = sum(
+        1 for m in model.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0
+    )
+    if (dropouts or modules) and config.hf_checkpoint not in _warned_keep_dropout:
+        _warned_keep_dropout.add(config.hf_checkpoint)
+        log.warning(
+            "keep_dropout: training with dropout; the rollout engine samples without it, so the "
+            "trained policy differs from the sampled one (train/train_rollout_kl > 0)",
+            dropouts=dropouts,
+            num_dropout_modules=modules,
+        )
+
+
 def load_model(config: TrainerConfig, rank: int) -> LoadedModel:
     """Rank 0 reads the weights; every rank returns a meta model to be sharded and filled."""
     hf_config = read_hf_config(config.hf_checkpoint)
-    loaded = LoadedModel(model=build_meta_model(hf_config, config), hf_config=hf_config)
+    # The model is built from a copy: an HF export keeps the checkpoint's own config.
+    model_config = copy.deepcopy(hf_config)
+    if not config.keep_dropout:
+        disable_dropout(model_config)
+    loaded = LoadedModel(model=build_meta_model(model_config, config), hf_config=hf_config)
+    if config.keep_dropout:
+        if rank == 0:
+            _warn_kept_dropout(config, model_config, loaded.model)
+    else:
+        disable_dropout(model_config, loaded.model)
     if rank == 0:
         hf_logging.disable_progress_bar()  # no progress bars in the service's JSON log
         try:

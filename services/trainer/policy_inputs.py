@@ -5,9 +5,9 @@ step of a TrainStep (every rank, for its own samples, over the same micro-batche
                     the rollout makes one optimizer step and nothing else needs them: the loss
                     then uses the current log-probs detached, the same values)
     ref_log_probs   no-grad forward of the reference (--use-kl-loss, or --kl-coef shaping)
-    advantages      reinforce_plus_plus(_baseline): token-level returns with the KL penalty,
-                    whitened over the whole batch (returns.py); other estimators keep the
-                    coordinator's values
+    advantages      the token part of the run's estimator (returns.py): reinforce_plus_plus(_baseline)
+                    add the KL penalty (and returns); with --normalize-advantages every estimator's
+                    values are whitened over the whole batch; otherwise the coordinator's values stay
 
 Log-probs use the rollout temperature, like the engine's. Values are stored per response token
 in each SequenceItem's extras, and the names are added to every step's extra_names so that
@@ -53,9 +53,8 @@ def sample_fields(samples: Sequence, settings: TrainerConfig) -> tuple[str, ...]
     """Per-token Sample fields policy_loss reads: advantages, and rollout_log_probs when the
     samples carry them (all or none; required by --use-tis and --use-rollout-logprobs)."""
     present = [len(sample.rollout_log_probs) > 0 for sample in samples]
-    required = (
-        "use_tis" if settings.use_tis else "use_rollout_logprobs" if settings.use_rollout_logprobs else ""
-    )
+    needing = ("use_tis", "use_mis", "use_geo_mask", "use_rollout_logprobs")
+    required = next((name for name in needing if getattr(settings, name)), "")
     if not any(present):
         if required and samples:
             raise InvalidArgument("samples[0].rollout_log_probs", f"required with {required}")
@@ -95,6 +94,11 @@ def _compute_log_probs(engine, steps, settings: TrainerConfig, names: list[str],
                     item.extras[name] = values[item.index]
 
 
+def completes_advantages(settings: TrainerConfig) -> bool:
+    """Whether the trainer rewrites the coordinator's advantages (its token part of the estimator)."""
+    return settings.advantage_estimator in TOKEN_LEVEL_ESTIMATORS or settings.normalize_advantages
+
+
 def _token_level_advantages(items: list[SequenceItem], settings: TrainerConfig, distributed: bool) -> None:
     values, masks = [], []
     for item in items:
@@ -107,12 +111,15 @@ def _token_level_advantages(items: list[SequenceItem], settings: TrainerConfig, 
                 torch.tensor(old), torch.tensor(item.extras["ref_log_probs"]), settings.kl_loss_type
             )
         if settings.advantage_estimator == "reinforce_plus_plus":
-            values.append(reinforce_plus_plus_returns(advantages, kl, mask, settings.kl_coef, settings.gamma))
-        else:
-            values.append(reinforce_plus_plus_baseline(advantages, kl, settings.kl_coef))
+            advantages = reinforce_plus_plus_returns(advantages, kl, mask, settings.kl_coef, settings.gamma)
+        elif settings.advantage_estimator == "reinforce_plus_plus_baseline":
+            advantages = reinforce_plus_plus_baseline(advantages, kl, settings.kl_coef)
+        values.append(advantages)
         masks.append(mask)
-    for item, whitened in zip(items, whiten(values, masks, distributed), strict=True):
-        item.extras["advantages"] = whitened.tolist()
+    if settings.normalize_advantages:  # every rank calls it (a collective), even with no items
+        values = whiten(values, masks, distributed)
+    for item, value in zip(items, values, strict=True):
+        item.extras["advantages"] = value.tolist()
 
 
 def prepare_policy_inputs(
@@ -128,6 +135,6 @@ def prepare_policy_inputs(
         _compute_log_probs(engine, steps, settings, names, timer or StepTimer(engine.info.device))
     for step in steps:
         step.extra_names = tuple(sorted({*step.extra_names, *names}))
-    if settings.advantage_estimator in TOKEN_LEVEL_ESTIMATORS:
+    if completes_advantages(settings):
         items = [item for step in steps for mb in step.micro_batches for item in mb]
         _token_level_advantages(items, settings, distributed=engine.info.world_size > 1)

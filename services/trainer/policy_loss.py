@@ -4,7 +4,8 @@
     ratio   = exp(clamp(log r, -20, 20))
     pg      = max(-ratio * A, -clip(ratio, 1 - eps_clip, 1 + eps_clip_high) * A)
     dual    = min(pg, -eps_clip_c * A) where A < 0            (--eps-clip-c)
-    pg     *= clamp(exp(old - rollout), tis_clip_low, tis_clip)  (--use-tis)
+    pg     *= n_i / rollout_max_response_len      dr_grpo: sample i's token sum over a constant length
+    pg     *= rollout-correction weight            (--use-tis / --use-mis / --use-geo-mask: rollout_correction.py)
     loss    = pg - entropy_coef * entropy + kl_loss_coef * kl(logp, ref_logp)  (--use-kl-loss)
 
 old_logp is the trainer's own no-grad forward before the first optimizer step of the rollout
@@ -20,6 +21,7 @@ import torch
 
 from rollway.trainer.kl import approx_kl
 from rollway.trainer.losses import LossInputs, register_loss
+from rollway.trainer.rollout_correction import per_sample_totals, rollout_correction
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -46,18 +48,9 @@ def clipped_policy_loss(
 def per_sample_mean(
     values: torch.Tensor, loss_mask: torch.Tensor, sample_index: torch.Tensor
 ) -> torch.Tensor:
-    """Each position gets the mean of `values` over its sample's loss tokens (differentiable).
-
-    A sample lies inside one micro-batch, so its mean is exact locally."""
-    valid = sample_index >= 0
-    index = torch.where(valid, sample_index, 0).reshape(-1)
-    size = int(index.max()) + 1 if index.numel() else 1
-    weights = (loss_mask * valid).reshape(-1).to(values.dtype)
-    sums = torch.zeros(size, dtype=values.dtype, device=values.device).scatter_add(
-        0, index, values.reshape(-1) * weights
-    )
-    counts = torch.zeros(size, dtype=values.dtype, device=values.device).scatter_add(0, index, weights)
-    return (sums / counts.clamp(min=1.0))[index].reshape(values.shape)
+    """Each position gets the mean of `values` over its sample's loss tokens (differentiable)."""
+    sums, counts = per_sample_totals(values, loss_mask, sample_index)
+    return sums / counts.clamp(min=1.0)
 
 
 def old_log_probs(inputs: LossInputs) -> torch.Tensor:
@@ -70,20 +63,12 @@ def old_log_probs(inputs: LossInputs) -> torch.Tensor:
     return inputs.log_probs.detach()
 
 
-def truncated_importance_weights(
-    train_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, low: float, high: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(raw weight exp(train - rollout), weight clamped to [low, high], clip indicator)."""
-    raw = torch.exp(train_log_probs - rollout_log_probs)
-    weights = raw.clamp(min=low, max=high)
-    return raw, weights, (weights != raw).float()
-
-
 def mismatch_terms(train_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Train/inference mismatch: |train - rollout| and KL(rollout || train) (k3, never negative)."""
+    """Train/inference mismatch: |train - rollout| and KL(rollout || train) as low_var_kl (Miles:
+    k3 of the clamped log-ratio, itself clamped, so one wild token cannot swamp the metric)."""
     return {
         "train_rollout_logprob_abs_diff": (train_log_probs - rollout_log_probs).abs(),
-        "train_rollout_kl": approx_kl(rollout_log_probs, train_log_probs, "k3"),
+        "train_rollout_kl": approx_kl(rollout_log_probs, train_log_probs, "low_var_kl"),
     }
 
 
@@ -100,17 +85,20 @@ def policy_loss(inputs: LossInputs) -> dict[str, torch.Tensor]:
     eps_high = s.eps_clip if s.eps_clip_high is None else s.eps_clip_high
     pg_loss, clipfrac = clipped_policy_loss(log_ratio, advantages, s.eps_clip, eps_high, s.eps_clip_c)
     terms: dict[str, torch.Tensor] = {"pg_clipfrac": clipfrac, "ppo_kl": -log_ratio.detach()}
+    if s.advantage_estimator == "dr_grpo":
+        _, counts = per_sample_totals(torch.ones_like(pg_loss), inputs.loss_mask, inputs.sample_index)
+        pg_loss = pg_loss * (counts / s.rollout_max_response_len)
     rollout = extras.get("rollout_log_probs")
     if rollout is not None:
         # The trainer's view of the rollout policy: its own old log-probs when it computed them.
         train_logp = extras.get("old_log_probs", logp.detach())
         terms.update(mismatch_terms(train_logp, rollout))
-        if s.use_tis:
-            raw, weights, tis_clipfrac = truncated_importance_weights(
-                train_logp, rollout, s.tis_clip_low, s.tis_clip
-            )
-            pg_loss = pg_loss * weights
-            terms.update({"tis": raw, "tis_clipfrac": tis_clipfrac})
+        weight, correction_terms = rollout_correction(
+            train_logp, rollout, inputs.loss_mask, inputs.sample_index, s
+        )
+        if weight is not None:
+            pg_loss = pg_loss * weight
+        terms.update(correction_terms)
     entropy = inputs.entropy if inputs.entropy is not None else torch.zeros_like(logp)
     loss = pg_loss - s.entropy_coef * entropy
     if s.use_kl_loss:

@@ -1,14 +1,17 @@
-"""The trainer's half of reinforce_plus_plus and reinforce_plus_plus_baseline (token level).
+"""The trainer's token part of the advantage estimators (the group part: rollway.common.advantages).
 
 The coordinator sends one value per response token in `advantages`: the raw reward r for
-reinforce_plus_plus, r - group mean for reinforce_plus_plus_baseline (rollway.common.advantages).
-The trainer has the KL, so it finishes them here, per sample, over the response tokens:
+reinforce_plus_plus, r - group mean for reinforce_plus_plus_baseline, the finished sequence
+advantage for the others. The trainer has the KL, so it finishes them here, per sample, over the
+response tokens (as Miles' compute_advantages_and_returns):
 
     reinforce_plus_plus:           rewards_t = -kl_coef * kl_t * m_t, plus r at the last loss token
                                    returns_t = rewards_t + gamma * returns_{t+1}
     reinforce_plus_plus_baseline:  a_t = (r - mean) - kl_coef * kl_t
+    grpo, gspo, dr_grpo, rloo:     a_t = the coordinator's value
 
-then whitens them over every loss token of the global batch (all samples on all ranks, as Miles'
+and with --normalize-advantages (any estimator; off by default, as Miles) whitens them over
+every loss token of the global batch (all samples on all ranks, as Miles'
 distributed_masked_whiten): (x - mean) / sqrt(unbiased var + 1e-8).
 """
 

@@ -10,6 +10,7 @@ import pytest
 from support.processes import ServiceProcess
 from support.stack import coordinator_stub, start_run, wait_run
 
+from rollway.coordinator import run_state
 from rollway.coordinator.v1 import coordinator_pb2
 
 SUCCEEDED = coordinator_pb2.RUN_STATE_SUCCEEDED
@@ -148,6 +149,40 @@ def test_async_grpo_overlaps_generation_with_bounded_staleness(tiny_model_dir, d
     # Rollout k+1 is generated while rollout k trains: with the weights of k, one version behind.
     assert [m["rollout/staleness/max"] for m in metrics] == [0.0, 1.0, 1.0, 1.0]
     assert [m["rollout/weight_version"] for m in metrics] == [2.0, 3.0, 4.0, 5.0]
+
+
+def test_async_generates_up_to_max_weight_staleness_rollouts_ahead(tiny_model_dir, demo_data_dir, tmp_path):
+    # With max_weight_staleness 2 the worker generates rollouts k+1 and k+2 while k trains: a
+    # rollout is trained up to two versions after the one it was generated with, never more.
+    metrics = run_rl(
+        tmp_path,
+        tiny_model_dir,
+        demo_data_dir,
+        "async2",
+        num_rollout=5,
+        async_mode=True,
+        max_weight_staleness=2,
+        rollout_max_response_len=2,
+        save=str(tmp_path / "save"),
+        save_interval=1,
+    )
+    assert [m["step"] for m in metrics] == [0, 1, 2, 3, 4]
+    staleness = [m["rollout/staleness/max"] for m in metrics]
+    assert staleness[0] == 0.0 and max(staleness) == 2.0 and all(s <= 2.0 for s in staleness), staleness
+    assert [m["rollout/fully_async/max_staleness"] for m in metrics] == staleness  # Miles' name
+    # Admission: rollout k never starts on weights older than version k + 1 - 2.
+    assert all(m["rollout/weight_version/min"] >= m["step"] - 1 for m in metrics)
+    assert [m["rollout/weight_version"] for m in metrics] == [2.0, 3.0, 4.0, 5.0, 6.0]
+    # Checkpoint k holds the data position before rollout k + 1, although rollouts up to k + 2 were
+    # fetched: one batch of 4 groups per rollout, so a resume neither skips nor repeats prompts.
+    for k in range(5):
+        state, cursor = run_state.read_checkpoint(run_state.checkpoint_dir(tmp_path / "save", k + 1))
+        assert (state.next_rollout_id, state.next_batch_id, state.next_group_index) == (
+            k + 1,
+            k + 1,
+            4 * (k + 1),
+        )
+        assert cursor is not None
 
 
 def test_async_grpo_with_dynamic_sampling_and_partial_rollout(tiny_model_dir, demo_data_dir, tmp_path):

@@ -8,6 +8,7 @@ import time
 import grpc
 import pytest
 import torch
+from google.protobuf import struct_pb2
 from support.processes import ServiceProcess
 from transformers import AutoModelForCausalLM
 
@@ -274,3 +275,21 @@ def test_bad_response_prefixes_and_aborts_are_refused(rollout, prefix, max_new_t
     assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT and empty.value.details().startswith(
         "request_id"
     )
+
+
+def test_a_run_cannot_set_the_generate_queue_of_the_process(rollout):
+    # The Generate queue is built once at start-up and shared by every run: a run's value would be
+    # ignored, so it is refused naming the flag; the start-up value itself is accepted.
+    config = struct_pb2.Struct()
+    config.update({"generate_queue_size": 3})
+    with pytest.raises(grpc.RpcError) as refused:
+        rollout.Init(rollout_pb2.InitRequest(run_id="queue-settings", config=config))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "config.generate_queue_size" in refused.value.details()
+    assert "--generate-queue-size" in refused.value.details()
+    config.update({"generate_queue_size": 256})  # the default the service started with
+    assert (
+        rollout.Init(rollout_pb2.InitRequest(run_id="queue-settings", config=config)).run_id
+        == "queue-settings"
+    )
+    rollout.EndRun(rollout_pb2.EndRunRequest(run_id="queue-settings"))

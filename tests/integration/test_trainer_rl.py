@@ -141,10 +141,11 @@ def test_the_kl_loss_grows_once_the_policy_moved(stub):
             {},
             ("samples[0].prompt_token_ids: must not be empty",),
         ),
+        (lambda: rl_samples(), {"kl_coef": 0.1}, ("header.overrides.kl_coef: KL is a reward penalty",)),
         (
             lambda: rl_samples(),
-            {"kl_coef": 0.1, "advantage_estimator": "reinforce_plus_plus"},
-            ("header.overrides.kl_coef: KL is a reward penalty",),
+            {"advantage_estimator": "reinforce_plus_plus"},
+            ("header.overrides.advantage_estimator: cannot be changed here",),
         ),
         (lambda: rl_samples(), {"eps_clip_c": 0.5}, ("header.overrides.eps_clip_c: must be greater than 1",)),
     ],
@@ -154,14 +155,11 @@ def test_bad_rl_input_is_refused_by_name(stub, make, overrides, fragments):
 
 
 def test_training_works_after_refusals_with_reinforce_plus_plus_and_tis(stub):
+    # The estimator is the run's (Init), not a step's.
+    run = {"lr": 2e-3, "advantage_estimator": "reinforce_plus_plus", "normalize_advantages": True}
+    stub.Init(pb.InitRequest(config=struct(run)))
     rollout = log_probs(stub, rl_samples())
-    overrides = {
-        "advantage_estimator": "reinforce_plus_plus",
-        "use_kl_loss": False,
-        "kl_coef": 0.05,
-        "use_tis": True,
-        "gamma": 0.9,
-    }
+    overrides = {"use_kl_loss": False, "kl_coef": 0.05, "use_tis": True, "gamma": 0.9}
     reply = stub.TrainStep(train_stream(2, rl_samples(rollout_log_probs=rollout), overrides))
     metrics = dict(reply.metrics)
     assert reply.global_step == 3 and metrics["train/tis"] == pytest.approx(1.0, abs=1e-5)

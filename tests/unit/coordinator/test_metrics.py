@@ -32,3 +32,21 @@ def test_progress_line():
     line = ProgressLine(10, stream=out).update(1, {"rollout/raw_reward": 0.25, "train/loss": 1.5})
     assert line.startswith("step 1/10 | reward 0.2500 | loss 1.5000 |")
     assert "ETA" in out.getvalue()
+
+
+def test_the_rl_progress_line_shows_the_loss_terms_not_a_zero_total():
+    metrics = {
+        "rollout/raw_reward": 0.5,
+        "train/loss": 0.0,  # group-normalised advantages: ~0 on policy, whatever is learned
+        "train/pg_loss": -2.5e-9,
+        "train/kl_loss": 0.0125,
+        "train/entropy_loss": 3.25,
+        "train/pg_clipfrac": 0.0,
+        "train/grad_norm": 0.75,
+    }
+    line = ProgressLine(10, stream=io.StringIO()).update(2, metrics)
+    assert line.startswith(
+        "step 2/10 | reward 0.5000 | pg_loss -2.500e-09 | kl_loss 0.0125 | entropy 3.2500 | "
+        "clipfrac 0.0000 | grad_norm 0.7500 |"
+    )
+    assert "| loss " not in line

@@ -44,10 +44,13 @@ def test_advantages_are_broadcast_to_every_response_token():
     groups = [[sample(0, 0, 1.0, length=2), sample(0, 1, 0.0, length=4)]]
     samples = assign_advantages(groups, "grpo")
     assert len(samples[0].advantages) == 2 and len(samples[1].advantages) == 4
-    np.testing.assert_allclose(samples[0].advantages, [0.999998] * 2, atol=1e-6)
-    np.testing.assert_allclose(samples[1].advantages, [-0.999998] * 4, atol=1e-6)
+    # rewards 1, 0: mean 0.5, sample std sqrt(0.5) -> +-0.5 / 0.7071 = +-0.7071
+    np.testing.assert_allclose(samples[0].advantages, [0.707106] * 2, atol=1e-5)
+    np.testing.assert_allclose(samples[1].advantages, [-0.707106] * 4, atol=1e-5)
     dr = assign_advantages(groups, "grpo", disable_grpo_std_normalization=True)
     np.testing.assert_allclose(dr[0].advantages, [0.5, 0.5])
+    raw = assign_advantages(groups, "grpo", disable_rewards_normalization=True)
+    np.testing.assert_allclose(raw[0].advantages, [1.0, 1.0])
 
 
 def test_rollout_metrics_use_miles_names():
@@ -55,13 +58,27 @@ def test_rollout_metrics_use_miles_names():
         sample(0, 0, 1.0, length=2, version=3),
         sample(0, 1, 0.0, length=4, version=2, finish=common_pb2.FINISH_REASON_LENGTH, source="other"),
     ]
-    metrics = rollout_metrics(samples, num_dropped_groups=1, num_groups=4)
+    metrics = rollout_metrics(samples, num_dropped_groups=1, group_rewards=[[1, 0], [0, 0], [1, 0], [1, 0]])
     assert metrics["rollout/raw_reward"] == 0.5
     assert metrics["rollout/response_len/mean"] == 3.0
     assert metrics["rollout/truncated_ratio"] == 0.5
     assert metrics["rollout/weight_version/min"] == 2.0
     assert metrics["rollout/zero_std/ratio"] == 0.25
     assert metrics["rollout/raw_reward/other"] == 0.0
+
+
+def test_zero_std_ratio_counts_every_group_without_reward_variance():
+    # No filter, every group all-0 or all-1: nothing was dropped, yet no group has a GRPO signal.
+    samples = [sample(g, i, float(g % 2), length=2, version=1) for g in range(4) for i in range(2)]
+    metrics = rollout_metrics(samples)
+    assert metrics["rollout/zero_std/ratio"] == 1.0
+    assert metrics["rollout/zero_std/count_0.0"] == 2.0 and metrics["rollout/zero_std/count_1.0"] == 2.0
+    assert metrics["rollout/zero_std/dropped_groups"] == 0.0
+    # With a filter: the dropped groups count too (the kept ones all have variance).
+    kept = [sample(0, 0, 1.0, length=2, version=1), sample(0, 1, 0.0, length=2, version=1)]
+    filtered = rollout_metrics(kept, num_dropped_groups=3, group_rewards=[[1, 0], [1, 1], [0, 0], [0, 0]])
+    assert filtered["rollout/zero_std/ratio"] == 0.75 and filtered["rollout/zero_std/count_0.0"] == 2.0
+    assert "rollout/zero_std/count_1.0" in filtered and filtered["rollout/zero_std/dropped_groups"] == 3.0
 
 
 def test_pass_at_k():

@@ -24,6 +24,8 @@ def test_complete_groups_are_filtered_as_they_arrive_and_the_batch_is_in_group_o
     assert [g[0].group_index for g in batch] == [7, 9]  # group order, not arrival order
     assert [[s.index for s in g] for g in batch] == [[0, 1], [0, 1]]
     assert [g[0].group_index for g in groups.batch(1)] == [7]
+    # Every scored group's rewards, the dropped one's included (rollout/zero_std/* counts them).
+    assert groups.group_rewards == [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]]
 
 
 def test_without_a_filter_every_group_is_kept_and_generation_never_stops_early():

@@ -14,8 +14,8 @@ from rollway.trainer.losses import LossInputs, get_loss
 from rollway.trainer.policy_loss import (
     clipped_policy_loss,
     per_sample_mean,
-    truncated_importance_weights,
 )
+from rollway.trainer.rollout_correction import truncated_importance_weights
 
 
 def settings(**overrides) -> TrainerConfig:
@@ -73,10 +73,10 @@ def test_per_sample_mean_over_loss_tokens():
 
 def test_tis_weights_are_clipped_to_the_range():
     train, rollout = log([0.1, 1.0, 3.0, 0.5]), torch.zeros(4, dtype=torch.float64)
-    raw, weights, clipfrac = truncated_importance_weights(train, rollout, 0.5, 2.0)
-    assert raw.tolist() == pytest.approx([0.1, 1.0, 3.0, 0.5])
+    weights, metrics = truncated_importance_weights(train - rollout, 0.5, 2.0, "truncate")
+    assert metrics["tis"].tolist() == pytest.approx([0.1, 1.0, 3.0, 0.5])
     assert weights.tolist() == pytest.approx([0.5, 1.0, 2.0, 0.5])
-    assert clipfrac.tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert metrics["tis_clipfrac"].tolist() == [1.0, 0.0, 1.0, 0.0]
 
 
 def inputs(log_probs, advantages, config, **extras) -> LossInputs:

@@ -89,13 +89,24 @@ def test_init_and_headers_may_change_rl_settings_but_not_the_model_shape():
         assert setting not in TRAINING_SETTINGS
         with pytest.raises(InvalidArgument, match=f"config.{setting}: cannot be changed"):
             merge_settings(base, {setting: value}, TRAINING_SETTINGS, "config")
+    rpp = merge_settings(base, {"advantage_estimator": "reinforce_plus_plus"}, TRAINING_SETTINGS, "config")
     with pytest.raises(InvalidArgument, match="header.overrides.kl_coef: KL is a reward penalty"):
-        merge_settings(
-            base,
-            {"use_kl_loss": True, "kl_coef": 1.0, "advantage_estimator": "reinforce_plus_plus"},
-            STEP_SETTINGS,
-            "header.overrides",
-        )
+        merge_settings(rpp, {"use_kl_loss": True, "kl_coef": 1.0}, STEP_SETTINGS, "header.overrides")
+
+
+def test_a_step_cannot_change_the_runs_advantage_settings():
+    # The coordinator computed the step's group part for the run's estimator: a header that
+    # switched the trainer's token part would mix two estimators in one step.
+    base = TrainerConfig(hf_checkpoint="m")
+    for setting, value in (
+        ("advantage_estimator", "reinforce_plus_plus"),
+        ("normalize_advantages", True),
+        ("rollout_max_response_len", 7),
+    ):
+        assert setting in TRAINING_SETTINGS
+        with pytest.raises(InvalidArgument, match=f"header.overrides.{setting}: cannot be changed here"):
+            merge_settings(base, {setting: value}, STEP_SETTINGS, "header.overrides")
+        assert merge_settings(base, {setting: getattr(base, setting)}, STEP_SETTINGS, "h") == base
 
 
 def test_ref_load_must_be_a_model_with_the_policys_vocabulary(tiny_model_dir, tmp_path):

@@ -51,8 +51,18 @@ OPTIONS = {
         "eps_clip_c": 3.0,
         "num_steps_per_rollout": 2,
     },
-    "rpp": {"advantage_estimator": "reinforce_plus_plus", "kl_coef": 0.2, "gamma": 0.9, "kl_loss_type": "k3"},
-    "rppb": {"advantage_estimator": "reinforce_plus_plus_baseline", "kl_coef": 0.2},
+    "rpp": {
+        "advantage_estimator": "reinforce_plus_plus",
+        "kl_coef": 0.2,
+        "gamma": 0.9,
+        "kl_loss_type": "k3",
+        "normalize_advantages": True,
+    },
+    "rppb": {
+        "advantage_estimator": "reinforce_plus_plus_baseline",
+        "kl_coef": 0.2,
+        "normalize_advantages": True,
+    },
 }
 VARIANTS = {f"{o}/{s}": {**OPTIONS[o], **SPLITS[s]} for o in OPTIONS for s in SPLITS}
 VARIANTS["grpo_temperature"] = {"rollout_temperature": 0.7, "micro_batch_size": 3}
@@ -117,7 +127,7 @@ def test_every_policy_loss_option_is_invariant_to_ranks_and_micro_batches(result
         "train/loss/b",
     }
     if option == "full":
-        expected |= {"train/tis", "train/tis_clipfrac", "train/kl_loss"}
+        expected |= {"train/tis", "train/tis_min", "train/tis_max", "train/tis_clipfrac", "train/kl_loss"}
     assert expected <= metrics.keys()
     assert metrics["train/ppo_kl"] == 0.0  # old log-probs (own forward or the detached current) = current
 
@@ -133,7 +143,7 @@ def test_metrics_at_step_0_have_the_expected_values(results):
     # TIS on the first optimizer step (samples 0-2 of 2 steps): per-sample means of the raw
     # weight exp(old - rollout) and of the clip indicator for [0.5, 1.5], from the policy's log-probs.
     old = results["two"][1]["before"][0]
-    tis, clipped, diff = [], [], []
+    tis, clipped, diff, weights = [], [], [], []
     for item in ITEMS[:3]:
         pairs = [
             (math.exp(o - r), abs(o - r))
@@ -141,9 +151,14 @@ def test_metrics_at_step_0_have_the_expected_values(results):
             if m
         ]
         tis.append(sum(w for w, _ in pairs) / len(pairs))
+        weights += [w for w, _ in pairs]
         clipped.append(sum(not 0.5 <= w <= 1.5 for w, _ in pairs) / len(pairs))
         diff.append(sum(d for _, d in pairs) / len(pairs))
     assert full["train/tis"] == pytest.approx(sum(tis) / 3, rel=1e-4)
+    # The range over every loss token of the step, on both ranks (a MAX all-reduce, not a sum).
+    assert (full["train/tis_min"], full["train/tis_max"]) == pytest.approx(
+        (min(weights), max(weights)), rel=1e-4
+    )
     assert full["train/tis_clipfrac"] == pytest.approx(sum(clipped) / 3, rel=1e-4)
     assert full["train/train_rollout_logprob_abs_diff"] == pytest.approx(sum(diff) / 3, rel=1e-4)
     assert 0 < full["train/tis_clipfrac"] < 1

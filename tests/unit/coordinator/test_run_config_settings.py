@@ -1,0 +1,73 @@
+"""A run's settings are honoured or refused, never replaced: num_steps_per_rollout against the
+batch arithmetic, and the rollout process's Generate-queue settings (not a run's to set)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rollway.coordinator.run_config import RunConfigError, parse_run_config
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3", "max_position_embeddings": 1024}))
+    return model
+
+
+def grpo(model, **extra) -> dict:
+    return {
+        "hf_checkpoint": str(model),
+        "prompt_data": ["/data/rl.parquet"],
+        "rollout_batch_size": 4,
+        "n_samples_per_prompt": 4,
+        "rollout_max_response_len": 8,
+        **extra,
+    }
+
+
+def problems(config: dict) -> dict[str, str]:
+    with pytest.raises(RunConfigError) as refused:
+        parse_run_config(config)
+    return dict(refused.value.problems)
+
+
+def test_num_steps_per_rollout_alone_sets_the_global_batch_size(model_dir):
+    run = parse_run_config(grpo(model_dir, num_steps_per_rollout=4))
+    assert run.coordinator.global_batch_size == 4  # 16 samples per rollout in 4 optimizer steps
+    assert run.service_settings("trainer")["num_steps_per_rollout"] == 4
+
+
+def test_num_steps_per_rollout_agreeing_with_the_global_batch_size_is_kept(model_dir):
+    run = parse_run_config(grpo(model_dir, num_steps_per_rollout=2, global_batch_size=8))
+    assert run.service_settings("trainer")["num_steps_per_rollout"] == 2
+    sft = parse_run_config(
+        {**grpo(model_dir, num_steps_per_rollout=2), "loss_type": "sft_loss", "apply_chat_template": True}
+    )
+    assert sft.coordinator.global_batch_size == 2  # SFT: rollout_batch_size conversations per step
+
+
+def test_a_num_steps_per_rollout_the_batch_arithmetic_contradicts_is_refused(model_dir):
+    problem = problems(grpo(model_dir, num_steps_per_rollout=4, global_batch_size=16))[
+        "num_steps_per_rollout"
+    ]
+    assert "contradicts global_batch_size 16" in problem and "n_samples_per_prompt = 16" in problem
+    nested = grpo(model_dir, global_batch_size=8, trainer_settings={"num_steps_per_rollout": 3})
+    assert "contradicts global_batch_size 8" in problems(nested)["num_steps_per_rollout"]
+    assert "does not divide" in problems(grpo(model_dir, num_steps_per_rollout=3))["num_steps_per_rollout"]
+
+
+@pytest.mark.parametrize(
+    "name, flag",
+    [
+        ("max_generate_calls", "--max-generate-calls"),
+        ("generate_queue_size", "--generate-queue-size"),
+        ("generate_queue_timeout", "--generate-queue-timeout"),
+    ],
+)
+def test_the_rollout_process_settings_are_refused_naming_the_service_flag(model_dir, name, flag):
+    problem = problems(grpo(model_dir, global_batch_size=16, **{name: 2}))[name]
+    assert "rollout service process" in problem and flag in problem
