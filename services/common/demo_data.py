@@ -83,29 +83,16 @@ def split_pairs(
     return train_pool[:num_sft], train_pool[num_sft : num_sft + num_rl], eval_pairs
 
 
-def slipped_answer(a: int, b: int) -> str:
-    """The sum with the units carry forgotten: 37 + 45 -> "72" (only for pairs that carry)."""
-    return str(a + b - 10)
-
-
-def carries(a: int, b: int) -> bool:
-    return a % 10 + b % 10 >= 10
-
-
-def _sft_rows(pairs: Sequence[Pair], carry_slip: float, seed: int) -> list[dict]:
-    rng = random.Random(f"carry-slip-{seed}")
-    rows = []
-    for a, b in pairs:
-        slip = carries(a, b) and rng.random() < carry_slip
-        rows.append(
-            {
-                "messages": [
-                    {"role": "user", "content": format_question(a, b)},
-                    {"role": "assistant", "content": slipped_answer(a, b) if slip else format_answer(a, b)},
-                ]
-            }
-        )
-    return rows
+def _sft_rows(pairs: Sequence[Pair]) -> list[dict]:
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": format_question(a, b)},
+                {"role": "assistant", "content": format_answer(a, b)},
+            ]
+        }
+        for a, b in pairs
+    ]
 
 
 def _rl_rows(pairs: Sequence[Pair]) -> list[dict]:
@@ -132,7 +119,6 @@ def make_demo_data(
     num_rl: int = 1000,
     num_eval: int = 200,
     jsonl: bool = False,
-    carry_slip: float = 0.0,
 ) -> dict[str, Path]:
     """Write sft.parquet, rl.parquet and eval.parquet (schema in the module docstring) to `out_dir`.
 
@@ -147,7 +133,7 @@ def make_demo_data(
     out_dir.mkdir(parents=True, exist_ok=True)
     sft_pairs, rl_pairs, eval_pairs = split_pairs(seed, num_sft, num_rl, num_eval)
     paths: dict[str, Path] = {}
-    paths |= _write(_sft_rows(sft_pairs, carry_slip, seed), SFT_SCHEMA, out_dir / "sft.parquet", jsonl)
+    paths |= _write(_sft_rows(sft_pairs), SFT_SCHEMA, out_dir / "sft.parquet", jsonl)
     paths |= _write(_rl_rows(rl_pairs), RL_SCHEMA, out_dir / "rl.parquet", jsonl)
     paths |= _write(_rl_rows(eval_pairs), RL_SCHEMA, out_dir / "eval.parquet", jsonl)
     return paths
