@@ -6,9 +6,9 @@ STAMP := $(VENV)/.setup-done
 # torch first and pinned: an unpinned torch (or a package asking for a newer one) pulls CUDA builds.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: setup run up test test-fast lint format proto proto-check bench clean
+.PHONY: setup browser run up test test-fast lint format proto proto-check bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) browser
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet "$(TORCH_PIN)"
 	$(PY) -m pip install --quiet -e ".[ml,ray,dev]"
 	touch $(STAMP)
+
+# Headless chromium and its driver (Debian's packages) for the dashboard's browser tests, where
+# missing and installable (root, or sudo without a password); the tests skip, naming why, otherwise.
+browser:
+	-@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	{ if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver; } \
+	|| echo "chromium/chromedriver not installed: the dashboard's browser tests will be skipped"
 
 # The demo: build the tiny model and data, start the services, run it (see README).
 run: setup

@@ -6,6 +6,7 @@
     rollway run CONFIG [flags]         run a job (starts the services it needs, or attaches)
     rollway plan CONFIG [flags]        print the batch arithmetic of a run config
     rollway plot RUN_DIR               write PNG charts of a run's metrics
+    rollway dashboard RUN_DIR...       serve the web dashboard of finished runs (or folders of runs)
     rollway demo                       SFT then GRPO on the tiny model (what `make run` runs)
 
 Subcommands import their heavy dependencies only when they run, so `rollway --help` is instant.
@@ -86,6 +87,44 @@ def _plot(argv: list[str]) -> int:
     return 0
 
 
+def _dashboard(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="rollway dashboard",
+        description="Serve the web dashboard of runs from their directories (a live coordinator serves "
+        "its own: see its --dashboard-port).",
+    )
+    parser.add_argument("run_dirs", nargs="+", help="run directories, or folders holding run directories")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    parser.add_argument("--port", type=int, default=8765, help="port to bind (0: a free one)")
+    parser.add_argument("--auth-token", default="", help="require this token (also ROLLWAY_AUTH_TOKEN)")
+    args = parser.parse_args(argv)
+    import os
+    import threading
+    from pathlib import Path
+
+    missing = [d for d in args.run_dirs if not Path(d).is_dir()]
+    if missing:
+        print(f"rollway dashboard: not a directory: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    from rollway.coordinator.dashboard.app import create_app
+    from rollway.coordinator.dashboard.runs_view import DashboardRuns
+    from rollway.coordinator.dashboard.server import DashboardServer
+
+    token = args.auth_token or os.environ.get("ROLLWAY_AUTH_TOKEN", "")
+    app = create_app(DashboardRuns(run_dirs=[Path(d) for d in args.run_dirs]), token=token)
+    try:
+        server = DashboardServer(app, args.host, args.port).start()
+    except OSError as exc:
+        print(f"rollway dashboard: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    print(f"dashboard: {server.url}" + ("/?token=..." if token else ""), flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        server.stop()
+    return 0
+
+
 def _demo(argv: list[str]) -> int:
     from rollway.demo import main as demo_main
 
@@ -99,6 +138,7 @@ COMMANDS = {
     "run": (_run, "run a job from a config file"),
     "plan": (_plan, "print the batch arithmetic of a run config"),
     "plot": (_plot, "write PNG charts of a run's metrics"),
+    "dashboard": (_dashboard, "serve the web dashboard of run directories"),
     "demo": (_demo, "SFT then GRPO on the tiny model, on CPU"),
 }
 

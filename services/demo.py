@@ -157,4 +157,5 @@ def main(argv: list[str] | None = None) -> int:
     print(f"charts: {workdir / 'runs' / 'grpo' / 'plots'}, {workdir / 'runs' / 'sft' / 'plots'}")
     print(f"checkpoint: {summary['checkpoint']}  (HF export: {summary['hf_export']})")
     print(f"summary: {summary_path}")
+    print(f"dashboard of both runs: rollway dashboard {workdir / 'runs'}  (each run printed its live one)")
     return 0

@@ -141,9 +141,12 @@ def run(argv: list[str]) -> int:
     interrupted = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     # The coordinator starts the services the run needs (StartRun's own code path) and stops them.
-    coordinator_args = ["--runs-root", str(run_dir.parent)]
-    if options.trace_file:
-        coordinator_args += ["--trace-file", options.trace_file]
+    # Its dashboard writes its address here; spans of every service go to the run's trace file
+    # (the dashboard's step timeline) unless the command names another.
+    dashboard_file = run_dir / "services" / "dashboard.address"
+    dashboard_file.unlink(missing_ok=True)
+    coordinator_args = ["--runs-root", str(run_dir.parent), "--dashboard-address-file", str(dashboard_file)]
+    coordinator_args += ["--trace-file", options.trace_file or str(run_dir / "trace.jsonl")]
     group = LocalServiceGroup(run_dir / "services", args={"coordinator": coordinator_args})
     try:
         coordinator_address = options.coordinator_addr
@@ -152,6 +155,8 @@ def run(argv: list[str]) -> int:
         else:
             print("starting the coordinator ...", flush=True)
             coordinator_address = group.start({"coordinator": 1})["coordinator"][0]
+            if dashboard_file.exists():  # written before the coordinator reports SERVING
+                print(f"dashboard: {dashboard_file.read_text()}/?run={run_id}", flush=True)
         # A coordinator elsewhere writes under its own --runs-root unless the config names a run_dir.
         remote_default = options.coordinator_addr and not c.run_dir
         settings = {**given, "run_id": run_id, "run_dir": "" if remote_default else str(run_dir.parent)}

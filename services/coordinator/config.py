@@ -115,6 +115,17 @@ class CoordinatorConfig:
     )
     debug_determinism: bool = setting(False, "log per-step hashes of data, weights and losses")
 
+    # Dashboard (what the run keeps for its Rollouts view)
+    dashboard_rollout_groups: int = setting(
+        8, "groups of each rollout kept in RUN_DIR/rollouts for the dashboard (0: none)"
+    )
+    dashboard_rollout_steps: int = setting(200, "rollouts whose samples are kept, the newest (0: all)")
+    dashboard_trainer_log_probs: bool = setting(
+        False,
+        "score the kept samples with the trainer before each step (one more forward pass over them, "
+        "on the step's critical path): per-token entropy and trainer-minus-rollout log-probs in the dashboard",
+    )
+
     # Supervision (services the coordinator started; attached ones can only be watched)
     max_restarts: int = setting(
         3,
@@ -198,6 +209,13 @@ class CoordinatorConfig:
             raise ConfigError(
                 "max_restarts" if self.max_restarts < 0 else "restart_backoff_seconds", "must not be negative"
             )
+        if self.dashboard_rollout_groups < 0 or self.dashboard_rollout_steps < 0:
+            raise ConfigError(
+                "dashboard_rollout_groups"
+                if self.dashboard_rollout_groups < 0
+                else "dashboard_rollout_steps",
+                "must not be negative",
+            )
         if self.rollout_temperature < 0:
             raise ConfigError("rollout_temperature", "must not be negative")
         if self.ray_address and self.launcher != "ray":
@@ -221,3 +239,14 @@ class CoordinatorServiceConfig:
     """Settings of the coordinator process itself (runs bring their own CoordinatorConfig)."""
 
     runs_root: str = setting("runs", "where runs started over gRPC write their directories by default")
+    dashboard_host: str = setting(
+        "127.0.0.1", "address the web dashboard binds; loopback unless told otherwise"
+    )
+    dashboard_port: int = setting(
+        -1, "web dashboard port (-1: the gRPC port + 1, or a free port when that is 0; 0: no dashboard)"
+    )
+    dashboard_address_file: str = setting("", "write the dashboard's http:// address here once it serves")
+
+    def validate(self) -> None:
+        if not -1 <= self.dashboard_port < 65536:
+            raise ConfigError("dashboard_port", f"must be -1, 0 or a port (got {self.dashboard_port})")

@@ -6,6 +6,8 @@ reads data files), paged with EvalBatch in file order, so every evaluation sees 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from rollway.common.v1 import common_pb2
@@ -54,6 +56,7 @@ class Evaluator:
                 return items
 
     def evaluate(self, request_id: str) -> dict[str, float]:
+        start = time.perf_counter()
         metrics: dict[str, float] = {}
         everything: list[common_pb2.Sample] = []
         for name in self.names:
@@ -71,4 +74,5 @@ class Evaluator:
             everything += samples
         if everything:
             metrics["eval/accuracy"] = float(np.mean([s.raw_reward > 0 for s in everything]))
+        metrics["perf/eval_time"] = time.perf_counter() - start  # the step timeline's eval share
         return metrics

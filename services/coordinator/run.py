@@ -32,6 +32,7 @@ from rollway.common.tracing import in_current_context, tracer
 from rollway.common.v1 import common_pb2
 from rollway.coordinator import debug_data, run_state
 from rollway.coordinator.config import CoordinatorConfig
+from rollway.coordinator.dashboard import rollout_samples
 from rollway.coordinator.evaluation import Evaluator
 from rollway.coordinator.metrics import MetricsSink, ProgressLine
 from rollway.coordinator.prompt_ledger import PromptLedger
@@ -69,6 +70,7 @@ class Run:
         self.stop = stop or threading.Event()
         self.sink = MetricsSink(self.run_dir)
         self.ledger = PromptLedger(self.run_dir)
+        self.rollout_samples = rollout_samples.open_store(self.run_dir, config)  # the dashboard's
         self.state = RunState()
         self.progress = ProgressLine(self.total_steps()) if progress else None
         self.sync_settings = WeightSyncSettings(
@@ -174,6 +176,8 @@ class Run:
             return self.final_metrics
         finally:
             self.sink.close()
+            if self.rollout_samples is not None:
+                self.rollout_samples.close()
 
     def _due(self, interval: int, rollout_id: int) -> bool:
         return interval > 0 and (rollout_id + 1) % interval == 0
@@ -185,7 +189,9 @@ class Run:
         if self.config.save and (
             self._due(self.config.save_interval, rollout_id) or rollout_id + 1 == self.total_steps()
         ):
+            save_start = time.perf_counter()
             self._checkpoint()
+            metrics["perf/save_time"] = time.perf_counter() - save_start
         self.sink.log(rollout_id, metrics)
         self.last_step_metrics = dict(metrics)
         self.final_metrics.update(metrics)
@@ -308,6 +314,8 @@ class Run:
         metrics["perf/rollout_time"] = rollout.generate_seconds
         if c.save_debug_rollout_data:
             debug_data.save_rollout(c.save_debug_rollout_data, rollout_id, rollout.samples)
+        services = self.services if self.uses_trainer else None  # before training changes the policy:
+        rollout_samples.record_step(self.rollout_samples, rollout_id, rollout.samples, services, c)
         if self.uses_trainer:
             metrics.update(self._train(rollout))
             if self.uses_rollout and self._due(c.update_weights_interval, rollout_id):

@@ -23,6 +23,7 @@ from rollway.common.errors import AlreadyExists, InvalidArgument, NotFound
 from rollway.common.log import bind_run_context, get_logger
 from rollway.common.v1 import common_pb2
 from rollway.coordinator.config import CoordinatorConfig
+from rollway.coordinator.dashboard import run_files
 from rollway.coordinator.evaluation import Evaluator
 from rollway.coordinator.metrics import MetricsSink
 from rollway.coordinator.remote import Services
@@ -132,6 +133,7 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
     finally:
         if record.group is not None:
             record.group.stop()
+        run_files.write_status(record.run_dir, record.state, record.error)  # for the dashboard
         log.info("run ended", state=record.state, num_restarts=record.num_restarts)
 
 

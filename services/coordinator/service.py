@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 from google.protobuf import json_format
 
 from rollway.common.server import RollwayServer, ServerConfig
 from rollway.coordinator.config import CoordinatorServiceConfig
+from rollway.coordinator.dashboard.server import start_for_coordinator
 from rollway.coordinator.runs import RunManager, RunRecord
 from rollway.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 
@@ -80,6 +83,10 @@ def serve(server_config: ServerConfig, config: CoordinatorServiceConfig) -> None
         coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"],
     )
     server.on_stop(runs.stop_all)
-    server.start()
+    port = server.start()
+    token = server_config.auth_token or os.environ.get("ROLLWAY_AUTH_TOKEN", "")
+    dashboard = start_for_coordinator(runs, config, port, token, server_config.host)
     server.set_serving()
     server.wait_for_termination()
+    if dashboard is not None:
+        dashboard.stop()
