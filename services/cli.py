@@ -126,6 +126,13 @@ def _dashboard(argv: list[str]) -> int:
 
 
 def _demo(argv: list[str]) -> int:
+    task = argparse.ArgumentParser(add_help=False)
+    task.add_argument("--task", choices=("addition", "tools"), default="addition")
+    known, rest = task.parse_known_args(argv)
+    if known.task == "tools":  # tool use with the calculator environment (demo_tools.py)
+        from rollway.demo_tools import main as tools_main
+
+        return tools_main(rest)
     from rollway.demo import main as demo_main
 
     return demo_main(argv)
@@ -139,7 +146,7 @@ COMMANDS = {
     "plan": (_plan, "print the batch arithmetic of a run config"),
     "plot": (_plot, "write PNG charts of a run's metrics"),
     "dashboard": (_dashboard, "serve the web dashboard of run directories"),
-    "demo": (_demo, "SFT then GRPO on the tiny model, on CPU"),
+    "demo": (_demo, "SFT then GRPO on the tiny model, on CPU (--task tools: with the calculator)"),
 }
 
 

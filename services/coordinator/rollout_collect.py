@@ -75,6 +75,10 @@ class GroupCollector:
 
     def add(self, sample: common_pb2.Sample) -> bool:
         """Take one sample (from any thread); True once `wanted` groups are kept."""
+        if sample.finish_reason == common_pb2.FINISH_REASON_FAILED:
+            # Its environment failed (reward_error says how): it keeps its place in the group and
+            # its reward, but no token of it is trained on.
+            sample.loss_mask[:] = [0] * len(sample.response_token_ids)
         with self._lock:
             group = self._open.setdefault(sample.group_index, [])
             group.append(sample)
@@ -199,7 +203,11 @@ def _continue_partial_groups(
                 source=sample.source,
                 group_index=sample.group_index,
                 response_prefix=rollout_pb2.ResponsePrefix(
-                    token_ids=sample.response_token_ids, log_probs=sample.rollout_log_probs
+                    token_ids=sample.response_token_ids,
+                    log_probs=sample.rollout_log_probs,
+                    # An episode resumes mid-turn with its environment tokens still masked.
+                    loss_mask=sample.loss_mask if sample.turns else [],
+                    turns=sample.turns,
                 ),
             )
             if sample.HasField("metadata"):
@@ -219,8 +227,9 @@ def _continue_partial_groups(
         num_old = len(original.response_token_ids)
         sample.index, sample.weight_version = original.index, original.weight_version
         if config.mask_offpolicy_in_partial_rollout:
+            new_mask = list(sample.loss_mask[num_old:])  # an episode's environment tokens stay 0
             del sample.loss_mask[:]
-            sample.loss_mask.extend([0] * num_old + [1] * (len(sample.response_token_ids) - num_old))
+            sample.loss_mask.extend([0] * num_old + new_mask)
         return groups.add(sample)
 
     sampling = sampling_params(config)

@@ -61,6 +61,9 @@ ENGINE_SETTINGS = frozenset(
     }
 )
 RESERVED_REWARDS = ("none",)
+# Environments of multi-turn episodes (environments/__init__.py builds them); "none": single turn.
+ENVIRONMENT_NAMES = ("none", "calculator", "remote", "custom")
+TOOL_CALL_PARSERS = ("qwen3", "qwen25")  # both: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
 
 
 @dataclass
@@ -115,6 +118,32 @@ class RolloutConfig:
     group_rm: bool = setting(False, "the custom reward scores a whole group: f(samples) -> list of rewards")
     reward_timeout: float = setting(30.0, "seconds one reward call may take before the sample is marked")
     num_reward_workers: int = setting(8, "threads computing rewards concurrently")
+    # --- multi-turn episodes (environments/, episodes.py) ---
+    environment: str = setting(
+        "none",
+        "environment that runs each sample as a multi-turn episode: none (single turn), calculator, "
+        "remote (--environment-url) or custom (--custom-generate-function-path)",
+        choices=ENVIRONMENT_NAMES,
+    )
+    environment_url: str = setting("", "host:port of an Environment gRPC service (--environment remote)")
+    custom_generate_function_path: str = setting(
+        "", "module:attr of an Environment class (or factory) run for each sample (--environment custom)"
+    )
+    generate_max_turns: int = setting(16, "most model turns of an episode (then FINISH_REASON_MAX_TURNS)")
+    generate_max_total_tokens: int = setting(
+        0, "most response tokens of an episode, model and environment (0: the model context)"
+    )
+    generate_turn_timeout: float = setting(300.0, "seconds one model turn may take (then TURN_TIMEOUT)")
+    generate_episode_timeout: float = setting(1800.0, "seconds one episode may take (then EPISODE_TIMEOUT)")
+    environment_step_timeout: float = setting(
+        60.0, "seconds one call to a remote environment may take (then the sample FAILED)"
+    )
+    generate_tool_call_parser: str = setting(
+        "qwen3",
+        "format of tool calls in the model's turns (Qwen3's <tool_call> JSON)",
+        choices=TOOL_CALL_PARSERS,
+    )
+    num_environment_workers: int = setting(16, "threads stepping environments concurrently")
     # --- sglang engine ---
     sglang_urls: list[str] = setting([], "use these running SGLang servers instead of launching any")
     rollout_num_gpus: int = setting(1, "sglang: GPUs used for rollout (servers = this / per-engine GPUs)")
@@ -177,6 +206,29 @@ class RolloutConfig:
             raise ConfigError("custom_rm_path", f"must be module:function (got {self.custom_rm_path!r})")
         if self.group_rm and not self.custom_rm_path:
             raise ConfigError("group_rm", "needs --custom-rm-path (the group function)")
+        self._validate_environment()
         if self.rollout_engine == "sglang" and not self.sglang_urls:
             if self.rollout_num_gpus % self.rollout_num_gpus_per_engine:
                 raise ConfigError("rollout_num_gpus", "must be a multiple of --rollout-num-gpus-per-engine")
+
+    def _validate_environment(self) -> None:
+        for name in ("generate_max_turns", "num_environment_workers"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(name, f"must be positive (got {getattr(self, name)})")
+        for name in ("generate_turn_timeout", "generate_episode_timeout", "environment_step_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(name, f"must be positive seconds (got {getattr(self, name)})")
+        if self.generate_max_total_tokens < 0:
+            raise ConfigError("generate_max_total_tokens", "must be >= 0 (0: the model context)")
+        if self.environment == "remote" and not self.environment_url:
+            raise ConfigError("environment_url", "the 'remote' environment needs --environment-url host:port")
+        if self.environment == "custom" and not self.custom_generate_function_path:
+            raise ConfigError(
+                "custom_generate_function_path",
+                "the 'custom' environment needs module:attr of an Environment",
+            )
+        if self.custom_generate_function_path and ":" not in self.custom_generate_function_path:
+            raise ConfigError(
+                "custom_generate_function_path",
+                f"must be module:attr (got {self.custom_generate_function_path!r})",
+            )

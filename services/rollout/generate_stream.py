@@ -27,6 +27,7 @@ from google.protobuf import json_format
 from rollway.common.errors import FailedPrecondition, Unavailable, Unimplemented
 from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
+from rollway.rollout import episodes
 from rollway.rollout.engines.base import (
     FINISH_ABORT,
     BatchHandle,
@@ -50,6 +51,11 @@ FINISH_REASONS = {
     "stop": common_pb2.FINISH_REASON_STOP,
     "length": common_pb2.FINISH_REASON_LENGTH,
     "abort": common_pb2.FINISH_REASON_ABORT,
+    episodes.FINISH_MAX_TURNS: common_pb2.FINISH_REASON_MAX_TURNS,
+    episodes.FINISH_MAX_TOKENS: common_pb2.FINISH_REASON_MAX_TOKENS,
+    episodes.FINISH_TURN_TIMEOUT: common_pb2.FINISH_REASON_TURN_TIMEOUT,
+    episodes.FINISH_EPISODE_TIMEOUT: common_pb2.FINISH_REASON_EPISODE_TIMEOUT,
+    episodes.FINISH_FAILED: common_pb2.FINISH_REASON_FAILED,
 }
 
 
@@ -221,6 +227,8 @@ class GenerateStream:
         return scored.samples
 
     def _to_sample(self, result: SampleResult) -> common_pb2.Sample:
+        if result.episode is not None:
+            return self._episode_sample(result)
         p = result.request.prompt_key
         prompt = self.request.prompts[p]
         prefix = prompt.response_prefix  # empty unless this continues an aborted sample
@@ -239,6 +247,37 @@ class GenerateStream:
             response_text=self.ctx.decode(tuple(prefix.token_ids)) + result.text
             if prefix.token_ids
             else result.text,
+        )
+        if prompt.HasField("metadata"):
+            sample.metadata.CopyFrom(prompt.metadata)
+        return sample
+
+    def _episode_sample(self, result: SampleResult) -> common_pb2.Sample:
+        """A finished episode: its tokens (resumed prefix included), loss mask, turns and reward."""
+        outcome = result.episode
+        p = result.request.prompt_key
+        prompt = self.request.prompts[p]
+        sample = common_pb2.Sample(
+            group_index=self.plan.group_indices[p],
+            index=result.request.index,
+            prompt_token_ids=self.plan.prompt_token_ids[p],
+            response_token_ids=result.token_ids,
+            loss_mask=outcome.loss_mask,
+            rollout_log_probs=result.log_probs,
+            finish_reason=FINISH_REASONS[result.finish_reason],
+            weight_version=result.weight_version,
+            source=prompt.source,
+            label=prompt.label,
+            response_text=result.text,
+            reward=outcome.reward,
+            raw_reward=outcome.reward,
+            reward_error=outcome.failure,
+            turns=[
+                common_pb2.Turn(
+                    role=t.role, num_tokens=t.num_tokens, weight_version=t.weight_version, reward=t.reward
+                )
+                for t in outcome.turns
+            ],
         )
         if prompt.HasField("metadata"):
             sample.metadata.CopyFrom(prompt.metadata)

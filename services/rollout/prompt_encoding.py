@@ -92,3 +92,23 @@ class PromptEncoder:
                 field, f"rejected by the chat template: {type(exc).__name__}: {exc}"
             ) from None
         return self.encode_text(field, text)
+
+    def observation_token_ids(self, observation: str, messages: list[dict[str, str]]) -> tuple[int, ...]:
+        """Token ids an environment step appends to an episode: its observation text as given, then
+        its messages rendered by the chat template with the generation prompt (the model's turn
+        ended on the template's end-of-turn token, so the newline the template writes after it
+        comes first). Only this new text is tokenised: the episode so far is never re-tokenised."""
+        text = observation
+        if messages:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise ValueError(
+                    "the environment answered with messages but the tokenizer has no chat template"
+                )
+            with self._lock:
+                text += "\n" + self.tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True
+                )
+        if not text:
+            return ()
+        with self._lock:
+            return tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])

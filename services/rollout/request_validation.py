@@ -12,16 +12,24 @@ response prefix (partial rollout) continues after it: the engine's prompt is pro
 max_new_tokens counts the prefix. A prompt is token ids, text or chat messages (exactly one);
 text and messages are tokenised by the served model's tokenizer (prompt_encoding.py), and errors
 about a prompt name the form it was given in (prompts[3].text).
+
+With an environment (GenerateRequest.environment, else --environment) each sample is an episode
+(episodes.py): max_new_tokens is per model turn, a response prefix is the aborted episode's
+(loss mask and turns included) and the reward is the environment's.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from google.protobuf import json_format
 
 from rollway.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines.base import ModelInfo, SampleRequest
+from rollway.rollout.episodes import EpisodeSpec, TurnRecord
 from rollway.rollout.prompt_encoding import PromptEncoder, prompt_form
 from rollway.rollout.rewards import NO_REWARD
 from rollway.rollout.sampling import SamplingParams
@@ -40,6 +48,7 @@ class GenerationPlan:
     prompt_token_ids: list[tuple[int, ...]]  # per prompt (text and messages tokenised)
     n_samples_per_prompt: int
     reward: str
+    environment: str = "none"
 
 
 def _check_token_ids(field: str, token_ids, vocab_size: int) -> None:
@@ -142,6 +151,36 @@ def _check_prefix(
     return tuple(prefix.token_ids)
 
 
+def _episode_spec(field: str, prompt: rollout_pb2.Prompt, new_environment, info: ModelInfo) -> EpisodeSpec:
+    """The episode of one prompt's samples, its continuation prefix checked."""
+    prefix = prompt.response_prefix
+    n = len(prefix.token_ids)
+    if len(prefix.log_probs) != n:
+        raise InvalidArgument(f"{field}.log_probs", f"has {len(prefix.log_probs)} entries for {n} tokens")
+    if prefix.loss_mask and len(prefix.loss_mask) != n:
+        raise InvalidArgument(f"{field}.loss_mask", f"has {len(prefix.loss_mask)} entries for {n} tokens")
+    if any(v not in (0, 1) for v in prefix.loss_mask):
+        raise InvalidArgument(f"{field}.loss_mask", "entries must be 0 or 1")
+    if prefix.turns and sum(t.num_tokens for t in prefix.turns) != n:
+        raise InvalidArgument(f"{field}.turns", f"their num_tokens do not add up to the {n} tokens")
+    for i, turn in enumerate(prefix.turns):
+        if turn.role not in ("model", "environment") or turn.num_tokens < 0:
+            raise InvalidArgument(f"{field}.turns[{i}]", "role must be model or environment, num_tokens >= 0")
+    _check_token_ids(f"{field}.token_ids", prefix.token_ids, info.vocab_size)
+    metadata = json_format.MessageToDict(prompt.metadata) if prompt.HasField("metadata") else {}
+    return EpisodeSpec(
+        new_environment=new_environment,
+        label=prompt.label,
+        metadata=metadata,
+        prefix_token_ids=tuple(prefix.token_ids),
+        prefix_log_probs=tuple(prefix.log_probs),
+        prefix_loss_mask=tuple(prefix.loss_mask),
+        prefix_turns=tuple(
+            TurnRecord(t.role, t.num_tokens, t.weight_version, t.reward) for t in prefix.turns
+        ),
+    )
+
+
 def prompt_token_ids(
     p: int, prompt: rollout_pb2.Prompt, encoder: PromptEncoder | None, info: ModelInfo
 ) -> tuple[str, tuple[int, ...]]:
@@ -167,6 +206,7 @@ def plan_generation(
     info: ModelInfo,
     registered_rewards,
     encoder: PromptEncoder | None = None,
+    environments: Callable[[str], Callable | None] | None = None,
 ) -> GenerationPlan:
     """Validate `request` and lay out its samples (see the module doc)."""
     if not request.prompts:
@@ -182,7 +222,10 @@ def plan_generation(
             f"n_samples_per_prompt: {len(request.prompts)} prompts x {n} samples = {total} samples exceeds "
             f"--max-samples-per-request {config.max_samples_per_request}"
         )
-    reward = check_reward(request.reward, config, registered_rewards)
+    environment = request.environment or config.environment
+    new_environment = environments(environment) if environments is not None else None
+    # An episode's reward is its environment's: the reward functions are not called.
+    reward = NO_REWARD if new_environment else check_reward(request.reward, config, registered_rewards)
     params = resolve_sampling(request, config, info)
     group_reward = reward != NO_REWARD and registered_rewards[reward].group
     samples: list[SampleRequest] = []
@@ -193,7 +236,14 @@ def plan_generation(
         prompts.append(prompt_ids)
         max_new_tokens = _max_new_tokens(field, len(prompt_ids), params.max_new_tokens, config, info)
         group_indices.append(prompt.group_index if prompt.HasField("group_index") else p)
-        prefix = _check_prefix(f"prompts[{p}].response_prefix", prompt, max_new_tokens, group_reward, info)
+        episode = None
+        if new_environment is not None:  # max_new_tokens is per turn; the prefix is the episode's
+            episode = _episode_spec(f"prompts[{p}].response_prefix", prompt, new_environment, info)
+        prefix = (
+            ()
+            if episode
+            else _check_prefix(f"prompts[{p}].response_prefix", prompt, max_new_tokens, group_reward, info)
+        )
         token_ids = prompt_ids + prefix  # a continuation's engine prompt ends with its prefix
         max_new_tokens -= len(prefix)
         for j in range(n):
@@ -203,7 +253,13 @@ def plan_generation(
                 **{**params.__dict__, "seed": seed, "max_new_tokens": max_new_tokens}
             )
             samples.append(
-                SampleRequest(index=index, prompt_token_ids=token_ids, params=sample_params, prompt_key=p)
+                SampleRequest(
+                    index=index,
+                    prompt_token_ids=token_ids,
+                    params=sample_params,
+                    prompt_key=p,
+                    episode=episode,
+                )
             )
     return GenerationPlan(
         samples=samples,
@@ -211,4 +267,5 @@ def plan_generation(
         prompt_token_ids=prompts,
         n_samples_per_prompt=n,
         reward=reward,
+        environment=environment if new_environment else "none",
     )

@@ -80,6 +80,7 @@ def close_servicer(servicer) -> None:
     """What a run's servicer holds besides the engine: its weight group and reward threads."""
     servicer.weights.close()
     servicer.runner.shutdown()
+    servicer.episodes.close()
 
 
 class RolloutRuns:

@@ -21,6 +21,8 @@ from rollway.common.weights_checksum import ALGORITHM, dtype_from_name
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines import create_engine
 from rollway.rollout.engines.base import MEMORY_TAGS, Engine, EngineError
+from rollway.rollout.environment_registry import EnvironmentRegistry, episode_limits
+from rollway.rollout.episodes import EpisodeEngine, TextCodec
 from rollway.rollout.generate_queue import GenerateQueue
 from rollway.rollout.generate_stream import GenerateStream, StreamContext, engine_error_status
 from rollway.rollout.generation_gate import GenerationGate
@@ -63,8 +65,20 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
         self.weights = WeightReceiver(engine)
         self.gate = GenerationGate()
         self.runner = RewardRunner(config.num_reward_workers, config.reward_timeout)
+        self.environments = EnvironmentRegistry(config)
+        self.episodes = EpisodeEngine(
+            engine,
+            TextCodec(
+                decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True),
+                observation_ids=lambda step: self.prompts.observation_token_ids(
+                    step.observation, step.messages
+                ),
+            ),
+            lambda: episode_limits(config, engine.model_info),
+            config.num_environment_workers,
+        )
         self.ctx = StreamContext(
-            engine=engine,
+            engine=self.episodes,  # single-turn requests pass straight through to the engine
             gate=self.gate,
             rewards=rewards,
             runner=self.runner,
@@ -73,7 +87,14 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
         )
 
     def Generate(self, request, context):
-        plan = plan_generation(request, self.config, self.engine.model_info, self.ctx.rewards, self.prompts)
+        plan = plan_generation(
+            request,
+            self.config,
+            self.engine.model_info,
+            self.ctx.rewards,
+            self.prompts,
+            self.environments.get,
+        )
         with self.generate_queue.slot(context.is_active, context.add_callback) as admitted:
             if not admitted:
                 return  # the client went away while queued
@@ -108,7 +129,7 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
             self.engine.pause()
             log.info("paused", mode="wait")
             return rollout_pb2.PauseResponse()
-        num_aborted = self.gate.pause_abort(self.engine.abort_all)
+        num_aborted = self.gate.pause_abort(self.episodes.abort_all)
         self.engine.pause()
         log.info("paused", mode="abort", num_aborted=num_aborted)
         return rollout_pb2.PauseResponse(num_aborted=num_aborted)
@@ -116,7 +137,7 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
     def Abort(self, request, context):
         if not request.request_id:
             raise InvalidArgument("request_id", "is required")
-        num_aborted = sum(self.engine.abort(h) for h in self.ctx.running.handles(request.request_id))
+        num_aborted = sum(self.episodes.abort(h) for h in self.ctx.running.handles(request.request_id))
         log.info("aborted", request_id=request.request_id, num_aborted=num_aborted)
         return rollout_pb2.AbortResponse(num_aborted=num_aborted)
 
@@ -236,7 +257,11 @@ def serve(server_config: ServerConfig, config: RolloutConfig) -> None:
         host.close()
 
     def abort_generation() -> None:
-        if engines.engine is not None:
+        servicer = host.current()
+        if servicer is not None:  # episodes first, so that none starts another turn
+            num_aborted = servicer.episodes.abort_all()
+            log.info("draining: unfinished samples aborted", num_aborted=num_aborted)
+        elif engines.engine is not None:
             num_aborted = engines.engine.abort_all()
             log.info("draining: unfinished samples aborted", num_aborted=num_aborted)
 

@@ -14,13 +14,35 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_STOP: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_ABORT: _ClassVar[FinishReason]
+    FINISH_REASON_MAX_TURNS: _ClassVar[FinishReason]
+    FINISH_REASON_MAX_TOKENS: _ClassVar[FinishReason]
+    FINISH_REASON_TURN_TIMEOUT: _ClassVar[FinishReason]
+    FINISH_REASON_EPISODE_TIMEOUT: _ClassVar[FinishReason]
+    FINISH_REASON_FAILED: _ClassVar[FinishReason]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORT: FinishReason
+FINISH_REASON_MAX_TURNS: FinishReason
+FINISH_REASON_MAX_TOKENS: FinishReason
+FINISH_REASON_TURN_TIMEOUT: FinishReason
+FINISH_REASON_EPISODE_TIMEOUT: FinishReason
+FINISH_REASON_FAILED: FinishReason
+
+class Turn(_message.Message):
+    __slots__ = ("role", "num_tokens", "weight_version", "reward")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    num_tokens: int
+    weight_version: int
+    reward: float
+    def __init__(self, role: _Optional[str] = ..., num_tokens: _Optional[int] = ..., weight_version: _Optional[int] = ..., reward: _Optional[float] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("group_index", "index", "prompt_token_ids", "response_token_ids", "loss_mask", "reward", "raw_reward", "rollout_log_probs", "advantages", "finish_reason", "weight_version", "source", "label", "metadata", "response_text", "reward_error", "ref_log_probs", "old_log_probs")
+    __slots__ = ("group_index", "index", "prompt_token_ids", "response_token_ids", "loss_mask", "reward", "raw_reward", "rollout_log_probs", "advantages", "finish_reason", "weight_version", "source", "label", "metadata", "response_text", "reward_error", "ref_log_probs", "old_log_probs", "turns")
     GROUP_INDEX_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +61,7 @@ class Sample(_message.Message):
     REWARD_ERROR_FIELD_NUMBER: _ClassVar[int]
     REF_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
     OLD_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
     group_index: int
     index: int
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -57,7 +80,8 @@ class Sample(_message.Message):
     reward_error: str
     ref_log_probs: _containers.RepeatedScalarFieldContainer[float]
     old_log_probs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, group_index: _Optional[int] = ..., index: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., raw_reward: _Optional[float] = ..., rollout_log_probs: _Optional[_Iterable[float]] = ..., advantages: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., weight_version: _Optional[int] = ..., source: _Optional[str] = ..., label: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., response_text: _Optional[str] = ..., reward_error: _Optional[str] = ..., ref_log_probs: _Optional[_Iterable[float]] = ..., old_log_probs: _Optional[_Iterable[float]] = ...) -> None: ...
+    turns: _containers.RepeatedCompositeFieldContainer[Turn]
+    def __init__(self, group_index: _Optional[int] = ..., index: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., raw_reward: _Optional[float] = ..., rollout_log_probs: _Optional[_Iterable[float]] = ..., advantages: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., weight_version: _Optional[int] = ..., source: _Optional[str] = ..., label: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., response_text: _Optional[str] = ..., reward_error: _Optional[str] = ..., ref_log_probs: _Optional[_Iterable[float]] = ..., old_log_probs: _Optional[_Iterable[float]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "max_new_tokens", "stop_token_ids", "stop", "seed")

@@ -47,26 +47,32 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class ResponsePrefix(_message.Message):
-    __slots__ = ("token_ids", "log_probs")
+    __slots__ = ("token_ids", "log_probs", "loss_mask", "turns")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     log_probs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., log_probs: _Optional[_Iterable[float]] = ...) -> None: ...
+    loss_mask: _containers.RepeatedScalarFieldContainer[int]
+    turns: _containers.RepeatedCompositeFieldContainer[_common_pb2.Turn]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., log_probs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., turns: _Optional[_Iterable[_Union[_common_pb2.Turn, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompts", "n_samples_per_prompt", "sampling_params", "reward", "request_id")
+    __slots__ = ("prompts", "n_samples_per_prompt", "sampling_params", "reward", "request_id", "environment")
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     N_SAMPLES_PER_PROMPT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
     n_samples_per_prompt: int
     sampling_params: _common_pb2.SamplingParams
     reward: str
     request_id: str
-    def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., n_samples_per_prompt: _Optional[int] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., reward: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    environment: str
+    def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., n_samples_per_prompt: _Optional[int] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., reward: _Optional[str] = ..., request_id: _Optional[str] = ..., environment: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("sample",)

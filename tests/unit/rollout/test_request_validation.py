@@ -85,3 +85,84 @@ def test_a_response_prefix_extends_the_engine_prompt_and_counts_against_max_new_
     request.reward = "group_rm"
     with pytest.raises(InvalidArgument, match=r"prompts\[0\].response_prefix: a group reward"):
         plan_generation(request, CONFIG, INFO, REWARDS)
+
+
+def _episode_plan(prompt: rollout_pb2.Prompt, environment="calculator"):
+    from rollway.rollout.environment_registry import EnvironmentRegistry
+
+    request = rollout_pb2.GenerateRequest(prompts=[prompt], n_samples_per_prompt=1, environment=environment)
+    return plan_generation(request, CONFIG, INFO, REWARDS, environments=EnvironmentRegistry(CONFIG).get)
+
+
+def test_an_episode_keeps_its_prefix_and_per_turn_budget():
+    prefix = rollout_pb2.ResponsePrefix(
+        token_ids=[5, 6, 7, 8],
+        log_probs=[-0.5, -0.25, 0.0, 0.0],
+        loss_mask=[1, 1, 0, 0],
+        turns=[
+            common_pb2.Turn(role="model", num_tokens=2, weight_version=3),
+            common_pb2.Turn(role="environment", num_tokens=2),
+        ],
+    )
+    plan = _episode_plan(rollout_pb2.Prompt(token_ids=[1, 2, 3], label="7", response_prefix=prefix))
+    [sample] = plan.samples
+    assert plan.environment == "calculator" and plan.reward == "none"  # the environment rewards
+    assert sample.prompt_token_ids == (1, 2, 3) and sample.params.max_new_tokens == 50  # per turn
+    spec = sample.episode
+    assert (
+        spec.label == "7" and spec.prefix_token_ids == (5, 6, 7, 8) and spec.prefix_loss_mask == (1, 1, 0, 0)
+    )
+    assert [(t.role, t.num_tokens, t.weight_version) for t in spec.prefix_turns] == [
+        ("model", 2, 3),
+        ("environment", 2, 0),
+    ]
+    assert _plan([[1, 2]]).samples[0].episode is None  # --environment none: single turn
+
+
+@pytest.mark.parametrize(
+    ("prefix", "field"),
+    [
+        (dict(token_ids=[5, 6], log_probs=[0.0]), "response_prefix.log_probs"),
+        (dict(token_ids=[5, 6], log_probs=[0.0, 0.0], loss_mask=[1]), "response_prefix.loss_mask"),
+        (dict(token_ids=[5, 6], log_probs=[0.0, 0.0], loss_mask=[1, 2]), "response_prefix.loss_mask"),
+        (
+            dict(token_ids=[5, 6], log_probs=[0.0, 0.0], turns=[common_pb2.Turn(role="model", num_tokens=3)]),
+            "response_prefix.turns",
+        ),
+        (
+            dict(token_ids=[5, 6], log_probs=[0.0, 0.0], turns=[common_pb2.Turn(role="user", num_tokens=2)]),
+            "response_prefix.turns[0]",
+        ),
+    ],
+)
+def test_a_bad_episode_prefix_is_invalid_argument_naming_the_field(prefix, field):
+    with pytest.raises(InvalidArgument, match=field.replace("[", r"\[").replace("]", r"\]")):
+        _episode_plan(
+            rollout_pb2.Prompt(token_ids=[1, 2, 3], response_prefix=rollout_pb2.ResponsePrefix(**prefix))
+        )
+
+
+def test_an_unknown_or_unusable_environment_is_invalid_argument():
+    with pytest.raises(InvalidArgument, match="unknown environment 'chess'"):
+        _episode_plan(rollout_pb2.Prompt(token_ids=[1]), environment="chess")
+    with pytest.raises(InvalidArgument, match="environment_url"):
+        _episode_plan(rollout_pb2.Prompt(token_ids=[1]), environment="remote")
+
+
+@pytest.mark.parametrize(
+    ("settings", "setting"),
+    [
+        ({"environment": "remote"}, "environment_url"),
+        ({"environment": "custom"}, "custom_generate_function_path"),
+        ({"custom_generate_function_path": "no_colon"}, "custom_generate_function_path"),
+        ({"generate_max_turns": 0}, "generate_max_turns"),
+        ({"generate_turn_timeout": 0}, "generate_turn_timeout"),
+        ({"generate_max_total_tokens": -1}, "generate_max_total_tokens"),
+    ],
+)
+def test_bad_episode_settings_name_the_setting(settings, setting):
+    from rollway.common.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        RolloutConfig(hf_checkpoint="m", **settings).validate()
+    assert err.value.setting == setting

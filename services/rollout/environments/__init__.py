@@ -1,0 +1,64 @@
+"""Environments of multi-turn rollouts, chosen by --environment through this registry.
+
+    calculator  the built-in calculator tool (calculator.py)
+    remote      an Environment gRPC service in its own process (remote.py, --environment-url)
+    custom      the user's Environment class (or factory), --custom-generate-function-path module:attr
+    none        single-turn generation (no episode)
+
+`environment_factory` returns a callable that builds one Environment per episode; bad settings
+raise ConfigError at start-up, naming the setting.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from rollway.common.config import ConfigError
+from rollway.rollout.config import RolloutConfig
+from rollway.rollout.environments.base import Environment, EpisodeStart, ModelTurn, Step
+
+__all__ = ["Environment", "EpisodeStart", "ModelTurn", "Step", "NO_ENVIRONMENT", "environment_factory"]
+
+NO_ENVIRONMENT = "none"
+EnvironmentFactory = Callable[[], Environment]
+
+
+def _custom(path: str) -> EnvironmentFactory:
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ConfigError("custom_generate_function_path", f"must be module:attr (got {path!r})")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # a syntax error inside the module is as fatal as a missing one
+        raise ConfigError(
+            "custom_generate_function_path", f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from None
+    factory = getattr(module, attr, None)
+    if factory is None or not callable(factory):
+        raise ConfigError("custom_generate_function_path", f"module {module_name!r} has no callable {attr!r}")
+    return factory
+
+
+def environment_factory(name: str, config: RolloutConfig) -> EnvironmentFactory | None:
+    """What builds one environment per episode for `name` (None: single turn)."""
+    if name == NO_ENVIRONMENT:
+        return None
+    if name == "calculator":
+        from rollway.rollout.environments.calculator import CalculatorEnvironment
+
+        return lambda: CalculatorEnvironment(config.generate_tool_call_parser)
+    if name == "remote":
+        if not config.environment_url:
+            raise ConfigError("environment_url", "the 'remote' environment needs --environment-url host:port")
+        from rollway.rollout.environments.remote import RemoteEnvironments
+
+        return RemoteEnvironments(config.environment_url, config.environment_step_timeout).new_episode
+    if name == "custom":
+        if not config.custom_generate_function_path:
+            raise ConfigError(
+                "custom_generate_function_path",
+                "the 'custom' environment needs module:attr of an Environment",
+            )
+        return _custom(config.custom_generate_function_path)
+    raise ConfigError("environment", f"unknown environment {name!r}")
