@@ -63,7 +63,7 @@ def test_readme_states_the_shipped_settings(tmp_path, tiny_model_dir):
     assert grpo["global_batch_size"] == grpo["rollout_batch_size"] * grpo["n_samples_per_prompt"]
 
 
-def test_readme_figures_are_for_seeds_0_1_2_with_the_claimed_lift():
+def test_readme_figures_are_for_seeds_0_1_2_and_add_up():
     rows = re.findall(r"^\| (\d) \| ([0-9.]+) \| ([0-9.]+) \| \+([0-9.]+) \|", _demo_section(), re.M)
     assert [int(seed) for seed, *_ in rows] == [0, 1, 2]
     for _, before, after, lift in rows:
