@@ -196,6 +196,8 @@ def _recover(record: RunRecord, dead: DeadService | None, exc: BaseException) ->
     started = time.monotonic()
     try:
         record.addresses[dead.name][dead.index] = group.restart(dead.name, dead.index)
+        if dead.name == "environment":  # the rollout services' Init of the next attempt tells them
+            record.run.use_environment(record.addresses["environment"][0])
     except CannotRestart as reason:  # fail fast, naming the dead service and why it stays dead
         record.dead = DeadService(dead.name, dead.index, f"{dead.detail}; not restarted: {reason}")
         return False
@@ -239,12 +241,14 @@ class _Watcher:
 
     def __init__(self, record: RunRecord):
         self.record = record
-        attached = {
+        # Attached services by their health checks; the environment the run started also (its
+        # process may live on, hung, while a dead one is seen at once by group.dead()).
+        watched = {
             name: addresses
             for name, addresses in record.addresses.items()
-            if record.group is None or name not in record.group.addresses
+            if record.group is None or name not in record.group.addresses or name == "environment"
         }
-        self.health = HealthWatch(attached) if any(attached.values()) else None
+        self.health = HealthWatch(watched) if any(watched.values()) else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name=f"watch-{record.run_id}", daemon=True)
         self._thread.start()

@@ -1,7 +1,8 @@
 """Where a run's services come from, and how they are watched: one interface for every launcher.
 
     group = LocalServiceGroup(workdir)          local processes on loopback ports (bare: each is
-    group.start({"trainer": 1, "rollout": 2})   configured by the run's Init), started in parallel
+    group.start({"trainer": 1, "rollout": 2})   configured by the run's Init; an "environment" is
+                                                served with its flags from `args`), started in parallel
     group.addresses   {"trainer": [A], "rollout": [B, C]}
     group.dead()      the first service found dead, with the tail of its log (None while all live)
     group.restart("rollout", 1)                 a new process in place of a dead one: its address
@@ -33,6 +34,8 @@ from rollway.common.tracing import trace_file_environment
 from rollway.deploy.local_processes import ServiceProcess
 
 TAIL_LINES = 30
+# Services whose module is not rollway.<name>.
+SERVICE_MODULES = {"environment": "rollway.rollout.environments"}
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class LocalServiceGroup(ServiceGroup):
             self.workdir,
             env=trace_file_environment(),
             startup_timeout=self.startup_timeout,
+            module=SERVICE_MODULES.get(name),
         )
 
     def start(self, counts: dict[str, int]) -> dict[str, list[str]]:
