@@ -1,6 +1,7 @@
 """An Environment service the coordinator starts for a run (remote_environment): the rollout
-services get its address, it is killed -9 mid-run, the coordinator restarts it (a new process),
-the run finishes every step, and the environment is stopped with the run."""
+services get its address, it is killed -9 mid-run, the coordinator restarts it (a new process on
+the same port) while the run goes on without a checkpoint to go back to, the run finishes every
+step, and the environment is stopped with the run."""
 
 from __future__ import annotations
 
@@ -63,8 +64,6 @@ def test_a_killed_managed_environment_is_restarted_and_the_run_finishes(
         "environment": "remote",
         # Step 1 answers " obs 1." with reward 0.5 and ends the episode.
         "remote_environment": "support.remote_environments:ScriptedEnvironment",
-        "save": str(tmp_path / "ckpt"),
-        "save_interval": 1,
         "restart_backoff_seconds": 0.1,
     }
     env = {"PYTHONPATH": TESTS_DIR + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -92,12 +91,15 @@ def test_a_killed_managed_environment_is_restarted_and_the_run_finishes(
     assert info.num_restarts == 1
     assert len(replaced) == 1 and replaced[0] != first
     assert sorted(info.service_addresses) == ["dataloader", "environment", "rollout_0", "trainer"]
-    assert info.service_addresses["environment"] != first_address  # the new process's port
+    # The new process serves the dead one's address: the rollout services were not re-initialised.
+    assert info.service_addresses["environment"] == first_address
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps_logged(run_dir) == list(range(NUM_STEPS))  # each step once, resumed from its checkpoint
-    # Every sample was an episode of the environment's process: its reward is the step's 0.5.
+    assert steps_logged(run_dir) == list(range(NUM_STEPS))  # each step once
+    # Every sample was an episode of the environment's process: its reward is the step's 0.5,
+    # but for samples in flight at the kill (FAILED: reward 0, not trained on).
     rewards = [r["rollout/raw_reward"] for r in records if "rollout/raw_reward" in r]
-    assert len(rewards) == NUM_STEPS and all(r == pytest.approx(0.5) for r in rewards), rewards
+    assert len(rewards) == NUM_STEPS and rewards[0] == rewards[-1] == pytest.approx(0.5), rewards
+    assert all(0.0 <= r <= 0.5 for r in rewards), rewards
     assert any(r.get("fault/num_restarts") == 1.0 for r in records)
     result = json.loads((run_dir / "result.json").read_text())
     assert [r["service"] for r in result["recoveries"]] == ["environment"]
