@@ -102,6 +102,13 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rollway demo", description=__doc__.splitlines()[0])
+    # `rollway demo` reads --task before this parser (cli._demo); declared here so that --help lists it.
+    parser.add_argument(
+        "--task",
+        choices=("addition", "tools"),
+        default="addition",
+        help="tools: tool use with the calculator",
+    )
     parser.add_argument("--workdir", default="runs/demo", help="parent of the demo directory")
     parser.add_argument("--seed", type=int, default=0, help="seed of model, data and sampling")
     parser.add_argument("--sft-steps", type=int, default=SFT_STEPS, help="SFT optimizer steps")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from rollway import demo
 from rollway.coordinator.run_config import parse_run_config
 
@@ -79,3 +81,14 @@ def test_the_shipped_configs_are_valid_runs(tmp_path, tiny_model_dir):
     assert grpo_run.coordinator.num_rollout == demo.RL_STEPS
     assert grpo_run.trainer.lr == demo.RL_LR and grpo_run.trainer.adam_beta2 == demo.RL_ADAM_BETA2
     assert grpo_run.coordinator.eval_temperature == 0.0  # held-out accuracy is greedy
+
+
+def test_demo_task_addition_reaches_the_addition_demo(capsys):
+    """`rollway demo --task addition` is the default demo (the --task word is not passed on to it)."""
+    from rollway.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--task", "addition", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "--sft-steps" in out and "--task" in out
