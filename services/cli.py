@@ -135,7 +135,7 @@ def _demo(argv: list[str]) -> int:
         return tools_main(rest)
     from rollway.demo import main as demo_main
 
-    return demo_main(argv)
+    return demo_main(rest)
 
 
 COMMANDS = {

@@ -145,6 +145,12 @@ class CoordinatorConfig:
     ray_address: str = setting(
         "", "launcher ray: the cluster to join (empty: RAY_ADDRESS, else a local Ray instance)"
     )
+    remote_environment: str = setting(
+        "",
+        "environment: remote with no environment_url: the Environment service the coordinator starts, "
+        "health-checks, restarts (max_restarts) and stops with the run: calculator, or module:attr "
+        "of an Environment class (or factory)",
+    )
     trainer_addr: str = setting("", "address of a running trainer")
     rollout_addr: list[str] = setting([], "addresses of running rollout services")
     dataloader_addr: str = setting("", "address of a running dataloader")
@@ -220,6 +226,23 @@ class CoordinatorConfig:
             raise ConfigError("rollout_temperature", "must not be negative")
         if self.ray_address and self.launcher != "ray":
             raise ConfigError("ray_address", "needs launcher ray")
+        if self.remote_environment:
+            self._validate_remote_environment()
+
+    def _validate_remote_environment(self) -> None:
+        if self.launcher == "ray":
+            # Ray actors have no environment actor yet: refused rather than started off the cluster.
+            raise ConfigError(
+                "remote_environment",
+                "is started as a local process, not with launcher ray: start the environment service "
+                "yourself (python -m rollway.rollout.environments) and give environment_url",
+            )
+        module, _, attr = self.remote_environment.partition(":")
+        if self.remote_environment != "calculator" and not (module and attr):
+            raise ConfigError(
+                "remote_environment",
+                f"must be calculator or module:attr of an Environment (got {self.remote_environment!r})",
+            )
 
     @property
     def weight_master_address(self) -> str:

@@ -54,6 +54,10 @@ def sampling_params(config: CoordinatorConfig) -> common_pb2.SamplingParams:
     )
 
 
+# The response of a FAILED sample that has none: any id in every vocabulary (loss mask 0).
+FILLER_TOKEN_ID = 0
+
+
 class GroupCollector:
     """Samples of one rollout grouped as they stream in; each complete group goes through the
     dynamic-sampling filter at once, so generation can stop as soon as enough groups survived."""
@@ -78,6 +82,11 @@ class GroupCollector:
         if sample.finish_reason == common_pb2.FINISH_REASON_FAILED:
             # Its environment failed (reward_error says how): it keeps its place in the group and
             # its reward, but no token of it is trained on.
+            if not sample.response_token_ids:
+                # It failed before the model's first turn (its environment was unreachable at
+                # Reset): one masked filler token, as the trainer takes no empty response.
+                sample.response_token_ids.append(FILLER_TOKEN_ID)
+                sample.rollout_log_probs.append(0.0)
             sample.loss_mask[:] = [0] * len(sample.response_token_ids)
         with self._lock:
             group = self._open.setdefault(sample.group_index, [])

@@ -32,6 +32,8 @@ COMPONENTS: dict[str, type] = {
     "trainer": TrainerConfig,
 }
 SERVICES = ("dataloader", "rollout", "trainer")
+# The environment_url of a run whose environment service the coordinator starts, until it has.
+STARTED_BY_COORDINATOR = "(started by the coordinator: remote_environment)"
 # Where config.json gives a model's context length (transformers' names across architectures).
 CONTEXT_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
@@ -85,14 +87,37 @@ class RunConfig:
         return used
 
     def addresses(self) -> dict[str, list[str]]:
-        """Addresses the run config gives for its services (empty list: the coordinator starts it)."""
+        """Addresses the run config gives for its services (empty list: the coordinator starts it);
+        "environment" when the coordinator starts the run's Environment service (remote_environment)."""
         c = self.coordinator
         given = {
             "dataloader": [c.dataloader_addr],
             "rollout": list(c.rollout_addr),
             "trainer": [c.trainer_addr],
         }
-        return {name: [a for a in given[name] if a] for name in self.services_used()}
+        addresses = {name: [a for a in given[name] if a] for name in self.services_used()}
+        if self.managed_environment:
+            addresses["environment"] = []
+        return addresses
+
+    @property
+    def managed_environment(self) -> bool:
+        """The coordinator starts, watches and restarts the run's Environment service."""
+        return bool(self.coordinator.remote_environment) and "rollout" in self.services_used()
+
+    def environment_args(self) -> list[str]:
+        """Flags of `python -m rollway.rollout.environments` serving remote_environment."""
+        served = self.coordinator.remote_environment
+        args = ["--generate-tool-call-parser", self.rollout.generate_tool_call_parser]
+        if served == "calculator":
+            return ["--environment", "calculator", *args]
+        return ["--environment", "custom", "--custom-generate-function-path", served, *args]
+
+    def use_environment(self, address: str) -> None:
+        """The address of the Environment service the coordinator started: the rollout services
+        get it as environment_url at their (next) Init."""
+        self.given["environment_url"] = address
+        self.rollout.environment_url = address
 
 
 def _field_names(cls: type) -> set[str]:
@@ -130,12 +155,15 @@ def parse_run_config(mapping: Mapping[str, Any]) -> RunConfig:
                     break
     problems += _process_setting_problems(given)
     problems += _batch_arithmetic(given)
+    problems += _environment_problems(given)
     if problems:
         raise RunConfigError(_unique(problems))
     configs = {}
     attached = _attached(given)
     for name, cls in COMPONENTS.items():
         part = {_canonical(cls, k): v for k, v in given.items() if k in _field_names(cls)}
+        if name == "rollout" and given.get("remote_environment"):
+            part["environment_url"] = STARTED_BY_COORDINATOR  # its address, once started
         try:
             configs[name] = from_dict(cls, part, require=False)
         except ConfigError as exc:
@@ -149,6 +177,13 @@ def parse_run_config(mapping: Mapping[str, Any]) -> RunConfig:
         raise RunConfigError(_unique(problems))
     run = RunConfig(**configs, given={_canonical_any(k): v for k, v in given.items()})
     problems = _missing_for_started_services(run)
+    if run.coordinator.remote_environment and not run.managed_environment:
+        problems.append(
+            (
+                "remote_environment",
+                "the run uses no rollout service (sft or debug_train_only): no environment",
+            )
+        )
     problems += _model_problems(run, {setting for setting, _ in problems})
     if problems:
         raise RunConfigError(problems)
@@ -159,6 +194,38 @@ def _process_setting_problems(given: Mapping[str, Any]) -> list[tuple[str, str]]
     """Settings of a rollout process (its Generate queue) are no run's to set: refused, naming the
     service flag, instead of being pushed to a service that would ignore them."""
     return [(key, process_setting_problem(key)) for key in sorted(PROCESS_SETTINGS & set(given))]
+
+
+def _environment_problems(given: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Where the 'remote' environment comes from: environment_url (a service the user runs) or
+    remote_environment (one the coordinator starts), exactly one. The values are known to coerce."""
+    environment = given.get("environment", "none")
+    if given.get("remote_environment"):
+        if environment != "remote":
+            return [
+                (
+                    "remote_environment",
+                    f"serves the 'remote' environment, but the run's environment is {environment!r}: "
+                    "set environment: remote",
+                )
+            ]
+        if given.get("environment_url"):
+            return [
+                (
+                    "environment_url",
+                    "give either environment_url (an environment service you run) or "
+                    "remote_environment (one the coordinator starts), not both",
+                )
+            ]
+    elif environment == "remote" and not given.get("environment_url") and not given.get("rollout_addr"):
+        return [
+            (
+                "environment_url",
+                "the 'remote' environment needs environment_url (host:port of a running Environment "
+                "service) or remote_environment (calculator or module:attr: the coordinator starts one)",
+            )
+        ]
+    return []
 
 
 def _batch_arithmetic(given: dict[str, Any]) -> list[tuple[str, str]]:

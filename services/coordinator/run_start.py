@@ -2,6 +2,8 @@
 
     addresses in the config? ──no──> the run's launcher: LocalServiceGroup.start (bare processes,
                                      in parallel) or RayServiceGroup.start (actors; launcher: ray)
+    remote_environment? ──> its Environment service too (a local process serving it); its address
+                            is the rollout services' environment_url
     Services.connect (health SERVING; an unreachable address fails in seconds, naming it)
     Init on every service at once, each with its part of the run config (run_config.py)
     agreement: model, vocabulary, temperature, estimator ──> a mismatch refuses the run, naming both
@@ -50,9 +52,12 @@ def start_missing_services(
 
         group = RayServiceGroup(run, workdir, name=run_id or workdir.parent.name, ray_address=c.ray_address)
     else:
-        group = LocalServiceGroup(workdir)
+        environment = {"environment": run.environment_args()} if run.managed_environment else {}
+        group = LocalServiceGroup(workdir, args=environment)
     log.info("starting services", services=sorted(missing), launcher=c.launcher)
     addresses.update(group.start(missing))
+    if run.managed_environment:
+        run.use_environment(addresses["environment"][0])
     for key, value in group.placement_settings().items():
         run.given[key] = value  # pushed to the services that declare it at their Init
         for name in COMPONENTS:

@@ -4,7 +4,10 @@ StartRun(config) ─> parse_run_config (every error at once) ─> RunRecord ─>
 execute: start the services the config gives no address for (run_start.py), connect, Init
          each with its settings, check they agree ─> Run.execute() (run.py)
          a watcher reports a dead service at once (process exit, failed health checks) and
-         cancels the calls in flight, so the run fails naming it instead of waiting
+         cancels the calls in flight, so the run fails naming it instead of waiting (or, within
+         max_restarts, recovers from its last checkpoint on a new instance of it)
+         a dead environment the run started is restarted on its port while the run goes on: the
+         samples that were using it end FAILED, the next ones use the new process
          finally: EndRun on every service, stop the services the run started
 """
 
@@ -30,7 +33,7 @@ from rollway.coordinator.remote import Services
 from rollway.coordinator.run import Run, RunStopped
 from rollway.coordinator.run_config import COMPONENTS, RunConfig, RunConfigError, parse_run_config
 from rollway.coordinator.run_start import connect, end_run, init_services, start_missing_services
-from rollway.deploy.supervisor import CannotRestart, DeadService, HealthWatch, ServiceGroup
+from rollway.deploy.supervisor import CannotRestart, DeadService, HealthWatch, LocalServiceGroup, ServiceGroup
 
 log = get_logger("rollway.coordinator.runs")
 
@@ -164,11 +167,7 @@ def _attempt(record: RunRecord, *, progress: bool) -> dict[str, float]:
     if previous is not None:  # GetRun keeps what the run did before the recovery
         record.driver.checkpoint_dir = previous.checkpoint_dir
         previous.sink.close()
-    if record.recoveries:  # every step after a recovery reports them (fault/* metrics)
-        record.driver.fault_metrics = {
-            "fault/num_restarts": float(record.num_restarts),
-            "fault/last_restart_seconds": record.recoveries[-1]["restart_seconds"],
-        }
+    _report_restarts(record)
     record.state = "RUNNING"
     return record.driver.execute()
 
@@ -182,13 +181,7 @@ def _recover(record: RunRecord, dead: DeadService | None, exc: BaseException) ->
     if record.num_restarts >= c.max_restarts:
         log.error("no restarts left", service=str(dead).splitlines()[0], max_restarts=c.max_restarts)
         return False
-    # The backoff doubles while restarts follow each other (a crash loop), and starts over once
-    # the run has completed a step since the last one: a long run's tenth unrelated crash is not
-    # made to wait 30 s.
-    driver = record.driver
-    if driver is not None and driver is not record.driver_at_restart and driver.last_step_metrics:
-        record.restart_streak = 0
-    backoff = min(c.restart_backoff_seconds * 2**record.restart_streak, 30.0)
+    backoff = _backoff(record)
     log.warning("restarting a dead service", service=str(dead).splitlines()[0], backoff_seconds=backoff,
                 restart=record.num_restarts + 1, failed_call=describe_error(exc))  # fmt: skip
     if record.stop.wait(backoff):
@@ -196,18 +189,76 @@ def _recover(record: RunRecord, dead: DeadService | None, exc: BaseException) ->
     started = time.monotonic()
     try:
         record.addresses[dead.name][dead.index] = group.restart(dead.name, dead.index)
+        if dead.name == "environment":  # the rollout services' Init of the next attempt tells them
+            record.run.use_environment(record.addresses["environment"][0])
     except CannotRestart as reason:  # fail fast, naming the dead service and why it stays dead
         record.dead = DeadService(dead.name, dead.index, f"{dead.detail}; not restarted: {reason}")
         return False
+    _count_restart(record, dead, started)
+    record.dead = None
+    return True
+
+
+def _restart_environment(record: RunRecord, dead: DeadService, health: HealthWatch | None) -> bool:
+    """The run's environment service died: a new one on its port while the run goes on (the
+    samples that were using it end FAILED; the rollout services' channels reconnect to the same
+    address). False: not restarted here (no restarts left, the run is stopping, or its port was
+    taken: the run then recovers as for any dead service, on a new port, or fails naming it)."""
+    c = record.config
+    group = record.group
+    if (
+        not isinstance(group, LocalServiceGroup)
+        or record.stop.is_set()
+        or record.num_restarts >= c.max_restarts
+    ):
+        return False
+    backoff = _backoff(record)
+    log.warning("restarting the run's environment; the run goes on", service=str(dead).splitlines()[0],
+                backoff_seconds=backoff, restart=record.num_restarts + 1)  # fmt: skip
+    if record.stop.wait(backoff):
+        return False
+    started = time.monotonic()
+    try:
+        group.restart_in_place(dead.name, dead.index)
+    except Exception as exc:  # its port was taken: restarted on a new one by the run's recovery
+        log.warning(
+            "the environment could not be restarted on its port", error=f"{type(exc).__name__}: {exc}"
+        )
+        return False
+    if health is not None:
+        health.restarted(dead.name, dead.index)
+    _count_restart(record, dead, started)
+    _report_restarts(record)
+    return True
+
+
+def _backoff(record: RunRecord) -> float:
+    """The wait before the next restart. It doubles while restarts follow each other (a crash
+    loop), and starts over once the run has completed a step since the last one: a long run's
+    tenth unrelated crash is not made to wait 30 s."""
+    driver = record.driver
+    if driver is not None and driver is not record.driver_at_restart and driver.last_step_metrics:
+        record.restart_streak = 0
+    return min(record.config.restart_backoff_seconds * 2**record.restart_streak, 30.0)
+
+
+def _count_restart(record: RunRecord, dead: DeadService, started: float) -> None:
     record.num_restarts += 1
     record.restart_streak += 1
-    record.driver_at_restart = driver
+    record.driver_at_restart = record.driver
     record.recoveries.append(
         {"service": dead.name, "index": dead.index, "restart_seconds": time.monotonic() - started}
     )
     log.info("service restarted", **record.recoveries[-1], restart=record.num_restarts)
-    record.dead = None
-    return True
+
+
+def _report_restarts(record: RunRecord) -> None:
+    """Every step after a restart reports them (fault/* metrics)."""
+    if record.recoveries and record.driver is not None:
+        record.driver.fault_metrics = {
+            "fault/num_restarts": float(record.num_restarts),
+            "fault/last_restart_seconds": record.recoveries[-1]["restart_seconds"],
+        }
 
 
 def _release(record: RunRecord) -> None:
@@ -239,12 +290,14 @@ class _Watcher:
 
     def __init__(self, record: RunRecord):
         self.record = record
-        attached = {
+        # Attached services by their health checks; the environment the run started also (its
+        # process may live on, hung, while a dead one is seen at once by group.dead()).
+        watched = {
             name: addresses
             for name, addresses in record.addresses.items()
-            if record.group is None or name not in record.group.addresses
+            if record.group is None or name not in record.group.addresses or name == "environment"
         }
-        self.health = HealthWatch(attached) if any(attached.values()) else None
+        self.health = HealthWatch(watched) if any(watched.values()) else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name=f"watch-{record.run_id}", daemon=True)
         self._thread.start()
@@ -256,6 +309,8 @@ class _Watcher:
                 self.health.dead() if self.health else None
             )
             if dead is not None and not record.finished:
+                if dead.name == "environment" and _restart_environment(record, dead, self.health):
+                    continue
                 record.dead = dead
                 log.error("service died", service=str(dead).splitlines()[0])
                 if record.services is not None:

@@ -104,11 +104,16 @@ class ServiceProcess:
                 time.sleep(0.05)
             self.port = int(self.port_file.read_text())
             if self.wait_serving:
+                remaining = max(deadline - time.monotonic(), 1.0)
                 try:
+                    # The port is ours and the process is watched (check): a refused connection while it
+                    # loads (a busy machine can take long before the server starts) is not "unreachable";
+                    # its exit or startup_timeout ends the wait.
                     wait_until_serving(
                         self.address,
-                        max(deadline - time.monotonic(), 1.0),
+                        remaining,
                         self.client_config,
+                        unreachable_seconds=remaining,
                         check=self._raise_if_exited,
                     )
                 except TimeoutError as exc:

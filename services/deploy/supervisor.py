@@ -1,10 +1,12 @@
 """Where a run's services come from, and how they are watched: one interface for every launcher.
 
     group = LocalServiceGroup(workdir)          local processes on loopback ports (bare: each is
-    group.start({"trainer": 1, "rollout": 2})   configured by the run's Init), started in parallel
+    group.start({"trainer": 1, "rollout": 2})   configured by the run's Init; an "environment" is
+                                                served with its flags from `args`), started in parallel
     group.addresses   {"trainer": [A], "rollout": [B, C]}
     group.dead()      the first service found dead, with the tail of its log (None while all live)
     group.restart("rollout", 1)                 a new process in place of a dead one: its address
+    group.restart_in_place("environment", 0)    ... bound to the dead one's port (clients reconnect)
     group.stop()      every process, by its own pid (and its process group)
 
 The services append their spans to this process's trace file, if it has one (--trace-file or
@@ -33,6 +35,8 @@ from rollway.common.tracing import trace_file_environment
 from rollway.deploy.local_processes import ServiceProcess
 
 TAIL_LINES = 30
+# Services whose module is not rollway.<name>.
+SERVICE_MODULES = {"environment": "rollway.rollout.environments"}
 
 
 @dataclass(frozen=True)
@@ -92,13 +96,14 @@ class LocalServiceGroup(ServiceGroup):
         self.addresses: dict[str, list[str]] = {}
         self._lock = threading.Lock()
 
-    def _process(self, name: str) -> ServiceProcess:
+    def _process(self, name: str, extra: tuple[str, ...] = ()) -> ServiceProcess:
         return ServiceProcess(
             name,
-            list(self.args.get(name, [])),
+            [*self.args.get(name, []), *extra],
             self.workdir,
             env=trace_file_environment(),
             startup_timeout=self.startup_timeout,
+            module=SERVICE_MODULES.get(name),
         )
 
     def start(self, counts: dict[str, int]) -> dict[str, list[str]]:
@@ -133,10 +138,20 @@ class LocalServiceGroup(ServiceGroup):
         return None
 
     def restart(self, name: str, index: int) -> str:
+        return self._restart(name, index, same_port=False)
+
+    def restart_in_place(self, name: str, index: int) -> str:
+        """A new process on the dead one's port: whoever holds its address (channels included)
+        reaches the new one without being told. Raises (ServiceExitedError, naming the port) if
+        another process took the port meanwhile; the dead one stays in place then."""
+        return self._restart(name, index, same_port=True)
+
+    def _restart(self, name: str, index: int, *, same_port: bool) -> str:
         with self._lock:
             old = self.processes[name][index]
         old.stop(timeout=5.0)
-        new = self._process(name).start()
+        # A later --port overrides the "--port 0" every ServiceProcess is started with.
+        new = self._process(name, ("--port", str(old.port)) if same_port else ()).start()
         with self._lock:
             self.processes[name][index] = new
             self.addresses[name][index] = new.address
@@ -169,6 +184,10 @@ class HealthWatch:
                 self._channels.append(channel)
                 self._targets.append((name, index, address, health_pb2_grpc.HealthStub(channel)))
         self._last_ok = {(name, index): time.monotonic() for name, index, _, _ in self._targets}
+
+    def restarted(self, name: str, index: int) -> None:
+        """A new process answers at the address now: its grace starts over."""
+        self._last_ok[(name, index)] = time.monotonic()
 
     def close(self) -> None:
         for channel in self._channels:

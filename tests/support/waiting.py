@@ -17,8 +17,14 @@ def wait_until(
 
 
 # How c10d words a store whose host went away; which one depends on the moment it is noticed
-# (an open connection closed or reset, or a new connection gloo opens to the store failing).
-PEER_GONE = ("Connection was likely closed", "Connection reset by peer", "while trying to connect to")
+# (an open connection closed, reset, or written to after the peer closed it, or a new connection gloo
+# opens to the store failing).
+PEER_GONE = (
+    "Connection was likely closed",
+    "Connection reset by peer",
+    "Broken pipe",
+    "while trying to connect to",
+)
 
 
 def names_a_gone_peer(message: str) -> bool:

@@ -2,7 +2,11 @@
 
 Each episode gets a fresh id; every call carries --environment-step-timeout as its deadline. Any
 failure (the process died, a deadline passed, the service refused) raises EnvironmentFailed, so
-the sample ends FINISH_REASON_FAILED with the status in reward_error, never hangs.
+the sample ends FINISH_REASON_FAILED with the status in reward_error, never hangs. A Reset waits
+(within that deadline) for an environment that is not reachable yet: one being restarted by its
+supervisor (the coordinator restarts a run's environment on the same port) takes new episodes
+once it is back, instead of every episode begun in the meantime failing at once; a call in
+flight when the environment dies still fails at once.
 """
 
 from __future__ import annotations
@@ -35,9 +39,11 @@ class RemoteEnvironment(Environment):
         self.pool = pool
         self.episode_id = episode_id
 
-    def _call(self, method: str, request):
+    def _call(self, method: str, request, *, wait_for_ready: bool = False):
         try:
-            return getattr(self.pool.stub, method)(request, timeout=self.pool.timeout_seconds)
+            return getattr(self.pool.stub, method)(
+                request, timeout=self.pool.timeout_seconds, wait_for_ready=wait_for_ready
+            )
         except grpc.RpcError as exc:
             raise EnvironmentFailed(
                 f"remote environment {self.pool.address} {method}: {exc.code().name}: {exc.details()}"
@@ -52,7 +58,8 @@ class RemoteEnvironment(Environment):
         )
         if start.metadata:
             request.metadata.update(start.metadata)
-        self._call("Reset", request)
+        # Nothing of the episode has happened yet: waiting for the service to be back is safe.
+        self._call("Reset", request, wait_for_ready=True)
 
     def step(self, turn: ModelTurn) -> Step:
         reply = self._call(

@@ -41,3 +41,29 @@ def test_a_group_with_an_aborted_sample_is_set_aside_not_filtered():
     groups.add(sample(4, 0, 1.0))
     assert groups.kept == [] and groups.num_dropped == 0 and groups.num_complete == 0
     assert [[s.index for s in g] for g in groups.partial] == [[0, 1]]
+
+
+def test_a_sample_failed_before_its_first_turn_gets_one_masked_token():
+    """An environment unreachable at Reset fails the sample with no response; the trainer takes
+    no empty response, so it gets one filler token (loss mask 0, log-prob 0.0) and keeps its place."""
+    groups = GroupCollector(2, "")
+    failed = common_pb2.Sample(
+        group_index=0, index=0, prompt_token_ids=[1, 2], finish_reason=common_pb2.FINISH_REASON_FAILED
+    )
+    mid_episode = common_pb2.Sample(
+        group_index=0,
+        index=1,
+        prompt_token_ids=[1, 2],
+        response_token_ids=[7, 8],
+        loss_mask=[1, 1],
+        rollout_log_probs=[-0.5, -0.25],
+        finish_reason=common_pb2.FINISH_REASON_FAILED,
+    )
+    groups.add(failed)
+    groups.add(mid_episode)
+    [group] = groups.kept
+    by_index = {s.index: s for s in group}
+    assert list(by_index[0].response_token_ids) == [0] and list(by_index[0].loss_mask) == [0]
+    assert list(by_index[0].rollout_log_probs) == [0.0]
+    assert list(by_index[1].response_token_ids) == [7, 8] and list(by_index[1].loss_mask) == [0, 0]
+    assert list(by_index[1].rollout_log_probs) == [-0.5, -0.25]

@@ -1,0 +1,94 @@
+"""The shipped demo (`rollway demo`, make run): its settings are valid runs and are what README says.
+
+The figures README quotes are measured by `make bench` (bench/bench_demo.py) for these settings;
+this test pins the settings and the README's statement of them to each other, so that neither
+changes without the other.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from rollway import demo
+from rollway.coordinator.run_config import parse_run_config
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+
+
+def _demo_section() -> str:
+    text = README.read_text()
+    start = text.index("The demo (`rollway demo`)")
+    return text[start : text.index("\n## ", start)]
+
+
+def _configs(tmp_path: Path, model_dir: Path) -> tuple[dict, dict]:
+    data = tmp_path / "data"
+    sft = demo.sft_config(tmp_path, model_dir, data, demo.SFT_STEPS, seed=0)
+    grpo = demo.grpo_config(tmp_path, model_dir, data, demo.RL_STEPS, seed=0)
+    return sft, grpo
+
+
+def test_readme_states_the_shipped_settings(tmp_path, tiny_model_dir):
+    sft, grpo = _configs(tmp_path, tiny_model_dir)
+    section = " ".join(_demo_section().split())
+    stated = re.search(r"SFT \((\d+) steps of (\d+) conversations, lr ([0-9.e-]+)\)", section)
+    assert stated, "README's demo section no longer states the SFT settings"
+    assert (int(stated[1]), int(stated[2]), float(stated[3])) == (
+        sft["num_rollout"],
+        sft["global_batch_size"],
+        sft["lr"],
+    )
+    stated = re.search(
+        r"GRPO \((\d+) rollouts of (\d+) prompts x (\d+) samples, lr ([0-9.e-]+), Adam beta2 ([0-9.]+), "
+        r"temperature ([0-9.]+), reward (\w+)\)",
+        section,
+    )
+    assert stated, "README's demo section no longer states the GRPO settings"
+    assert stated.groups() == (
+        str(grpo["num_rollout"]),
+        str(grpo["rollout_batch_size"]),
+        str(grpo["n_samples_per_prompt"]),
+        stated[4],
+        stated[5],
+        stated[6],
+        grpo["rm_type"],
+    )
+    assert (float(stated[4]), float(stated[5]), float(stated[6])) == (
+        grpo["lr"],
+        grpo["adam_beta2"],
+        grpo["rollout_temperature"],
+    )
+    # One optimizer step per rollout: every sample of a rollout in one global batch.
+    assert grpo["global_batch_size"] == grpo["rollout_batch_size"] * grpo["n_samples_per_prompt"]
+
+
+def test_readme_figures_are_for_seeds_0_1_2_and_add_up():
+    rows = re.findall(r"^\| (\d) \| ([0-9.]+) \| ([0-9.]+) \| \+([0-9.]+) \|", _demo_section(), re.M)
+    assert [int(seed) for seed, *_ in rows] == [0, 1, 2]
+    for _, before, after, lift in rows:
+        assert abs(float(after) - float(before) - float(lift)) < 1e-9
+        assert 0.0 <= float(before) <= 1.0 and 0.0 <= float(after) <= 1.0
+
+
+def test_the_shipped_configs_are_valid_runs(tmp_path, tiny_model_dir):
+    sft, grpo = _configs(tmp_path, tiny_model_dir)
+    sft_run = parse_run_config(sft)
+    assert sft_run.trainer.loss_type == "sft_loss" and sft_run.coordinator.num_rollout == demo.SFT_STEPS
+    grpo_run = parse_run_config(grpo)
+    assert grpo_run.coordinator.num_rollout == demo.RL_STEPS
+    assert grpo_run.trainer.lr == demo.RL_LR and grpo_run.trainer.adam_beta2 == demo.RL_ADAM_BETA2
+    assert grpo_run.coordinator.eval_temperature == 0.0  # held-out accuracy is greedy
+
+
+def test_demo_task_addition_reaches_the_addition_demo(capsys):
+    """`rollway demo --task addition` is the default demo (the --task word is not passed on to it)."""
+    from rollway.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--task", "addition", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "--sft-steps" in out and "--task" in out

@@ -1,0 +1,110 @@
+"""A run's 'remote' environment comes from environment_url (a service the user runs) or from
+remote_environment (one the coordinator starts and supervises): what it starts, with which flags,
+and each contradiction refused naming its setting."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rollway.coordinator.run_config import STARTED_BY_COORDINATOR, RunConfigError, parse_run_config
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3", "max_position_embeddings": 1024}))
+    return model
+
+
+def grpo(model, **extra) -> dict:
+    return {
+        "hf_checkpoint": str(model),
+        "prompt_data": ["/data/rl.parquet"],
+        "rollout_batch_size": 4,
+        "n_samples_per_prompt": 4,
+        "rollout_max_response_len": 8,
+        **extra,
+    }
+
+
+def problems(config: dict) -> dict[str, str]:
+    with pytest.raises(RunConfigError) as refused:
+        parse_run_config(config)
+    return dict(refused.value.problems)
+
+
+def test_a_managed_calculator_is_started_with_the_runs_tool_call_format(model_dir):
+    run = parse_run_config(
+        grpo(
+            model_dir,
+            environment="remote",
+            remote_environment="calculator",
+            generate_tool_call_parser="qwen25",
+        )
+    )
+    assert run.managed_environment
+    assert run.addresses() == {"dataloader": [], "rollout": [], "trainer": [], "environment": []}
+    assert run.environment_args() == ["--environment", "calculator", "--generate-tool-call-parser", "qwen25"]
+    # Until the service is up, the rollout services are told nothing about it.
+    assert run.rollout.environment_url == STARTED_BY_COORDINATOR
+    assert "environment_url" not in run.service_settings("rollout")
+    run.use_environment("127.0.0.1:4321")
+    assert run.service_settings("rollout")["environment_url"] == "127.0.0.1:4321"
+    assert run.service_settings("rollout")["environment"] == "remote"
+
+
+def test_a_managed_custom_environment_is_served_by_its_class_path(model_dir):
+    run = parse_run_config(
+        grpo(model_dir, environment="remote", remote_environment="my_env:GuessEnvironment")
+    )
+    assert run.environment_args() == [
+        "--environment", "custom",
+        "--custom-generate-function-path", "my_env:GuessEnvironment",
+        "--generate-tool-call-parser", "qwen3",
+    ]  # fmt: skip
+
+
+def test_a_run_with_its_own_environment_url_starts_no_environment(model_dir):
+    run = parse_run_config(grpo(model_dir, environment="remote", environment_url="127.0.0.1:50070"))
+    assert not run.managed_environment and "environment" not in run.addresses()
+    assert run.service_settings("rollout")["environment_url"] == "127.0.0.1:50070"
+
+
+@pytest.mark.parametrize(
+    ("extra", "setting", "named"),
+    [
+        ({"environment": "remote"}, "environment_url", "or remote_environment (calculator or module:attr"),
+        ({"remote_environment": "calculator"}, "remote_environment", "the run's environment is 'none'"),
+        (
+            {"environment": "calculator", "remote_environment": "calculator"},
+            "remote_environment",
+            "set environment: remote",
+        ),
+        (
+            {"environment": "remote", "remote_environment": "calculator", "environment_url": "127.0.0.1:1"},
+            "environment_url",
+            "not both",
+        ),
+        (
+            {"environment": "remote", "remote_environment": "my_env"},
+            "remote_environment",
+            "must be calculator or module:attr of an Environment (got 'my_env')",
+        ),
+        (
+            {"environment": "remote", "remote_environment": "calculator", "launcher": "ray"},
+            "remote_environment",
+            "not with launcher ray",
+        ),
+        (
+            {"environment": "remote", "remote_environment": "calculator", "debug_train_only": True},
+            "remote_environment",
+            "the run uses no rollout service",
+        ),
+    ],
+)
+def test_contradictory_environment_settings_are_refused_naming_them(model_dir, extra, setting, named):
+    found = problems(grpo(model_dir, **extra))
+    assert setting in found and named in found[setting], found
