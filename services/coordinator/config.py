@@ -266,7 +266,9 @@ class CoordinatorServiceConfig:
         "127.0.0.1", "address the web dashboard binds; loopback unless told otherwise"
     )
     dashboard_port: int = setting(
-        -1, "web dashboard port (-1: the gRPC port + 1, or a free port when that is 0; 0: no dashboard)"
+        -1,
+        "web dashboard port (-1: the gRPC port + DASHBOARD_PORT_OFFSET, or a free port when that is taken"
+        " or gRPC's is 0; 0: no dashboard)",
     )
     dashboard_address_file: str = setting("", "write the dashboard's http:// address here once it serves")
 

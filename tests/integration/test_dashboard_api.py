@@ -13,7 +13,7 @@ from rollway.common.v1 import common_pb2
 from rollway.coordinator.dashboard import rollout_samples, run_files
 from rollway.coordinator.dashboard.app import create_app
 from rollway.coordinator.dashboard.runs_view import DashboardRuns
-from rollway.coordinator.dashboard.server import DashboardServer
+from rollway.coordinator.dashboard.server import DASHBOARD_PORT_OFFSET, DashboardServer
 from rollway.coordinator.metrics import MetricsSink
 
 NUM_STEPS = 4
@@ -246,10 +246,10 @@ def test_the_coordinators_dashboard_sits_beside_grpc_and_a_taken_port_never_stop
     assert first is None  # 0: no dashboard
     holder = DashboardServer(create_app(DashboardRuns(run_dirs=[tmp_path])), "127.0.0.1", 0).start()
     try:
-        # -1: the gRPC port + 1, here taken (as if gRPC were on holder.port - 1): a free one instead.
+        # -1: the gRPC port + DASHBOARD_PORT_OFFSET, here taken: a free one instead.
         address_file = tmp_path / "dashboard.address"
         config = CoordinatorServiceConfig(runs_root=str(tmp_path), dashboard_address_file=str(address_file))
-        beside = start_for_coordinator(manager, config, holder.port - 1, "")
+        beside = start_for_coordinator(manager, config, holder.port - DASHBOARD_PORT_OFFSET, "")
         assert beside is not None and beside.port != holder.port
         assert address_file.read_text() == beside.url
         assert get(f"{beside.url}/api/runs") == []

@@ -61,6 +61,11 @@ class DashboardServer:
         self._socket.close()
 
 
+# Where the dashboard goes by default, relative to the coordinator's gRPC port: clear of the service
+# ports that usually sit right after it (the compose file's 50050-50053; +1 took the trainer's port).
+DASHBOARD_PORT_OFFSET = 1000
+
+
 def start_for_coordinator(
     runs_manager, config, grpc_port: int, token: str, grpc_host: str = "127.0.0.1"
 ) -> DashboardServer | None:
@@ -70,7 +75,8 @@ def start_for_coordinator(
     port = config.dashboard_port
     grpc_address = f"{grpc_host}:{grpc_port}"
     if port == -1:
-        port = grpc_port + 1 if grpc_port and grpc_port < 65535 else 0
+        beside = grpc_port + DASHBOARD_PORT_OFFSET
+        port = beside if grpc_port and beside < 65536 else 0
     try:
         from rollway.common.tracing import trace_file_environment
         from rollway.coordinator.dashboard.app import create_app
