@@ -6,7 +6,9 @@ once per seed; each writes summary.json, whose figures are the rows.
 Rows: one per seed:
     seed, accuracy_before_rl, accuracy_after_rl, lift    held-out (greedy, exact match) accuracy
                                                          of the SFT model and of the GRPO model
-    sft_steps, rl_steps, wall_s                          the demo's own wall time, set-up included
+    sft_steps, rl_steps, wall_s                          SFT steps the stopping rule chose, GRPO
+                                                         rollouts, the demo's own wall time (set-up
+                                                         included)
 Summary:
     min_lift, max_wall_s       the README quotes these; the goal is a lift >= 0.2 on every seed
     all_seeds_lift_0_2         min_lift >= 0.2

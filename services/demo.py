@@ -1,20 +1,23 @@
 """`rollway demo` (what `make run` runs): SFT then GRPO on the tiny model, on CPU.
 
-    tiny model + addition data ──> SFT run (sft_loss) ──> HF export
+    tiny model + addition data ──> SFT run (sft_loss) in chunks, each resuming the last one's
+        checkpoint and ending with an HF export, until the dev accuracy of the export is high enough
         ──> GRPO run from the export: eval before RL, train, eval after RL ──> summary.json
 
 Both runs go through `rollway run` with config files written to DEMO_DIR/configs/, so each
 step can be rerun or changed by hand. The summary holds accuracy_before_rl, accuracy_after_rl,
-rl_steps and wall_seconds.
+rl_steps, sft_steps, sft_dev_accuracy (per chunk) and wall_seconds.
 
 Why these settings (measured with bench/bench_demo.py; figures in README, "The demo"): the
 reward is exact match (1 for the right sum, else 0) and evaluation is greedy on 200 held-out sums.
-SFT_STEPS is the SFT length after which RL lifts seeds 0 and 2 by >= 0.2 (seed 1: 0.14): the step
-at which the tiny model learns to carry differs by seed, RL hardly lifts a model that has not
-begun to, and one that has learnt it leaves little room. GRPO then needs
-enough optimizer steps at a large enough learning rate: 30 rollouts at lr 1e-4 (the old settings)
-lifted held-out accuracy by ~0.1, lr 1e-3 and above collapses the policy. Adam beta2 is set here
-so that the demo does not move with rollway's optimizer defaults.
+SFT stops by a rule, not at a fixed step: the tiny model learns to carry abruptly, at an SFT step
+that differs by seed (seed 1 around 250-300, seeds 0 and 2 at 400-500), RL hardly lifts a model
+that has not begun to, and one that has learnt it leaves little room. So SFT runs in chunks of
+SFT_CHUNK steps and stops once greedy accuracy on a dev split (demo_dev.py: RL prompts, not the
+held-out sums) first reaches SFT_STOP_DEV_ACCURACY. GRPO then needs enough optimizer steps at a
+large enough learning rate: 30 rollouts at lr 1e-4 (the old settings) lifted held-out accuracy by
+~0.1, lr 1e-3 and above collapses the policy. Adam beta2 is set here so that the demo does not
+move with rollway's optimizer defaults.
 """
 
 from __future__ import annotations
@@ -26,9 +29,15 @@ from pathlib import Path
 
 import yaml
 
+from rollway.demo_dev import dev_accuracy
 from rollway.launcher import run as launch_run
 
-SFT_STEPS = 500  # SFT optimizer steps (batch 64); held-out accuracy 0.32-0.85 after it (seeds 0-2)
+# SFT stops by a rule: in chunks of SFT_CHUNK steps (each a `rollway run` that resumes the last
+# one's checkpoint, so the chunks are one continuous run), until the dev accuracy first reaches
+# SFT_STOP_DEV_ACCURACY, or SFT_MAX_STEPS.
+SFT_CHUNK = 100
+SFT_STOP_DEV_ACCURACY = 0.3
+SFT_MAX_STEPS = 800
 RL_STEPS = 120  # GRPO rollouts of 16 prompts x 8 samples, one optimizer step each
 RL_LR = 2e-4
 RL_ADAM_BETA2 = 0.95
@@ -53,6 +62,8 @@ def sft_config(workdir: Path, model_dir: Path, data_dir: Path, steps: int, seed:
         "use_dynamic_batch_size": True,
         "max_tokens_per_gpu": 4096,
         "seed": seed,
+        "save": str(workdir / "runs" / "sft" / "checkpoints"),
+        "save_interval": 0,  # the last step of each chunk saves; the next chunk resumes from it
         "save_hf": str(workdir / "sft-export"),
     }
 
@@ -111,7 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workdir", default="runs/demo", help="parent of the demo directory")
     parser.add_argument("--seed", type=int, default=0, help="seed of model, data and sampling")
-    parser.add_argument("--sft-steps", type=int, default=SFT_STEPS, help="SFT optimizer steps")
+    parser.add_argument(
+        "--sft-steps",
+        type=int,
+        default=None,
+        help=f"fixed SFT optimizer steps (default: by the stopping rule, at most {SFT_MAX_STEPS})",
+    )
     parser.add_argument("--rl-steps", type=int, default=RL_STEPS, help="GRPO rollouts")
     args = parser.parse_args(argv)
     start = time.monotonic()
@@ -125,13 +141,23 @@ def main(argv: list[str] | None = None) -> int:
     make_demo_data(data_dir, seed=args.seed)
     print(f"demo directory: {workdir}", flush=True)
 
-    print(f"== SFT: {args.sft_steps} steps on the addition conversations", flush=True)
-    sft = _write(
-        workdir / "configs" / "sft.yaml", sft_config(workdir, model_dir, data_dir, args.sft_steps, args.seed)
-    )
-    if launch_run([str(sft)]) != 0:
-        return 1
-    sft_result = json.loads((workdir / "runs" / "sft" / "result.json").read_text())
+    sft_steps, dev_accuracies = 0, []
+    while True:
+        sft_steps = args.sft_steps if args.sft_steps is not None else sft_steps + SFT_CHUNK
+        print(f"== SFT: to step {sft_steps} on the addition conversations", flush=True)
+        sft = _write(
+            workdir / "configs" / "sft.yaml", sft_config(workdir, model_dir, data_dir, sft_steps, args.seed)
+        )
+        if launch_run([str(sft)]) != 0:
+            return 1
+        sft_result = json.loads((workdir / "runs" / "sft" / "result.json").read_text())
+        if args.sft_steps is not None:
+            break
+        accuracy = dev_accuracy(Path(sft_result["hf_export_dir"]), data_dir / "rl.parquet")
+        dev_accuracies.append({"sft_steps": sft_steps, "dev_accuracy": accuracy})
+        print(f"dev accuracy after {sft_steps} SFT steps: {accuracy:.3f}", flush=True)
+        if accuracy >= SFT_STOP_DEV_ACCURACY or sft_steps >= SFT_MAX_STEPS:
+            break
 
     print(f"== GRPO: {args.rl_steps} rollouts from the SFT model", flush=True)
     grpo = _write(
@@ -149,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         "accuracy_before_rl": evals[0]["eval/accuracy"],
         "accuracy_after_rl": evals[-1]["eval/accuracy"],
         "rl_steps": args.rl_steps,
-        "sft_steps": args.sft_steps,
+        "sft_steps": sft_steps,
+        "sft_dev_accuracy": dev_accuracies,
         "sft_final_loss": sft_result["final_metrics"].get("sft/loss"),
         "wall_seconds": round(time.monotonic() - start, 1),
         "run_dir": str(workdir),

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from rollway import demo
+from rollway.common.demo_data import make_demo_data
 from rollway.coordinator.run_config import parse_run_config
+from rollway.demo_dev import DEV_ROWS, dev_accuracy
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 
@@ -26,7 +28,7 @@ def _demo_section() -> str:
 
 def _configs(tmp_path: Path, model_dir: Path) -> tuple[dict, dict]:
     data = tmp_path / "data"
-    sft = demo.sft_config(tmp_path, model_dir, data, demo.SFT_STEPS, seed=0)
+    sft = demo.sft_config(tmp_path, model_dir, data, demo.SFT_CHUNK, seed=0)
     grpo = demo.grpo_config(tmp_path, model_dir, data, demo.RL_STEPS, seed=0)
     return sft, grpo
 
@@ -34,12 +36,21 @@ def _configs(tmp_path: Path, model_dir: Path) -> tuple[dict, dict]:
 def test_readme_states_the_shipped_settings(tmp_path, tiny_model_dir):
     sft, grpo = _configs(tmp_path, tiny_model_dir)
     section = " ".join(_demo_section().split())
-    stated = re.search(r"SFT \((\d+) steps of (\d+) conversations, lr ([0-9.e-]+)\)", section)
+    stated = re.search(
+        r"SFT \((\d+) conversations a step, lr ([0-9.e-]+), in chunks of (\d+) steps until the greedy "
+        r"accuracy on (\d+) dev sums first reaches ([0-9.]+), at most (\d+) steps\)",
+        section,
+    )
     assert stated, "README's demo section no longer states the SFT settings"
-    assert (int(stated[1]), int(stated[2]), float(stated[3])) == (
-        sft["num_rollout"],
+    assert (int(stated[1]), float(stated[2]), int(stated[3])) == (
         sft["global_batch_size"],
         sft["lr"],
+        demo.SFT_CHUNK,
+    )
+    assert (int(stated[4]), float(stated[5]), int(stated[6])) == (
+        DEV_ROWS,
+        demo.SFT_STOP_DEV_ACCURACY,
+        demo.SFT_MAX_STEPS,
     )
     stated = re.search(
         r"GRPO \((\d+) rollouts of (\d+) prompts x (\d+) samples, lr ([0-9.e-]+), Adam beta2 ([0-9.]+), "
@@ -76,7 +87,9 @@ def test_readme_figures_are_for_seeds_0_1_2_and_add_up():
 def test_the_shipped_configs_are_valid_runs(tmp_path, tiny_model_dir):
     sft, grpo = _configs(tmp_path, tiny_model_dir)
     sft_run = parse_run_config(sft)
-    assert sft_run.trainer.loss_type == "sft_loss" and sft_run.coordinator.num_rollout == demo.SFT_STEPS
+    assert sft_run.trainer.loss_type == "sft_loss" and sft_run.coordinator.num_rollout == demo.SFT_CHUNK
+    # Each chunk ends with a checkpoint, from which the next chunk resumes.
+    assert sft_run.coordinator.save == sft["save"] and sft_run.coordinator.save_interval == 0
     grpo_run = parse_run_config(grpo)
     assert grpo_run.coordinator.num_rollout == demo.RL_STEPS
     assert grpo_run.trainer.lr == demo.RL_LR and grpo_run.trainer.adam_beta2 == demo.RL_ADAM_BETA2
@@ -92,3 +105,18 @@ def test_demo_task_addition_reaches_the_addition_demo(capsys):
     assert exited.value.code == 0
     out = capsys.readouterr().out
     assert "--sft-steps" in out and "--task" in out
+
+
+def test_the_dev_split_is_not_the_reported_eval_split(tmp_path, tiny_model_dir):
+    """SFT stops on the first DEV_ROWS RL prompts: none of them (in either order) is a held-out sum."""
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    make_demo_data(data, seed=0)
+    dev = pq.read_table(data / "rl.parquet", columns=["metadata"]).slice(0, DEV_ROWS).to_pylist()
+    held_out = pq.read_table(data / "eval.parquet", columns=["metadata"]).to_pylist()
+    dev_pairs = {frozenset((r["metadata"]["a"], r["metadata"]["b"])) for r in dev}
+    assert len(dev) == DEV_ROWS
+    assert not dev_pairs & {frozenset((r["metadata"]["a"], r["metadata"]["b"])) for r in held_out}
+    # The untrained tiny model adds no sum right; the rule scores it 0.
+    assert dev_accuracy(tiny_model_dir, data / "rl.parquet", rows=8) == 0.0
