@@ -57,9 +57,9 @@ def prepare(
         **grpo_config(workdir, workdir / "sft-model", data_dir, rl_steps, seed),
         "run_id": f"grpo-{demo_id}",
     }
-    for config in (sft, grpo):
+    for config in (sft, grpo):  # every demo on the volume its own checkpoints and exports (never resumed)
         config["save_hf"] = str(workdir / "exports" / config["run_id"])
-    grpo["save"] = str(workdir / "runs" / grpo["run_id"] / "checkpoints")
+        config["save"] = str(workdir / "runs" / config["run_id"] / "checkpoints")
     paths = {}
     for name, config in (("sft", sft), ("grpo", grpo)):
         paths[name] = workdir / "configs" / f"{name}.yaml"
@@ -118,19 +118,23 @@ def summarize(workdir: Path) -> dict:
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m rollway.deploy.compose_demo", description=__doc__.splitlines()[0]
     )
     parser.add_argument("step", choices=("prepare", "publish-sft", "summarize"))
     parser.add_argument("workdir", help="the demo directory on the shared volume")
     parser.add_argument("--sft-steps", type=int, default=500, help="SFT optimizer steps (prepare)")
-    parser.add_argument("--rl-steps", type=int, default=30, help="GRPO rollouts (prepare)")
+    parser.add_argument("--rl-steps", type=int, default=120, help="GRPO rollouts (prepare)")
     parser.add_argument("--seed", type=int, default=0, help="seed of model, data and sampling (prepare)")
     parser.add_argument(
         "--demo-id", default="", help="names the runs sft-ID and grpo-ID (prepare; default: a new time stamp)"
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     if args.step == "prepare":

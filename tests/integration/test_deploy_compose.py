@@ -194,17 +194,16 @@ def test_compose_file_wires_every_service_by_name():
 
 
 def test_cpu_profile_defaults_are_those_of_make_run():
-    import inspect
+    """The compose demo trains as `make run` does: the same GRPO rollouts, and a fixed SFT length (a
+    static stack has no dev-accuracy stopping rule) within the rule's cap."""
+    from rollway import demo
+    from rollway.deploy import compose_demo
 
-    import rollway.demo
-
-    source = inspect.getsource(rollway.demo.main)
-    defaults = {
-        f: re.search(rf'"--{f}", type=int, default=(\d+)', source).group(1) for f in ("sft-steps", "rl-steps")
-    }
     setup = interpolate(load_compose()["services"]["demo-setup"]["command"], {})
-    assert setup[setup.index("--sft-steps") + 1] == defaults["sft-steps"]
-    assert setup[setup.index("--rl-steps") + 1] == defaults["rl-steps"]
+    assert int(setup[setup.index("--rl-steps") + 1]) == demo.RL_STEPS
+    assert 0 < int(setup[setup.index("--sft-steps") + 1]) <= demo.SFT_MAX_STEPS
+    parser_defaults = compose_demo.build_parser().parse_args(["prepare", "/d"])
+    assert parser_defaults.rl_steps == demo.RL_STEPS
 
 
 def test_every_demo_prepared_on_the_volume_gets_its_own_runs(tmp_path, tiny_model_dir, demo_data_dir):
@@ -226,6 +225,9 @@ def test_every_demo_prepared_on_the_volume_gets_its_own_runs(tmp_path, tiny_mode
         str(demo / "exports" / "grpo-one"),
     )
     assert first["grpo"]["save"] == str(demo / "runs" / "grpo-one" / "checkpoints")
+    assert first["sft"]["save"] == str(
+        demo / "runs" / "sft-one" / "checkpoints"
+    )  # a second demo must not resume it
     assert first["grpo"]["hf_checkpoint"] == str(demo / "sft-model")
 
     # The first SFT run finished: publish-sft links its export (found through the config's run id).
