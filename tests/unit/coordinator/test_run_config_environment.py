@@ -4,19 +4,10 @@ and each contradiction refused naming its setting."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from support.run_configs import problems
 
-from rollway.coordinator.run_config import STARTED_BY_COORDINATOR, RunConfigError, parse_run_config
-
-
-@pytest.fixture
-def model_dir(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"model_type": "qwen3", "max_position_embeddings": 1024}))
-    return model
+from rollway.coordinator.run_config import STARTED_BY_COORDINATOR, parse_run_config
 
 
 def grpo(model, **extra) -> dict:
@@ -28,12 +19,6 @@ def grpo(model, **extra) -> dict:
         "rollout_max_response_len": 8,
         **extra,
     }
-
-
-def problems(config: dict) -> dict[str, str]:
-    with pytest.raises(RunConfigError) as refused:
-        parse_run_config(config)
-    return dict(refused.value.problems)
 
 
 def test_a_managed_calculator_is_started_with_the_runs_tool_call_format(model_dir):

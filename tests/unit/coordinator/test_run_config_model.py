@@ -7,18 +7,9 @@ import json
 import subprocess
 import sys
 
-import pytest
+from support.run_configs import problems
 
-from rollway.coordinator.run_config import RunConfigError, parse_run_config
-
-
-@pytest.fixture
-def model_dir(tmp_path):
-    """A model directory as far as StartRun looks: config.json with a 1024-token context."""
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"model_type": "qwen3", "max_position_embeddings": 1024}))
-    return model
+from rollway.coordinator.run_config import parse_run_config
 
 
 def grpo(model, **extra) -> dict:
@@ -31,12 +22,6 @@ def grpo(model, **extra) -> dict:
         "rollout_max_response_len": 8,
         **extra,
     }
-
-
-def problems(config: dict) -> dict[str, str]:
-    with pytest.raises(RunConfigError) as refused:
-        parse_run_config(config)
-    return dict(refused.value.problems)
 
 
 def test_a_response_as_long_as_the_context_is_refused_naming_it(model_dir):

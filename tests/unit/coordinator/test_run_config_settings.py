@@ -3,19 +3,10 @@ batch arithmetic, and the rollout process's Generate-queue settings (not a run's
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from support.run_configs import problems
 
-from rollway.coordinator.run_config import RunConfigError, parse_run_config
-
-
-@pytest.fixture
-def model_dir(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"model_type": "qwen3", "max_position_embeddings": 1024}))
-    return model
+from rollway.coordinator.run_config import parse_run_config
 
 
 def grpo(model, **extra) -> dict:
@@ -27,12 +18,6 @@ def grpo(model, **extra) -> dict:
         "rollout_max_response_len": 8,
         **extra,
     }
-
-
-def problems(config: dict) -> dict[str, str]:
-    with pytest.raises(RunConfigError) as refused:
-        parse_run_config(config)
-    return dict(refused.value.problems)
 
 
 def test_num_steps_per_rollout_alone_sets_the_global_batch_size(model_dir):
