@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import os
-import sys
 from collections.abc import Sequence
 
 from rollway.common.config import parse_components
 from rollway.common.interceptors import RUNNING_HANDLERS
+from rollway.common.process_exit import exit_without_teardown
 from rollway.common.server import ServerConfig
 
 # The components whose settings make up one run config (the flat namespace of `rollway run`),
@@ -60,6 +59,4 @@ def run_service(service: str, config_classes: Sequence[type], argv: Sequence[str
     # ("terminate called without an active exception"), and the exit status must say that the
     # service stopped cleanly. Handlers still unwinding (a join the stop cancelled) finish first.
     RUNNING_HANDLERS.wait_idle(HANDLERS_EXIT_SECONDS)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown(0)

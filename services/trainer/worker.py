@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import traceback
 
 import torch
@@ -19,6 +18,7 @@ import torch.distributed as dist
 from rollway.common.config import from_dict
 from rollway.common.log import bind_run_context, configure_logging, get_logger
 from rollway.common.parent_watch import watch_parent
+from rollway.common.process_exit import exit_without_teardown
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.distributed import CommandChannel, create_store, init_process_group
 from rollway.trainer.engine import TrainerEngine
@@ -61,4 +61,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())  # gloo may abort in interpreter teardown (common/process_exit.py)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import faulthandler
 import os
 import pickle
-import sys
 import uuid
 import warnings
 from collections.abc import Callable
@@ -24,6 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rollway.common.config import from_dict, to_dict
+from rollway.common.process_exit import exit_without_teardown
 from rollway.trainer import checkpoint
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.distributed import init_process_group
@@ -150,11 +150,7 @@ def _rank_main(rank: int, world_size: int, store_path: str, scenarios: list, out
                 pickle.dump(results, f)
     finally:
         dist.destroy_process_group()
-    # Skip interpreter teardown: the rank's work is done and written, and a C++ abort while
-    # static objects are destroyed (the suspect of the SIGABRT below) cannot fail the test.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown(0)  # the rank's work is written; gloo may abort in teardown
 
 
 def run_ranks(world_size: int, scenarios: list[tuple[str, dict]], tmp_path: Path) -> list[Any]:
