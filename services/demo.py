@@ -5,7 +5,9 @@
         ──> GRPO run from the export: eval before RL, train, eval after RL ──> summary.json
 
 Both runs go through `rollway run` with config files written to DEMO_DIR/configs/, so each
-step can be rerun or changed by hand. The summary holds accuracy_before_rl, accuracy_after_rl,
+step can be rerun or changed by hand. The demo starts the trainer, rollout and dataloader services
+once and every run attaches to them (`--trainer-addr ...`): the services are reused run after
+run, so an SFT chunk costs its steps, not a start-up. The summary holds accuracy_before_rl, accuracy_after_rl,
 rl_steps, sft_steps, sft_dev_accuracy (per chunk) and wall_seconds.
 
 Why these settings (measured with bench/bench_demo.py; figures in README, "The demo"): the
@@ -30,6 +32,7 @@ from pathlib import Path
 import yaml
 
 from rollway.demo_dev import dev_accuracy
+from rollway.deploy.supervisor import LocalServiceGroup
 from rollway.launcher import run as launch_run
 
 # SFT stops by a rule: in chunks of SFT_CHUNK steps (each a `rollway run` that resumes the last
@@ -141,6 +144,20 @@ def main(argv: list[str] | None = None) -> int:
     make_demo_data(data_dir, seed=args.seed)
     print(f"demo directory: {workdir}", flush=True)
 
+    services = LocalServiceGroup(workdir / "services")
+    addresses = services.start({"trainer": 1, "rollout": 1, "dataloader": 1})
+    try:
+        return _sft_then_grpo(args, workdir, model_dir, data_dir, service_flags(addresses), start)
+    finally:
+        services.stop()
+
+
+def service_flags(addresses: dict[str, list[str]]) -> list[str]:
+    """`rollway run` flags attaching a run to running services."""
+    return [flag for name, found in addresses.items() for flag in (f"--{name}-addr", *found)]
+
+
+def _sft_then_grpo(args, workdir: Path, model_dir: Path, data_dir: Path, attach: list[str], start: float) -> int:
     sft_steps, dev_accuracies = 0, []
     while True:
         sft_steps = args.sft_steps if args.sft_steps is not None else sft_steps + SFT_CHUNK
@@ -148,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         sft = _write(
             workdir / "configs" / "sft.yaml", sft_config(workdir, model_dir, data_dir, sft_steps, args.seed)
         )
-        if launch_run([str(sft)]) != 0:
+        if launch_run([str(sft), *attach]) != 0:
             return 1
         sft_result = json.loads((workdir / "runs" / "sft" / "result.json").read_text())
         if args.sft_steps is not None:
@@ -164,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir / "configs" / "grpo.yaml",
         grpo_config(workdir, Path(sft_result["hf_export_dir"]), data_dir, args.rl_steps, args.seed),
     )
-    if launch_run([str(grpo)]) != 0:
+    if launch_run([str(grpo), *attach]) != 0:
         return 1
     grpo_dir = workdir / "runs" / "grpo"
     evals = [r for r in _metrics(grpo_dir) if "eval/accuracy" in r]

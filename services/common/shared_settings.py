@@ -108,3 +108,13 @@ def advantage_estimator(**options):
         shared=True,
         **options,
     )
+
+
+def cpu_threads(**options):
+    return setting(
+        0,
+        "torch threads of each trainer rank and of the CPU rollout engine (0: the usable cores, shared "
+        "among a machine's trainer ranks; common/cpu_threads.py)",
+        shared=True,
+        **options,
+    )

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from rollway.common.client import ClientConfig, wait_until_serving
+from rollway.common.cpu_threads import PASSIVE_WAIT_ENV
 from rollway.common.parent_watch import child_env
 
 LOG_TAIL_CHARS = 4000
@@ -54,7 +55,15 @@ class ServiceProcess:
         self.port_file = self.workdir / f"{service}-{os.getpid()}-{time.monotonic_ns()}.port"
         self.log_path = self.port_file.with_suffix(".log")
         self.args = args
-        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+        # One OpenMP thread unless a service sets its own count (the trainer and the CPU rollout
+        # engine do: common/cpu_threads.py), and idle threads sleep rather than spin.
+        self.env = {
+            **PASSIVE_WAIT_ENV,
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
         self.wait_serving = wait_serving
         self.startup_timeout = startup_timeout
         self.client_config = client_config

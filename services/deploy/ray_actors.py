@@ -97,7 +97,9 @@ class ServiceHost:
         if self.proc is not None:
             raise RuntimeError(f"{self.name}: a process was already started (pid {self.proc.pid})")
         self._log = open(self.log_path, "w")
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+        # Idle OpenMP threads sleep (rollway.common.cpu_threads.PASSIVE_WAIT_ENV; this module
+        # imports nothing of rollway's).
+        full_env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "PYTHONUNBUFFERED": "1", **env}
         full_env.setdefault("OMP_NUM_THREADS", "1")
         self.proc = subprocess.Popen(
             cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, preexec_fn=_die_with_parent

@@ -77,6 +77,7 @@ class RolloutConfig:
     hf_checkpoint: str = shared_settings.hf_checkpoint()
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = shared_settings.dtype()
     device: str = setting("auto", "hf engine: torch device (auto: cuda if available, else cpu)")
+    cpu_threads: int = shared_settings.cpu_threads()
     attn_implementation: Literal["eager", "sdpa"] = shared_settings.attn_implementation()
     hf_batching: Literal["continuous", "static"] = setting(
         "continuous",
@@ -182,6 +183,8 @@ class RolloutConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(name, f"must be positive (got {value})")
+        if self.cpu_threads < 0:
+            raise ConfigError("cpu_threads", f"must be >= 0 (got {self.cpu_threads})")
         if self.rollout_temperature < 0:
             raise ConfigError("rollout_temperature", f"must be >= 0 (got {self.rollout_temperature})")
         if not 0 < self.rollout_top_p <= 1:

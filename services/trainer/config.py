@@ -39,6 +39,7 @@ class TrainerConfig:
         1, "number of trainer ranks (processes); rank 0 serves gRPC and spawns the rest"
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = shared_settings.dtype()
+    cpu_threads: int = shared_settings.cpu_threads()
     fsdp_cpu_offload: bool = setting(False, "keep FSDP2 parameter shards, gradients and optimizer on CPU")
     gradient_checkpointing: bool = setting(False, "recompute decoder-layer activations in backward")
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = shared_settings.attn_implementation()
@@ -177,7 +178,7 @@ class TrainerConfig:
         if self.distributed_timeout_seconds <= 0:
             raise ConfigError("distributed_timeout_seconds", "must be positive")
         _positive(self, "max_tokens_per_gpu", "pad_to_multiple", "log_probs_chunk_size")
-        _non_negative(self, "micro_batch_size")
+        _non_negative(self, "micro_batch_size", "cpu_threads")
         _positive(self, "num_steps_per_rollout")
         _non_negative(self, "lr", "min_lr", "weight_decay", "adam_eps", "clip_grad")
         _non_negative(self, "lr_warmup_iters", "lr_decay_iters")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from rollway.common.config import from_dict
+from rollway.common.cpu_threads import apply_cpu_threads
 from rollway.trainer import checkpoint, export, lora, weight_send
 from rollway.trainer.attention import SHARED_PREFIX_KERNELS, model_inputs
 from rollway.trainer.config import TrainerConfig
@@ -71,6 +73,11 @@ class TrainerEngine:
     def __init__(self, config: TrainerConfig, info: RankInfo):
         self.config = config
         self.info = info
+        if info.device.type == "cpu":
+            # The ranks share the machine's cores (torchrun's LOCAL_WORLD_SIZE where a launcher
+            # says how many ranks a machine holds; else all of them, as when rank 0 spawns them).
+            sharers = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
+            apply_cpu_threads(config.cpu_threads, sharers)
         loaded = load_model(config, info.rank)
         self.hf_config = loaded.hf_config
         if config.lora_rank:

@@ -15,13 +15,13 @@ rather than by its pid, and the launcher watches the worker processes.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
 import time
 
 from rollway.common.config import to_dict
+from rollway.common.cpu_threads import PASSIVE_WAIT_ENV
 from rollway.common.log import get_logger
 from rollway.common.parent_watch import child_env
 from rollway.trainer.config import TrainerConfig
@@ -53,7 +53,7 @@ class WorkerRanks:
                 "WORLD_SIZE": str(config.world_size),
                 "MASTER_ADDR": master_addr,
                 "MASTER_PORT": str(master_port),
-                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                **PASSIVE_WAIT_ENV,  # the engine sets the rank's threads (common/cpu_threads.py)
                 CONFIG_ENV: json.dumps(to_dict(config)),
             }
             self.procs[rank] = subprocess.Popen([sys.executable, "-m", "rollway.trainer.worker"], env=env)

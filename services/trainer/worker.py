@@ -12,7 +12,6 @@ import os
 import signal
 import traceback
 
-import torch
 import torch.distributed as dist
 
 from rollway.common.config import from_dict
@@ -27,7 +26,6 @@ from rollway.trainer.ranks import CONFIG_ENV
 
 def main() -> int:
     watch_parent(lambda _rank0_pid: os._exit(1), death_signal=signal.SIGKILL)  # no orphan rank
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     config = from_dict(TrainerConfig, json.loads(os.environ[CONFIG_ENV]))
     configure_logging("trainer", "json")

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig
 
+from rollway.common.cpu_threads import apply_cpu_threads
 from rollway.common.log import get_logger
 from rollway.common.weights_checksum import dtype_from_name, weights_checksum
 from rollway.rollout.config import RolloutConfig
@@ -49,6 +50,8 @@ class HFEngine(Engine):
         super().__init__()
         self.config = config
         self.device = resolve_device(config.device)
+        if self.device.type == "cpu":
+            apply_cpu_threads(config.cpu_threads)
         self.dtype = dtype_from_name(config.dtype)
         self._batcher: Batcher | None = None
         self._info: ModelInfo | None = None
