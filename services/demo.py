@@ -157,7 +157,9 @@ def service_flags(addresses: dict[str, list[str]]) -> list[str]:
     return [flag for name, found in addresses.items() for flag in (f"--{name}-addr", *found)]
 
 
-def _sft_then_grpo(args, workdir: Path, model_dir: Path, data_dir: Path, attach: list[str], start: float) -> int:
+def _sft_then_grpo(
+    args, workdir: Path, model_dir: Path, data_dir: Path, attach: list[str], start: float
+) -> int:
     sft_steps, dev_accuracies = 0, []
     while True:
         sft_steps = args.sft_steps if args.sft_steps is not None else sft_steps + SFT_CHUNK
