@@ -4,7 +4,7 @@
     for each repeat:  rollway SFT | TRL SFT | rollway GRPO | TRL GRPO      (interleaved A B A B)
     medians of the per-run medians -> bench/results/vs_trl.json
 
-Workloads (issue #18): SFT, batch 64, lr 3e-3; GRPO, 16 prompts x 8 samples, at most 8 new
+Workloads (issue #18): SFT, batch 64, lr 3e-3; GRPO, lr 1e-4, 16 prompts x 8 samples, at most 8 new
 tokens, one optimizer step per rollout. rollway runs as a user runs it (`rollway run CONFIG`,
 four local services); its figures come from the run's metrics.jsonl (perf/step_time, the
 coordinator's wall time of a step, gRPC included). TRL runs in its own virtualenv (created here,
@@ -72,8 +72,12 @@ def rollway_configs(
 
     sft = sft_config(workdir, model, data, sft_steps, seed=0)
     grpo = grpo_config(workdir, model, data, grpo_steps, seed=0)
+    # The optimizer schedule of trl_runner.py (the demo's own may differ): a constant lr.
+    sft["lr"], grpo["lr"] = 3e-3, 1e-4
     for config in (sft, grpo):
         for key in ("save", "save_hf", "eval_prompt_data", "eval_interval"):
+            config.pop(key, None)
+        for key in ("lr_warmup_iters", "lr_decay_style", "lr_decay_iters"):
             config.pop(key, None)
         # Nothing about batching: the defaults (dynamic batch size, token budget) are what is measured.
         config.pop("use_dynamic_batch_size", None)

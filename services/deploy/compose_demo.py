@@ -124,8 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("step", choices=("prepare", "publish-sft", "summarize"))
     parser.add_argument("workdir", help="the demo directory on the shared volume")
-    parser.add_argument("--sft-steps", type=int, default=500, help="SFT optimizer steps (prepare)")
-    parser.add_argument("--rl-steps", type=int, default=120, help="GRPO rollouts (prepare)")
+    parser.add_argument("--sft-steps", type=int, default=250, help="SFT optimizer steps (prepare)")
+    parser.add_argument("--rl-steps", type=int, default=160, help="GRPO rollouts (prepare)")
     parser.add_argument("--seed", type=int, default=0, help="seed of model, data and sampling (prepare)")
     parser.add_argument(
         "--demo-id", default="", help="names the runs sft-ID and grpo-ID (prepare; default: a new time stamp)"

@@ -37,24 +37,25 @@ def test_readme_states_the_shipped_settings(tmp_path, tiny_model_dir):
     sft, grpo = _configs(tmp_path, tiny_model_dir)
     section = " ".join(_demo_section().split())
     stated = re.search(
-        r"SFT \((\d+) conversations a step, lr ([0-9.e-]+), in chunks of (\d+) steps until the greedy "
-        r"accuracy on (\d+) dev sums first reaches ([0-9.]+), at most (\d+) steps\)",
+        r"SFT \((\d+) conversations a step, lr ([0-9.e-]+) after (\d+) warmup steps, in chunks of (\d+) "
+        r"steps until the greedy accuracy on (\d+) dev sums first reaches ([0-9.]+), at most (\d+) steps\)",
         section,
     )
     assert stated, "README's demo section no longer states the SFT settings"
-    assert (int(stated[1]), float(stated[2]), int(stated[3])) == (
+    assert (int(stated[1]), float(stated[2]), int(stated[3]), int(stated[4])) == (
         sft["global_batch_size"],
         sft["lr"],
+        sft["lr_warmup_iters"],
         demo.SFT_CHUNK,
     )
-    assert (int(stated[4]), float(stated[5]), int(stated[6])) == (
+    assert (int(stated[5]), float(stated[6]), int(stated[7])) == (
         DEV_ROWS,
         demo.SFT_STOP_DEV_ACCURACY,
         demo.SFT_MAX_STEPS,
     )
     stated = re.search(
         r"GRPO \((\d+) rollouts of (\d+) prompts x (\d+) samples, lr ([0-9.e-]+), Adam beta2 ([0-9.]+), "
-        r"temperature ([0-9.]+), reward (\w+)\)",
+        r"temperature ([0-9.]+), reward (\w+); the lr decays to 0 by a (\w+) over the run\)",
         section,
     )
     assert stated, "README's demo section no longer states the GRPO settings"
@@ -66,7 +67,9 @@ def test_readme_states_the_shipped_settings(tmp_path, tiny_model_dir):
         stated[5],
         stated[6],
         grpo["rm_type"],
+        grpo["lr_decay_style"],
     )
+    assert grpo["lr_decay_iters"] == grpo["num_rollout"] and "min_lr" not in grpo  # to 0 at the end
     assert (float(stated[4]), float(stated[5]), float(stated[6])) == (
         grpo["lr"],
         grpo["adam_beta2"],
