@@ -1,10 +1,11 @@
 """CPU seconds of one trainer step on demo-like batches: a steady figure on a busy machine.
 
-    PYTHONPATH=.pp python -m bench.trainer_step_cpu [--preset small] [--steps 8]
+    PYTHONPATH=.pp python -m bench.trainer_step_cpu [--preset small] [--steps 8] [--cpu-threads N]
 
-One gloo rank, one thread, the engine exactly as the service builds it (default settings: packed
-rows by token budget, prefix sharing). Batches like the demo's: GRPO, 16 rl.parquet prompts x 8
-responses of 1-7 digits + <|im_end|>; SFT, 64 sft.parquet conversations. Prints, per workload,
+One gloo rank, the engine exactly as the service builds it (default settings: packed rows by token
+budget, prefix sharing; threads: --cpu-threads, 0 being the trainer's default, the usable cores).
+Batches like the demo's: GRPO, 16 rl.parquet prompts x 8 responses of 1-7 digits + <|im_end|>;
+SFT, 64 sft.parquet conversations. Prints, per workload,
 the medians of CPU time (time.process_time: what the step computes, whatever else runs on the
 machine), wall time and the perf/* breakdown. Run it on two checkouts to compare them.
 """
@@ -19,7 +20,6 @@ import tempfile
 import time
 
 import pyarrow.parquet as pq
-import torch
 import torch.distributed as dist
 from transformers import AutoTokenizer
 
@@ -62,8 +62,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tiny", choices=["tiny", "small"])
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=0,
+        help="the trainer's cpu_threads (0: its default, the usable cores)",
+    )
     args = parser.parse_args()
-    torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="trainer-step-cpu-")
     model = make_tiny_model(os.path.join(tmp, "model"), seed=0, preset=args.preset)
     data = make_demo_data(os.path.join(tmp, "data"), seed=0)
@@ -72,7 +77,13 @@ def main() -> None:
     for name, loss_type in (("grpo", "policy_loss"), ("sft", "sft_loss")):
         items = batches[name]
         config = from_dict(
-            TrainerConfig, {"hf_checkpoint": str(model), "dtype": "float32", "loss_type": loss_type}
+            TrainerConfig,
+            {
+                "hf_checkpoint": str(model),
+                "dtype": "float32",
+                "loss_type": loss_type,
+                "cpu_threads": args.cpu_threads,
+            },
         )
         engine = TrainerEngine(config, info)
         engine.init(to_dict(config))
