@@ -30,6 +30,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rollway import demo as demo_module
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "deploy" / "docker-compose.yml"
 SCHEMA_FILE = ROOT / "deploy" / "schema" / "compose-spec.json"
@@ -532,7 +534,12 @@ def check_demo(demo: Path, outputs: dict[str, str]) -> dict[str, Path]:
 
     sft = read_metrics(runs["sft"])
     assert [r["step"] for r in sft] == list(range(12))
-    assert sft[-1]["sft/loss"] < 0.5 * sft[0]["sft/loss"]
+    # The demo's SFT settings: 12 steps into its linear warmup, and the loss already falls.
+    warmup = demo_module.SFT_WARMUP_STEPS
+    assert [r["sft/lr"] for r in sft] == pytest.approx(
+        [demo_module.SFT_LR * (s + 1) / warmup for s in range(12)]
+    )
+    assert sft[-1]["sft/loss"] < 0.9 * sft[0]["sft/loss"]
     # GRPO started from the SFT export: the services read it through the link publish-sft made.
     assert (demo / "sft-model").resolve() == Path(
         json.loads((runs["sft"] / "result.json").read_text())["hf_export_dir"]
