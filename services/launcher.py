@@ -87,11 +87,25 @@ def plan(configs: dict[str, object]) -> str:
         f"optimizer steps/rollout  {steps_per_rollout}",
         f"trainer ranks            {t.world_size} ({per_rank} samples per rank per step)",
         *micro_batch_lines(configs, per_rank),
+        cpu_threads_line(configs),
         f"rollouts                 {c.num_rollout or 'until the data is exhausted'}",
     ]
     if c.num_rollout:
         lines.append(f"optimizer steps total    {c.num_rollout * steps_per_rollout}")
     return "\n".join(lines)
+
+
+def cpu_threads_line(configs: dict[str, object]) -> str:
+    """The torch threads of the services that compute, on CPU on this machine (common/cpu_threads.py)."""
+    from rollway.common.cpu_threads import resolve_cpu_threads, usable_cores
+
+    t, r = configs["trainer"], configs["rollout"]
+    trainer = resolve_cpu_threads(t.cpu_threads, t.world_size)
+    rollout = resolve_cpu_threads(r.cpu_threads)
+    return (
+        f"CPU threads              {trainer} per trainer rank, {rollout} for the CPU rollout engine "
+        f"(on CPU here: {usable_cores()} usable cores)"
+    )
 
 
 def micro_batch_lines(configs: dict[str, object], per_rank: int) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -32,6 +33,16 @@ def test_plan_prints_the_batch_arithmetic(tmp_path):
     assert lines["trainer ranks"] == "2 (16 samples per rank per step)"
     assert lines["micro-batches"] == "4 per rank of 4 samples (packed rows)"
     assert lines["optimizer steps total"] == "40"
+    # The two ranks share this machine's cores (common/cpu_threads.py); the rollout engine has them all.
+    cores = len(os.sched_getaffinity(0))
+    assert lines["CPU threads"] == (
+        f"{max(1, cores // 2)} per trainer rank, {cores} for the CPU rollout engine (on CPU here: {cores} usable cores)"
+    )
+    config.write_text(config.read_text() + "cpu_threads: 3\n")
+    lines = {
+        line[:25].strip(): line[25:].strip() for line in rollway("plan", str(config)).stdout.splitlines()
+    }
+    assert lines["CPU threads"].startswith("3 per trainer rank, 3 for the CPU rollout engine")
 
 
 def test_plan_defaults_to_micro_batches_by_token_budget_and_shows_their_layout(tmp_path):
