@@ -7,8 +7,8 @@
 Both runs go through `rollway run` with config files written to DEMO_DIR/configs/, so each
 step can be rerun or changed by hand. The demo starts the trainer, rollout and dataloader services
 once and every run attaches to them (`--trainer-addr ...`): the services are reused run after
-run, so an SFT chunk costs its steps, not a start-up. The summary holds accuracy_before_rl, accuracy_after_rl,
-rl_steps, sft_steps, sft_dev_accuracy (per chunk) and wall_seconds.
+run, so an SFT chunk costs its steps, not a start-up. The summary holds accuracy_before_rl,
+accuracy_after_rl, rl_steps, sft_steps, sft_dev_accuracy (per chunk) and wall_seconds.
 
 Why these settings (tuned with bench/bench_demo.py; figures in README, "The demo"): the reward is
 exact match (1 for the right sum, else 0) and evaluation is greedy on 200 held-out sums. The tiny
