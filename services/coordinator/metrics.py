@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -135,18 +136,30 @@ def _number(value: float) -> str:
 
 
 class ProgressLine:
-    """One console line per step: step, reward, the losses (pg_loss, ... for RL), time per step, ETA."""
+    """One console line per step: step, reward, the losses (pg_loss, ... for RL), time per step, ETA.
+
+    Time per step is the mean `perf/step_time` of the last STEP_TIME_WINDOW steps (the run's own
+    wall time of a step): counting records against the clock undercounts it, since a step may send
+    several records and a resumed run's stream replays its earlier steps at once. Records without it
+    (evaluations) keep the last figure; a run that sends none is timed by the clock over its steps."""
+
+    STEP_TIME_WINDOW = 20
 
     def __init__(self, total_steps: int, stream=None):
         self.total = total_steps
         self.stream = stream or sys.stdout
         self.started = time.monotonic()
-        self.done = 0
+        self.steps: set[int] = set()
+        self.step_times: deque[float] = deque(maxlen=self.STEP_TIME_WINDOW)
 
     def update(self, step: int, metrics: dict[str, float]) -> str:
-        self.done += 1
-        elapsed = time.monotonic() - self.started
-        per_step = elapsed / self.done
+        self.steps.add(step)
+        if metrics.get("perf/step_time"):
+            self.step_times.append(metrics["perf/step_time"])
+        if self.step_times:
+            per_step = sum(self.step_times) / len(self.step_times)
+        else:
+            per_step = (time.monotonic() - self.started) / len(self.steps)
         remaining = max(self.total - step, 0) * per_step
         # A record past the last step is the final evaluation.
         parts = [f"step {step}/{self.total}" if not self.total or step <= self.total else "final"]
@@ -155,7 +168,7 @@ class ProgressLine:
             if key in metrics and label not in shown:
                 shown.add(label)
                 parts.append(f"{label} {_number(metrics[key])}")
-        parts += [f"{per_step:.1f} s/step", f"ETA {_hms(remaining)}"]
+        parts += [f"{per_step:.2f} s/step", f"ETA {_hms(remaining)}"]
         line = " | ".join(parts)
         print(line, file=self.stream, flush=True)
         return line

@@ -34,6 +34,19 @@ def test_progress_line():
     assert "ETA" in out.getvalue()
 
 
+def test_time_per_step_is_the_runs_own_step_time_not_records_over_the_clock():
+    """A resumed run's stream replays its earlier steps at once and a step may send several records:
+    the line shows the steps' own wall time (perf/step_time), and evaluations keep the last figure."""
+    progress = ProgressLine(300, stream=io.StringIO())
+    for step in range(1, 201):  # the replayed history of a resumed run, received within milliseconds
+        progress.update(step, {"sft/loss": 1.0, "perf/step_time": 0.25})
+        line = progress.update(step, {"eval/accuracy": 0.5})  # a second record of the same step
+    assert "| 0.25 s/step | ETA 0:00:25" in line  # 100 steps left at 0.25 s
+    for step in range(201, 221):  # the window follows the live steps
+        line = progress.update(step, {"sft/loss": 1.0, "perf/step_time": 0.5})
+    assert "| 0.50 s/step | ETA 0:00:40" in line
+
+
 def test_the_rl_progress_line_shows_the_loss_terms_not_a_zero_total():
     metrics = {
         "rollout/raw_reward": 0.5,
