@@ -37,7 +37,9 @@ class CoordinatorConfig:
     n_samples_per_prompt: int = shared_settings.n_samples_per_prompt()
     global_batch_size: int = setting(8, "samples per optimizer step")
     over_sampling_batch_size: int = setting(
-        0, "prompts requested per refill when dynamic sampling drops groups"
+        0,
+        "prompts requested per refill when dynamic sampling drops groups: at least rollout_batch_size, "
+        "as in Miles (0: the missing groups' prompts only)",
     )
     dynamic_sampling_filter_path: str = setting(
         "", "group filter, e.g. check_reward_nonzero_std (drop zero-std groups)"
@@ -176,6 +178,13 @@ class CoordinatorConfig:
                 raise ConfigError(name, f"must be positive (got {getattr(self, name)})")
         if self.num_rollout < 0:
             raise ConfigError("num_rollout", "must not be negative")
+        # Miles asserts the same; below it, a refill would have to ask for more than the setting says.
+        if 0 < self.over_sampling_batch_size < self.rollout_batch_size or self.over_sampling_batch_size < 0:
+            raise ConfigError(
+                "over_sampling_batch_size",
+                f"must be 0 (the missing prompts) or at least rollout_batch_size = {self.rollout_batch_size} "
+                f"(got {self.over_sampling_batch_size})",
+            )
         if self.samples_per_rollout % self.global_batch_size:
             raise ConfigError(
                 "global_batch_size",

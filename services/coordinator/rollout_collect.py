@@ -130,7 +130,7 @@ def collect_rollout(
         if missing <= 0:  # the continued groups filled the batch
             break
         batch = services.next_batch(
-            missing if attempt == 0 else max(c.over_sampling_batch_size, missing), state.next_batch_id
+            missing if attempt == 0 else (c.over_sampling_batch_size or missing), state.next_batch_id
         )
         state.next_batch_id += 1
         if not batch.items:

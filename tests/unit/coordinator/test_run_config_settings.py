@@ -56,3 +56,15 @@ def test_a_num_steps_per_rollout_the_batch_arithmetic_contradicts_is_refused(mod
 def test_the_rollout_process_settings_are_refused_naming_the_service_flag(model_dir, name, flag):
     problem = problems(grpo(model_dir, global_batch_size=16, **{name: 2}))[name]
     assert "rollout service process" in problem and flag in problem
+
+
+def test_an_over_sampling_batch_below_the_rollout_batch_is_refused_not_raised(model_dir):
+    """Miles asserts over_sampling_batch_size >= rollout_batch_size; rollway used to raise a smaller
+    value silently on each refill. 0 (unset) asks for the missing prompts only."""
+    problem = problems(grpo(model_dir, global_batch_size=16, over_sampling_batch_size=2))[
+        "over_sampling_batch_size"
+    ]
+    assert "at least rollout_batch_size = 4" in problem and "got 2" in problem
+    for kept in (0, 4, 6):
+        run = parse_run_config(grpo(model_dir, global_batch_size=16, over_sampling_batch_size=kept))
+        assert run.coordinator.over_sampling_batch_size == kept
