@@ -39,13 +39,19 @@ def lr_at(step: int, config: TrainerConfig) -> float:
 
 
 def build_optimizer(model: torch.nn.Module, config: TrainerConfig) -> torch.optim.AdamW:
-    """AdamW on every trainable parameter (fp32 master shards)."""
+    """AdamW on every trainable parameter (fp32 master shards).
+
+    foreach: torch picks it by itself only on CUDA; on CPU it is the same arithmetic, bit for bit,
+    in a few multi-tensor kernels instead of ~8 per parameter (tiny model: the optimizer step
+    6.5 -> 3.9 ms). `fused` would be faster still, but rounds differently.
+    """
     return torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
         lr=lr_at(0, config),
         betas=(config.adam_beta1, config.adam_beta2),
         eps=config.adam_eps,
         weight_decay=config.weight_decay,
+        foreach=True,
     )
 
 
@@ -65,7 +71,7 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
     params = [p for p in model.parameters() if p.grad is not None]
     if not params:
         return 0.0
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"), foreach=True)
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
     return float(norm)

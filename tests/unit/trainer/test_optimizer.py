@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -34,3 +35,35 @@ def test_cosine_decay():
     assert lr_at(5, c) == pytest.approx(1.0)
     assert lr_at(3, c) == pytest.approx(1.0 + math.cos(math.pi * 0.3))
     assert lr_at(10, c) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_multi_tensor_adamw_and_clipping_equal_torch_per_parameter_loop_bit_for_bit():
+    import torch
+
+    from rollway.trainer.optimizer import build_optimizer, clip_grad_norm
+
+    torch.manual_seed(0)
+    ours = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    reference = copy.deepcopy(ours)
+    initial = copy.deepcopy(ours)
+    settings = config(lr=1e-2, weight_decay=0.1, clip_grad=0.5)
+    optimizer = build_optimizer(ours, settings)
+    loop = torch.optim.AdamW(
+        reference.parameters(), lr=1e-2, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.1, foreach=False
+    )
+    for group in optimizer.param_groups:  # the same hyper-parameters as the reference's
+        group.update(betas=(0.9, 0.98), eps=1e-8)
+    for step in range(4):
+        x = torch.randn(64, 16, generator=torch.Generator().manual_seed(step))
+        for model in (ours, reference):
+            model(x).pow(2).sum().backward()
+        norm = clip_grad_norm(ours, 0.5)
+        reference_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5, foreach=False)
+        assert norm == float(reference_norm) and norm > 0.5  # clipping is in play
+        optimizer.step()
+        loop.step()
+        optimizer.zero_grad()
+        loop.zero_grad()
+    for mine, theirs in zip(ours.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(mine, theirs)
+    assert not torch.equal(ours[0].weight, initial[0].weight)  # it trained
