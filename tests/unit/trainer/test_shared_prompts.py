@@ -9,6 +9,7 @@ FSDP2 (one gloo rank).
 
 from __future__ import annotations
 
+import math
 import random
 from types import SimpleNamespace
 
@@ -19,7 +20,15 @@ from unit.trainer.rl_harness import make_config, new_engine, run_scenarios, step
 from unit.trainer.rl_scenarios import log_probs
 
 from rollway.common.config import from_dict
-from rollway.trainer.attention import hf_attn_implementation, model_inputs
+from rollway.trainer.attention import (
+    BLOCK_COST_RATIO,
+    LAYOUT_KWARG,
+    AttentionSequence,
+    TreeBlock,
+    hf_attn_implementation,
+    model_inputs,
+    row_units,
+)
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.engine import TrainerEngine, accepts_logits_to_keep
 from rollway.trainer.micro_batch import SequenceItem, build_micro_batch
@@ -151,6 +160,90 @@ def test_shared_prefix_row_gives_every_response_its_log_probs_alone(tiny_model_d
         for index, _, first, end in mb.spans:
             expected = alone_log_probs(model, items[index])
             torch.testing.assert_close(logp[first:end], expected, atol=2e-5, rtol=1e-5)
+
+
+# sdpa attends a shared prefix tree as gathered sequences, as masked blocks, or as chosen per
+# subtree (attention.row_units); the groups' prompts here begin with one template, as chats do.
+SDPA_LAYOUTS = {"gathered": 0.0, "blocks": math.inf, "chosen": BLOCK_COST_RATIO}
+TEMPLATE = [1, 2, 3, 4, 5]
+TEMPLATED = [
+    SequenceItem(i.index, TEMPLATE + i.token_ids, len(TEMPLATE) + i.response_start, i.loss_mask, i.extras)
+    for i in ITEMS
+]
+
+
+def sdpa_response_log_probs(model, items, block_cost_ratio: float, temperature: float = 1.0):
+    """Each response's log-probs from one shared-prefix row, sdpa with the layout pinned."""
+    mb = build_micro_batch(items, packing=True, pad_multiple=16, pad_token_id=0, share_prefixes=True)
+    inputs = model_inputs(mb, "sdpa", torch.float32, torch.device("cpu"), block_cost_ratio)
+    groups = inputs[LAYOUT_KWARG].groups
+    logits = model(**inputs, logits_to_keep=mb.logit_columns).logits
+    logp = torch.log_softmax(logits[0].float() / temperature, -1).gather(-1, mb.target_ids[0, :, None])[:, 0]
+    return {index: logp[first:end] for index, _, first, end in mb.spans}, groups
+
+
+@pytest.mark.parametrize("layout", list(SDPA_LAYOUTS))
+def test_both_sdpa_layouts_of_a_tree_give_the_log_probs_and_gradients_of_each_sample_alone(
+    tiny_model_dir, layout
+):
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation=hf_attn_implementation("sdpa")
+    )
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    values, groups = sdpa_response_log_probs(model, TEMPLATED, SDPA_LAYOUTS[layout], TEMPERATURE)
+    # gathered: a sequence per tree segment; blocks: the row's one tree, and the padding;
+    # chosen: the template a sequence, each group a block below it (the template its prefix)
+    expected_units = {"gathered": range(13, 100), "blocks": [2], "chosen": range(3, 9)}[layout]
+    assert sum(count for count, _ in groups) in expected_units
+    loss = expected_loss = 0.0
+    for item in TEMPLATED:
+        expected = alone_log_probs(reference, item, TEMPERATURE)
+        torch.testing.assert_close(values[item.index], expected, atol=2e-5, rtol=1e-5)
+        weight = item.extras["advantages"][0]
+        loss = loss + weight * values[item.index].sum()
+        expected_loss = expected_loss + weight * expected.sum()
+    loss.backward()
+    expected_loss.backward()
+    for (name, param), (_, ref) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
+        # a sum of log-probs: gradients up to ~20, float32 rounding ~1e-5 of that
+        torch.testing.assert_close(param.grad, ref.grad, rtol=1e-4, atol=5e-5, msg=name)
+
+
+def test_a_subtree_goes_as_one_block_where_that_costs_less_than_its_sequences():
+    def row(template: int, prompt: int, responses: list[int], prompts: int = 1):
+        """`prompts` prompts under a shared template segment (if any), each with `responses`."""
+        segments, parents = [0] * template, [-1] if template else []
+        for _ in range(prompts):
+            segments += [len(parents)] * prompt
+            parent = len(parents)
+            parents.append(0 if template else -1)
+            for length in responses:
+                segments += [len(parents)] * length
+                parents.append(parent)
+        return torch.tensor([segments + [-1] * 3]), torch.tensor(parents)
+
+    # GRPO-like: (18 + 8 x 8)^2 / 2 against 18^2 + 8 x 26^2: one block, then the padding.
+    short = row_units(*row(0, 18, [8] * 8))
+    assert [type(unit) for unit in short] == [TreeBlock, AttentionSequence]
+    block = short[0]
+    assert block.prefix == () and block.segments[:2] == ((0, 18), (18, 8))
+    assert block.parents == (-1,) + (0,) * 8
+    allowed = block.allowed(84)
+    assert allowed[20, :21].all() and not allowed[20, 21:].any()  # the prompt, itself so far
+    assert not allowed[30, 18:26].any()  # never a sibling
+    assert allowed[26:34, 26:34].equal(torch.ones(8, 8, dtype=torch.bool).tril())
+    assert not allowed[:82, 82:].any() and allowed[83, :84].all()  # padding: unseen, sees up to itself
+    # Long responses: (4 + 8 x 40)^2 / 2 against 4^2 + 8 x 44^2: sequences.
+    long = row_units(*row(0, 4, [40] * 8))
+    assert all(isinstance(unit, AttentionSequence) for unit in long) and len(long) == 10
+    assert len(row_units(*row(0, 18, [8] * 8), block_cost_ratio=0.0)) == 10
+    # Prompts under one chat template: the whole row as a block costs more than the template as a
+    # sequence and each prompt's subtree as a block, whose prefix is the template.
+    templated = row_units(*row(5, 13, [8] * 8, prompts=16))
+    assert [type(unit) for unit in templated] == [AttentionSequence] + [TreeBlock] * 16 + [AttentionSequence]
+    assert templated[1].prefix == ((0, 5),) and len(templated[1]) == 5 + 13 + 64
+    first_response = templated[1].allowed(82)[5 + 13 + 2]
+    assert first_response[: 5 + 13 + 3].all() and not first_response[5 + 13 + 3 :].any()
 
 
 @pytest.mark.slow
