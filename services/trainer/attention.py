@@ -44,13 +44,14 @@ SHARED_PREFIX_KERNELS = ("sdpa", "eager")
 # Samples whose lengths are within this factor of the longest of their group share one SDPA call
 # (bounds the padding slots to ~25% of a group, and the number of calls to a few per row).
 GROUP_LENGTH_RATIO = 1.25
-# A tree goes as one masked block when the block's attention (its length squared) costs at most
-# this many times the gathered sequences' (their lengths squared, summed). The gathered layout
-# also pays per sequence: one more (sample, head) problem in the kernel and copies of the
-# ancestors' keys and values. GRPO groups of short responses win as blocks (tiny model, 16 groups
-# of an 18-token prompt and 8 responses of 8 tokens: attention forward and backward 4.7 -> 1.9 ms
-# per layer, ratio 1.24); long responses under a short prompt do not (8 x 1000 tokens under 100:
-# ratio 6.8).
+# On CPU a subtree goes as one masked block when the block's attention (its length squared) costs
+# less than this many times its gathered sequences' (their lengths squared, summed; row_units).
+# The gathered layout also pays per sequence: one more (sample, head) problem in the kernel and
+# copies of the ancestors' keys and values. GRPO groups of short responses win as blocks (tiny
+# model, 16 groups of an 18-token prompt and 8 responses of 8 tokens: attention forward and
+# backward 4.7 -> 1.9 ms per layer, ratio 1.24); long responses under a short prompt do not
+# (8 x 1000 tokens under 100: ratio 6.8). On CUDA blocks are off (ratio 0): a masked SDPA call
+# leaves the flash kernel, which takes causal masks only, and that trade is not measured here.
 BLOCK_COST_RATIO = 2.0
 
 
@@ -329,10 +330,10 @@ def model_inputs(
     attn_implementation: str,
     dtype: torch.dtype,
     device: torch.device,
-    block_cost_ratio: float = BLOCK_COST_RATIO,
+    block_cost_ratio: float | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments of the model's forward for this micro-batch (`block_cost_ratio`: row_units;
-    tests set it to 0 or inf to pin sdpa's layout of shared prefixes)."""
+    """Keyword arguments of the model's forward for this micro-batch (`block_cost_ratio`: row_units,
+    by default BLOCK_COST_RATIO on CPU and 0 elsewhere; tests set 0 or inf to pin sdpa's layout)."""
     inputs: dict[str, Any] = {
         "input_ids": mb.input_ids.to(device),
         "position_ids": mb.position_ids.to(device),
@@ -346,6 +347,8 @@ def model_inputs(
         zero = torch.zeros((), dtype=dtype, device=device)
         inputs["attention_mask"] = torch.where(allowed, zero, torch.finfo(dtype).min)
     elif attn_implementation == "sdpa":
+        if block_cost_ratio is None:
+            block_cost_ratio = BLOCK_COST_RATIO if device.type == "cpu" else 0.0
         layout = varlen_layout(row_units(mb.segment_ids, mb.segment_parents, block_cost_ratio))
         inputs[LAYOUT_KWARG] = layout.to(device)
     else:
