@@ -41,9 +41,10 @@ def lr_at(step: int, config: TrainerConfig) -> float:
 def build_optimizer(model: torch.nn.Module, config: TrainerConfig) -> torch.optim.AdamW:
     """AdamW on every trainable parameter (fp32 master shards).
 
-    foreach: torch picks it by itself only on CUDA; on CPU it is the same arithmetic, bit for bit,
-    in a few multi-tensor kernels instead of ~8 per parameter (tiny model: the optimizer step
-    6.5 -> 3.9 ms). `fused` would be faster still, but rounds differently.
+    fused: one kernel per parameter for the whole update (what TRL's default `adamw_torch_fused`
+    runs) instead of ~8 elementwise ones. The same formula; it rounds differently from torch's
+    per-parameter loop, within float32 precision (tests/unit/trainer/test_optimizer.py). Tiny
+    model on CPU, the optimizer step: per-parameter loop 6.5 ms, foreach 3.9 ms, fused 2.8 ms.
     """
     return torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
@@ -51,7 +52,7 @@ def build_optimizer(model: torch.nn.Module, config: TrainerConfig) -> torch.opti
         betas=(config.adam_beta1, config.adam_beta2),
         eps=config.adam_eps,
         weight_decay=config.weight_decay,
-        foreach=True,
+        fused=True,
     )
 
 

@@ -37,7 +37,7 @@ def test_cosine_decay():
     assert lr_at(10, c) == pytest.approx(0.0, abs=1e-12)
 
 
-def test_the_multi_tensor_adamw_and_clipping_equal_torch_per_parameter_loop_bit_for_bit():
+def test_the_fused_adamw_and_foreach_clipping_equal_torch_per_parameter_loop():
     import torch
 
     from rollway.trainer.optimizer import build_optimizer, clip_grad_norm
@@ -59,11 +59,12 @@ def test_the_multi_tensor_adamw_and_clipping_equal_torch_per_parameter_loop_bit_
             model(x).pow(2).sum().backward()
         norm = clip_grad_norm(ours, 0.5)
         reference_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5, foreach=False)
-        assert norm == float(reference_norm) and norm > 0.5  # clipping is in play
+        # the same norm (the first step's grads are equal bit for bit); clipping in play
+        assert norm == pytest.approx(float(reference_norm), rel=1e-6) and norm > 0.5
         optimizer.step()
         loop.step()
         optimizer.zero_grad()
         loop.zero_grad()
     for mine, theirs in zip(ours.parameters(), reference.parameters(), strict=True):
-        assert torch.equal(mine, theirs)
+        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-7)  # fused: float32 rounding
     assert not torch.equal(ours[0].weight, initial[0].weight)  # it trained
