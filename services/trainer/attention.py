@@ -15,10 +15,10 @@ that inference; it passes the sample boundaries explicitly:
 - eager gets an explicit block-diagonal causal additive mask built from the segments.
 
 A segment of a shared prefix tree (micro_batch.py) also attends to its ancestor segments. sdpa
-does this one of two ways per tree, whichever costs less (`row_units`): it gathers the ancestors'
-keys and values in front of each segment (the segment's sequence is the sample's tokens up to it,
-as if alone), or it attends the whole tree at once as one masked block (`TreeBlock`: every token
-once, each segment seeing its ancestors whole and itself causally). eager allows the ancestors in
+does this one of two ways per subtree, whichever costs less (`row_units`; blocks on CPU only): it
+gathers the ancestors' keys and values in front of each segment (the segment's sequence is the
+sample's tokens up to it, as if alone), or it attends the subtree at once as one masked block
+(`TreeBlock`: its tokens once, each segment seeing its ancestors whole and itself causally). eager allows the ancestors in
 its mask. flash_attention_2's cu_seq_lens cannot say this, so the engine shares prefixes only with
 sdpa and eager (SHARED_PREFIX_KERNELS).
 
@@ -28,6 +28,7 @@ token only sees earlier real tokens, and padding outputs carry no loss.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -211,7 +212,7 @@ def row_units(
     return units + [seq for k, seq in enumerate(sequences) if ids[k] not in slot]
 
 
-def varlen_layout(units: list[AttentionSequence] | list[AttentionSequence | TreeBlock]) -> VarlenLayout:
+def varlen_layout(units: Sequence[AttentionSequence | TreeBlock]) -> VarlenLayout:
     """The layout of a row's attention units (row_units, or row_sequences: sequences only).
     Sequences and tree blocks form separate groups: causal ones, and masked ones."""
     gather: list[int] = []
