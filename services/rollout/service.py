@@ -208,6 +208,7 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
             acknowledges_weight_updates=self.engine.receives_weights_in_process,
             num_generate_calls_running=self.generate_queue.num_running,
             num_generate_calls_queued=self.generate_queue.num_queued,
+            num_workers_awaiting_weights=self.engine.num_workers_awaiting_weights,
         )
 
 

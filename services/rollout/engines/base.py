@@ -183,6 +183,11 @@ class Engine(ABC):
         return 0
 
     @property
+    def num_workers_awaiting_weights(self) -> int:
+        """Workers restarted since the last weight update; they serve nothing until the next one."""
+        return 0
+
+    @property
     def running(self) -> bool:
         """False once the engine will finish no more samples (stopped, or its loop died)."""
         return True

@@ -9,6 +9,10 @@ Endpoints and bodies follow SGLang's http_server.py and io_struct.py:
   POST /pause_generation {"mode"}, /continue_generation {}, /abort_request {"rid" | "abort_all"}
   GET|POST /flush_cache           -> 200, or 400 while requests are running
   POST /release_memory_occupation, /resume_memory_occupation {"tags"}
+  POST /begin_weight_update {}, /end_weight_update {}  (0.5.21+: a weight-update session; the
+       distributed update is refused with 400 outside one; 404 on servers without sessions)
+  POST /destroy_weights_update_group {"group_name"}  (leave the group: its sender's broadcast fails)
+  GET  /get_model_info            -> {"model_path", "weight_version", ...}
   POST /init_weights_update_group {"master_address", "master_port", "rank_offset", "world_size",
        "group_name", "backend"}, /update_weights_from_distributed {"names", "dtypes", "shapes",
        "group_name", "flush_cache", "weight_version", "load_format"}, /update_weights_from_disk {"model_path",
@@ -140,6 +144,27 @@ class SGLangClient:
         self.post("/resume_memory_occupation", {"tags": tags})
 
     # --- weights ---
+
+    def weight_version(self) -> str:
+        """The version the server says it serves ("default" until its first update)."""
+        reply = self.request("GET", "/get_model_info")
+        return str(reply.get("weight_version", "")) if isinstance(reply, dict) else ""
+
+    def begin_weight_update(self) -> bool:
+        """Open a weight-update session; False when the server has no sessions (404: before 0.5.21)."""
+        try:
+            self.post("/begin_weight_update", {})
+        except SGLangHTTPError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def end_weight_update(self) -> None:
+        self.post("/end_weight_update", {})
+
+    def destroy_weights_update_group(self, group_name: str) -> None:
+        self.post("/destroy_weights_update_group", {"group_name": group_name})
 
     def init_weights_update_group(
         self,

@@ -1,0 +1,7 @@
+"""Import-only: text serving never calls an image transform."""
+
+from torchvision._missing import missing
+
+
+def __getattr__(name):
+    return missing(__name__, name)
