@@ -53,6 +53,8 @@ ENGINE_SETTINGS = frozenset(
         "sglang_log_dir",
         "sglang_enable_memory_saver",
         "sglang_extra_args",
+        "sglang_python",
+        "sglang_env",
         "sglang_startup_timeout",
         "sglang_request_timeout",
         "sglang_health_interval",
@@ -159,6 +161,12 @@ class RolloutConfig:
     sglang_extra_args: list[str] = setting(
         [], "sglang: extra launch_server arguments, e.g. --attention-backend fa3"
     )
+    sglang_python: str = setting(
+        "", "sglang: Python interpreter of launched servers (SGLang's own venv; default: this one)"
+    )
+    sglang_env: list[str] = setting(
+        [], "sglang: KEY=VALUE environment of launched servers, over this process's environment"
+    )
     sglang_startup_timeout: float = setting(900.0, "sglang: seconds a server may take to become healthy")
     sglang_request_timeout: float = setting(3600.0, "sglang: seconds one /generate call may take")
     sglang_health_interval: float = setting(10.0, "sglang: seconds between supervisor health checks")
@@ -210,6 +218,9 @@ class RolloutConfig:
         if self.group_rm and not self.custom_rm_path:
             raise ConfigError("group_rm", "needs --custom-rm-path (the group function)")
         self._validate_environment()
+        for entry in self.sglang_env:
+            if "=" not in entry or not entry.split("=", 1)[0]:
+                raise ConfigError("sglang_env", f"entries are KEY=VALUE (got {entry!r})")
         if self.rollout_engine == "sglang" and not self.sglang_urls:
             if self.rollout_num_gpus % self.rollout_num_gpus_per_engine:
                 raise ConfigError("rollout_num_gpus", "must be a multiple of --rollout-num-gpus-per-engine")

@@ -4,13 +4,21 @@ Each sample is one /generate call (input_ids, sampling_params, return_logprob) s
 thread pool to the least-loaded healthy server; rollout log-probs and tokens come from
 meta_info.output_token_logprobs, the finish reason from meta_info.finish_reason. With
 --sglang-urls the servers are used as they are (health-checked, never restarted); otherwise
-rollout_num_gpus / rollout_num_gpus_per_engine servers are launched and supervised. GPU only.
+rollout_num_gpus / rollout_num_gpus_per_engine servers are launched (with `sglang_python` and
+`sglang_env`, since SGLang usually lives in its own virtualenv) and supervised.
+
+A server that restarts, or that an update failed half-way through, serves weights other than
+the current version: it is held out of generation (`awaiting_weights`) until a whole update
+reaches it; GetInfo reports it so the coordinator rebuilds the group and pushes. A sample whose
+server stops answering is sent again to another server. On GPUs this is the production engine;
+on CPU a real server runs through deploy/sglang-cpu (tests/integration/test_sglang_*.py).
 """
 
 from __future__ import annotations
 
 import tempfile
 import threading
+import time
 import uuid
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -33,9 +41,11 @@ from rollway.rollout.engines.base import (
 )
 from rollway.rollout.engines.hf_weights import eos_token_ids
 from rollway.rollout.engines.sglang_http import SGLangHTTPError, parse_generate_reply, sampling_params_body
-from rollway.rollout.engines.sglang_server import ServerProcess, Supervisor, launch_command
+from rollway.rollout.engines.sglang_server import ServerProcess, Supervisor, launch_command, launch_env
 
 log = get_logger("rollway.rollout.sglang")
+# How often a sample waiting for a servable server looks again.
+SERVER_WAIT_SECONDS = 0.2
 
 
 class SGLangEngine(Engine):
@@ -72,13 +82,13 @@ class SGLangEngine(Engine):
         if config.sglang_urls:
             return [ServerProcess(None, url, None, timeout) for url in config.sglang_urls]
         log_dir = Path(config.sglang_log_dir or tempfile.mkdtemp(prefix="rollway-sglang-"))
+        env = launch_env(config)
         servers = []
         for i in range(config.rollout_num_gpus // config.rollout_num_gpus_per_engine):
             port = config.sglang_port + i
             url = f"http://{config.sglang_host}:{port}"
-            servers.append(
-                ServerProcess(launch_command(config, i, port), url, log_dir / f"server-{i}.log", timeout)
-            )
+            command = launch_command(config, i, port)
+            servers.append(ServerProcess(command, url, log_dir / f"server-{i}.log", timeout, env))
         return servers
 
     @property
@@ -106,14 +116,30 @@ class SGLangEngine(Engine):
         log.info("sglang engine ready", servers=[s.url for s in self.servers])
 
     def _on_restart(self, server: ServerProcess) -> None:
-        # A fresh server serves the checkpoint, not the last pushed weights.
-        log.warning("sglang server restarted; it serves the checkpoint's weights until the next update",
-                    url=server.url, weight_version=self.weight_version)  # fmt: skip
+        # A fresh server serves the checkpoint: with pushed weights, that is the wrong policy.
+        server.has_sessions = None
+        server.weight_version = 0
+        if self.weight_version > 0:
+            server.awaiting_weights = True
+            log.warning("sglang server restarting; it generates again once it has weight version "
+                        f"{self.weight_version}", url=server.url)  # fmt: skip
+
+    @property
+    def num_workers_awaiting_weights(self) -> int:
+        tp = self.config.rollout_num_gpus_per_engine
+        return tp * sum(s.awaiting_weights for s in self.servers)
 
     def describe(self) -> dict[str, Any]:
         return {
             "servers": [
-                {"url": s.url, "healthy": s.healthy, "restarts": s.num_restarts, "restarted": s.restarted}
+                {
+                    "url": s.url,
+                    "healthy": s.healthy,
+                    "restarts": s.num_restarts,
+                    "restarted": s.restarted,
+                    "weight_version": s.weight_version,
+                    "awaiting_weights": s.awaiting_weights,
+                }
                 for s in self.servers
             ]
         }
@@ -145,25 +171,57 @@ class SGLangEngine(Engine):
         with self._lock:
             return sum(max(h.num_pending, 0) for h in self._handles)
 
-    def _pick_server(self) -> ServerProcess:
-        with self._lock:
-            healthy = [s for s in self.servers if s.healthy]
-            if not healthy:
-                raise EngineError("no healthy sglang server", retryable=True)
-            server = min(healthy, key=lambda s: self._load[id(s)])
-            self._load[id(server)] += 1
-            return server
+    def _servable(self) -> list[ServerProcess]:
+        return [s for s in self.servers if s.healthy and not s.awaiting_weights]
+
+    def _pick_server(self, deadline: float) -> ServerProcess:
+        """The least-loaded server that is healthy and has the current weights; waits for one
+        while a restart or a weight push is under way (until `deadline` or the startup timeout)."""
+        while True:
+            with self._lock:
+                servable = self._servable()
+                if servable:
+                    server = min(servable, key=lambda s: self._load[id(s)])
+                    self._load[id(server)] += 1
+                    return server
+                waiting = [s.url for s in self.servers if s.awaiting_weights]
+                # Launched servers are restarted by the supervisor; attached ones come back only
+                # with weights pushed to them (awaiting) or not at all as far as we know.
+                may_return = waiting or any(s.launched and s.num_restarts < self.supervisor.max_restarts
+                                            for s in self.servers)  # fmt: skip
+            if self._stopped or time.monotonic() >= deadline or not may_return:
+                detail = f"; awaiting weights: {waiting}" if waiting else ""
+                raise EngineError(f"no healthy sglang server{detail}", retryable=True)
+            time.sleep(SERVER_WAIT_SECONDS)
 
     def _generate_one(self, request: SampleRequest, handle: BatchHandle) -> None:
-        if handle.aborted:
-            handle.finish(SampleResult(request, finish_reason=FINISH_ABORT))
-            return
+        deadline = time.monotonic() + self.config.sglang_request_timeout
+        server_deadline = time.monotonic() + self.config.sglang_startup_timeout
+        last_error = ""
+        while True:
+            if handle.aborted:
+                handle.finish(SampleResult(request, finish_reason=FINISH_ABORT))
+                return
+            try:
+                server = self._pick_server(min(deadline, server_deadline))
+            except EngineError as exc:
+                error = f"{exc} (last call: {last_error})" if last_error else str(exc)
+                handle.finish(SampleResult(request, error=error, retryable=True))
+                return
+            result, last_error = self._call_generate(request, handle, server, deadline)
+            if result is not None:
+                handle.finish(result)
+                return
+            # The server stopped answering (killed, restarting): the sample goes to another one.
+            server.healthy = False
+            log.warning("sglang server did not answer; sample sent again", url=server.url, error=last_error)
+
+    def _call_generate(
+        self, request: SampleRequest, handle: BatchHandle, server: ServerProcess, deadline: float
+    ) -> tuple[SampleResult | None, str]:
+        """One /generate call: (result, "") or, when the server gave no answer and time is left to
+        try again, (None, the error)."""
         rid = f"rollway-{uuid.uuid4().hex}"
-        try:
-            server = self._pick_server()
-        except EngineError as exc:
-            handle.finish(SampleResult(request, error=str(exc), retryable=True))
-            return
         with self._lock:
             self._in_flight[rid] = (handle, server)
         try:
@@ -171,16 +229,17 @@ class SGLangEngine(Engine):
                 list(request.prompt_token_ids),
                 sampling_params_body(request.params),
                 rid,
-                self.config.sglang_request_timeout,
+                max(deadline - time.monotonic(), 1.0),
             )
-            result = parse_generate_reply(request, reply, self.weight_version)
+            return parse_generate_reply(request, reply, server.weight_version or self.weight_version), ""
         except SGLangHTTPError as exc:
-            result = SampleResult(request, error=str(exc), retryable=exc.status == 0)
+            if exc.status == 0 and time.monotonic() < deadline and not self._stopped:
+                return None, str(exc)
+            return SampleResult(request, error=str(exc), retryable=exc.status == 0), ""
         finally:
             with self._lock:
                 self._in_flight.pop(rid, None)
                 self._load[id(server)] -= 1
-        handle.finish(result)
 
     def _abort_where(self, handle: BatchHandle | None) -> int:
         """Mark batches aborted (unsent samples end without a call), abort their in-flight calls."""
@@ -242,11 +301,14 @@ class SGLangEngine(Engine):
     def flush_cache(self) -> None:
         self._each_server(lambda s: s.client.flush_cache())
 
-    def _each_server_at_once(self, call) -> None:
+    def _each_server_at_once(self, call, servers: list[ServerProcess] | None = None) -> None:
         """`call(server)` on every server concurrently: weight collectives need every rank inside at
         the same time (a loop over servers would block in the first server's broadcast)."""
-        with ThreadPoolExecutor(len(self.servers)) as pool:
-            futures = [pool.submit(call, server) for server in self.servers]
+        servers = self.servers if servers is None else servers
+        if not servers:
+            return
+        with ThreadPoolExecutor(len(servers)) as pool:
+            futures = [pool.submit(call, server) for server in servers]
         errors = []
         for future in futures:
             try:
@@ -255,6 +317,15 @@ class SGLangEngine(Engine):
                 errors.append(str(exc))
         if errors:
             raise EngineError("; ".join(errors), retryable=any("no answer" in e for e in errors))
+
+    def _wait_until_up(self) -> None:
+        """Every launched server that is restarting must be up before a group forms: it is a member."""
+        deadline = time.monotonic() + self.config.sglang_startup_timeout
+        while not all(s.healthy or not s.launched for s in self.servers):
+            if self._stopped or time.monotonic() >= deadline:
+                down = [s.url for s in self.servers if not s.healthy]
+                raise EngineError(f"sglang server(s) {down} not healthy", retryable=True)
+            time.sleep(SERVER_WAIT_SECONDS)
 
     def init_weights_update_group(
         self,
@@ -265,10 +336,34 @@ class SGLangEngine(Engine):
         group_name: str,
         backend: str,
     ) -> None:
+        self._wait_until_up()
         tp = self.config.rollout_num_gpus_per_engine
         offsets = {id(s): rank_offset + i * tp for i, s in enumerate(self.servers)}
         self._each_server_at_once(lambda s: s.client.init_weights_update_group(
             master_address, master_port, offsets[id(s)], world_size, group_name, backend))  # fmt: skip
+
+    def begin_weight_update(self, group_name: str) -> None:
+        """Open a weight-update session on every server at once (SGLang 0.5.21+ refuses a
+        distributed update outside one; a server answering 404 has no sessions).
+
+        A refusal closes the sessions this call opened and makes every server leave the group,
+        so the trainer's broadcast fails at once instead of waiting for the group timeout."""
+        opened: list[ServerProcess] = []
+        lock = threading.Lock()
+
+        def begin(server: ServerProcess) -> None:
+            server.has_sessions = server.client.begin_weight_update()
+            server.buckets_loaded = 0
+            if server.has_sessions:
+                with lock:
+                    opened.append(server)
+
+        try:
+            self._each_server_at_once(begin)
+        except EngineError as exc:
+            self._close_sessions(opened)
+            self._leave_group(group_name)
+            raise EngineError(f"weight update refused: {exc}", retryable=exc.retryable) from None
 
     def update_weights_from_distributed(
         self,
@@ -279,14 +374,74 @@ class SGLangEngine(Engine):
         weight_version: int,
         load_format: str | None = None,
     ) -> None:
-        self._each_server_at_once(
-            lambda s: s.client.update_weights_from_distributed(
-                names, dtypes, shapes, group_name, weight_version, load_format=load_format
-            )
-        )
+        """One bucket, every server at once. A server refusing it leaves the group right away, so
+        the trainer's broadcast fails at once (a refused server never joins it)."""
+
+        def update(server: ServerProcess) -> None:
+            try:
+                server.client.update_weights_from_distributed(
+                    names, dtypes, shapes, group_name, weight_version, load_format=load_format
+                )
+            except SGLangHTTPError as exc:
+                if exc.status != 0:
+                    self._leave_group(group_name, [server])
+                raise
+            server.buckets_loaded += 1
+
+        self._each_server_at_once(update)
+
+    def end_weight_update(self, weight_version: int | None) -> None:
+        """Close every open session; `weight_version` None: the update failed. A server that
+        loaded part of a failed update serves a mix of versions: it generates nothing until a
+        whole update reaches it."""
+        self._close_sessions([s for s in self.servers if s.has_sessions])
+        for server in self.servers:
+            if weight_version is not None:
+                server.weight_version, server.awaiting_weights = weight_version, False
+            elif server.buckets_loaded:
+                server.awaiting_weights = True
+                log.error("sglang server loaded part of a failed weight update; held out of generation "
+                          "until the next update", url=server.url, buckets_loaded=server.buckets_loaded)  # fmt: skip
+            server.buckets_loaded = 0
+
+    def _close_sessions(self, servers: list[ServerProcess]) -> None:
+        def end(server: ServerProcess) -> None:
+            server.client.end_weight_update()
+
+        try:
+            self._each_server_at_once(end, servers)
+        except EngineError as exc:  # a dead server's session died with it
+            log.warning("closing weight-update sessions failed", error=str(exc))
+
+    def _leave_group(self, group_name: str, servers: list[ServerProcess] | None = None) -> None:
+        def leave(server: ServerProcess) -> None:
+            server.client.destroy_weights_update_group(group_name)
+
+        try:
+            self._each_server_at_once(leave, servers)
+        except EngineError as exc:
+            log.warning("leaving the weight group failed", error=str(exc))
 
     def update_weights_from_disk(self, model_path: str, weight_version: int) -> None:
-        self._each_server_at_once(lambda s: s.client.update_weights_from_disk(model_path, weight_version))
+        """Every server loads the files (all or nothing per server: SGLang keeps the old weights
+        when a load fails); a server that failed is held out of generation until the next update."""
+        failed: list[ServerProcess] = []
+
+        def load(server: ServerProcess) -> None:
+            try:
+                server.client.update_weights_from_disk(model_path, weight_version)
+            except SGLangHTTPError:
+                failed.append(server)
+                raise
+            server.weight_version, server.awaiting_weights = weight_version, False
+
+        try:
+            self._each_server_at_once(load)
+        except EngineError:
+            if len(failed) < len(self.servers):  # the others now serve the new version
+                for server in failed:
+                    server.awaiting_weights = True
+            raise
 
     def reset_weights(self) -> None:
         # SGLang reloads a Hugging Face directory in place (/update_weights_from_disk).

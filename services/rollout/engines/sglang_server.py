@@ -7,8 +7,9 @@
 
 Each server runs in its own process group (start_new_session) so that stopping it also stops
 the scheduler and detokenizer processes SGLang forks; the group is signalled by the id of the
-process we started. A restarted server serves the checkpoint's weights: it is marked with
-`restarted` so the weights are pushed again.
+process we started. A restarted server serves the checkpoint's weights: `on_restart` runs
+before it is launched again, so the engine can hold it out of generation until the current
+weights are pushed to it (sglang.py).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def launch_command(config, index: int, port: int) -> list[str]:
     """The launch_server command of server `index` (GPUs index*tp .. index*tp+tp-1)."""
     tp = config.rollout_num_gpus_per_engine
     command = [
-        sys.executable, "-m", "sglang.launch_server",
+        config.sglang_python or sys.executable, "-m", "sglang.launch_server",
         "--model-path", config.hf_checkpoint,
         "--tp-size", str(tp),
         "--base-gpu-id", str(index * tp),
@@ -49,19 +50,42 @@ def launch_command(config, index: int, port: int) -> list[str]:
     return command + list(config.sglang_extra_args)
 
 
+def launch_env(config) -> dict[str, str]:
+    """This process's environment with the run's `sglang_env` entries (KEY=VALUE) over it."""
+    env = os.environ.copy()
+    env.update(entry.split("=", 1) for entry in config.sglang_env)
+    return env
+
+
 class ServerProcess:
     """One supervised server: its command, process, log file and HTTP client."""
 
-    def __init__(self, command: list[str] | None, url: str, log_path: Path | None, request_timeout: float):
+    def __init__(
+        self,
+        command: list[str] | None,
+        url: str,
+        log_path: Path | None,
+        request_timeout: float,
+        env: dict[str, str] | None = None,
+    ):
         self.command = command
         self.url = url
         self.log_path = log_path
+        self.env = env
         self.client = SGLangClient(url, request_timeout)
         self.proc: subprocess.Popen | None = None
         self.healthy = False
         self.restarted = False
         self.num_restarts = 0
         self.failed_checks = 0
+        # Weight state, kept by the engine: the version last loaded whole (0: the checkpoint),
+        # whether the server must get the current weights before it generates again (restarted,
+        # or an update failed half-way through it), and whether it has weight-update sessions
+        # (None: not asked yet; SGLang 0.5.21+ has them).
+        self.weight_version = 0
+        self.awaiting_weights = False
+        self.has_sessions: bool | None = None
+        self.buckets_loaded = 0  # buckets of the update in progress that this server loaded
 
     @property
     def launched(self) -> bool:
@@ -76,7 +100,7 @@ class ServerProcess:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env=os.environ.copy(),
+                env=self.env if self.env is not None else os.environ.copy(),
             )
         log.info("sglang server launched", url=self.url, pid=self.proc.pid, log=str(self.log_path))
 
@@ -175,15 +199,14 @@ class Supervisor:
         )
         server.terminate()
         server.num_restarts += 1
+        server.restarted = True
+        if self.on_restart is not None:
+            self.on_restart(server)  # before it can answer: it must not serve the checkpoint's weights
         server.launch()
         try:
             server.wait_healthy(self.startup_timeout)
         except EngineError as exc:
             log.error("sglang server restart failed", url=server.url, error=str(exc)[:500])
-            return
-        server.restarted = True
-        if self.on_restart is not None:
-            self.on_restart(server)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
