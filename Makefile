@@ -6,7 +6,7 @@ STAMP := $(VENV)/.setup-done
 # torch first and pinned: an unpinned torch (or a package asking for a newer one) pulls CUDA builds.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: setup browser run up test test-fast lint format proto proto-check bench clean
+.PHONY: setup browser run up sglang-cpu test test-fast lint format proto proto-check bench clean
 
 setup: $(STAMP) browser
 
@@ -38,7 +38,17 @@ $(COMPOSE_V1)/bin/docker-compose:
 	$(COMPOSE_V1)/bin/pip install -q --no-build-isolation pyyaml==5.4.1 && \
 	$(COMPOSE_V1)/bin/pip install -q docker-compose==1.29.2 docker==6.1.3 requests==2.31.0
 
-test: setup proto-check $(COMPOSE_V1)/bin/docker-compose
+# Real SGLang servers for the tests marked `sglang`, one virtualenv per release the adapter supports
+# (deploy/sglang-cpu/install.sh: CPU torch, SGLang without its CUDA tree, pinned imports), never in
+# .venv. Leading -: without a registry the tests skip naming why (on CI, CI=true, they fail instead).
+SGLANG_CPU_VERSIONS := 0.5.23 0.5.20
+SGLANG_CPU := $(foreach v,$(SGLANG_CPU_VERSIONS),.cache/sglang-$(v)/.installed)
+.cache/sglang-%/.installed: deploy/sglang-cpu/install.sh deploy/sglang-cpu/requirements-%.txt
+	-PYTHON=$(PYTHON) deploy/sglang-cpu/install.sh $* .cache/sglang-$*
+
+sglang-cpu: $(SGLANG_CPU)
+
+test: setup proto-check $(COMPOSE_V1)/bin/docker-compose $(SGLANG_CPU)
 	PATH="$(CURDIR)/$(COMPOSE_V1)/bin:$$PATH" $(PY) -m pytest -q
 
 lint: setup

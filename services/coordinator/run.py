@@ -33,6 +33,7 @@ from rollway.common.v1 import common_pb2
 from rollway.coordinator import debug_data, run_state
 from rollway.coordinator.config import CoordinatorConfig
 from rollway.coordinator.dashboard import rollout_samples
+from rollway.coordinator.engine_healer import EngineHealer
 from rollway.coordinator.evaluation import Evaluator
 from rollway.coordinator.metrics import MetricsSink, ProgressLine
 from rollway.coordinator.prompt_ledger import PromptLedger
@@ -92,6 +93,10 @@ class Run:
         # neither skips nor repeats data.
         self._data_positions: dict[int, tuple[str | None, int, int, list]] = {}
         self._positions_lock = threading.Lock()  # the generate worker records them too
+        # Held while the trainer's weights differ from state.weight_version's (a training step
+        # and its sync) and during any push: the engine healer pushes only between those.
+        self._weights_lock = threading.Lock()
+        self._trainer_ahead = False  # trained since the last push (update_weights_interval > 1)
 
     # --- setup ---
     def total_steps(self) -> int:
@@ -277,6 +282,13 @@ class Run:
         # One worker: rollouts are generated in order (data order, carried partial groups).
         generator = ThreadPoolExecutor(1, thread_name_prefix="generate")
         ahead: dict[int, Future] = {}  # rollouts queued or generated ahead, by id (contiguous)
+        healer = None
+        if self.uses_rollout and self.uses_trainer:
+            # Version 0 tells the healer to wait: the trainer's weights are not a pushed version.
+            healer = EngineHealer(
+                self.services, self.sync_settings, self._healable_version, self._weights_lock
+            )
+            healer.start()
         try:
             for rollout_id in range(self.state.next_rollout_id, self.total_steps()):
                 if self.stop.is_set():
@@ -292,6 +304,8 @@ class Run:
                 self.sink.log(self.total_steps(), final)
                 self.final_metrics.update(final)
         finally:
+            if healer is not None:
+                healer.stop()
             generator.shutdown(wait=True, cancel_futures=True)
 
     def _rl_step(self, rollout_id: int, ahead: dict[int, Future], generator: ThreadPoolExecutor) -> None:
@@ -317,14 +331,21 @@ class Run:
         services = self.services if self.uses_trainer else None  # before training changes the policy:
         rollout_samples.record_step(self.rollout_samples, rollout_id, rollout.samples, services, c)
         if self.uses_trainer:
-            metrics.update(self._train(rollout))
-            if self.uses_rollout and self._due(c.update_weights_interval, rollout_id):
-                # An async generation in flight is paused (WAIT) around the sync, not dropped.
-                metrics.update(self._push_weights())
+            with self._weights_lock:
+                metrics.update(self._train(rollout))
+                self._trainer_ahead = True
+                if self.uses_rollout and self._due(c.update_weights_interval, rollout_id):
+                    # An async generation in flight is paused (WAIT) around the sync, not dropped.
+                    metrics.update(self._push_weights())
+                    self._trainer_ahead = False
         metrics["rollout/weight_version"] = float(self.state.weight_version)
         metrics["perf/step_time"] = time.perf_counter() - step_start
         self._determinism(rollout_id, rollout.samples, metrics)
         self._after_step(rollout_id, metrics, rollout.prompts)
+
+    def _healable_version(self) -> int:
+        """The version the trainer's weights are now, or 0 while they are ahead of every push."""
+        return 0 if self._trainer_ahead else self.state.weight_version
 
     def _queue_ahead(self, rollout_id: int, ahead: dict[int, Future], generator: ThreadPoolExecutor) -> None:
         """Queue rollouts rollout_id+1 .. rollout_id+max_weight_staleness that are admitted now."""

@@ -8,6 +8,10 @@
                         -> each receiver verifies its checksums [and acknowledges] and commits v
                         -> rollout_i.Resume (also after a failure)
 
+    heal_engines(v):    rollout_i.GetInfo: workers awaiting weights (an SGLang server restarted by
+                        its rollout service, or left half-updated) -> rebuild the group -> push v
+                        again without pausing (the other workers already serve v)
+
 The trainer and every receiver must be inside their collectives at the same time, so the calls
 of one phase run concurrently. Versions only move forward; a retry of a committed version is a
 no-op. On a failed transfer the receivers keep their old version; sync_weights then rebuilds the
@@ -146,14 +150,16 @@ def init_weight_group(
     return base
 
 
-def sync_weights(services: Services, weight_version: int, settings: WeightSyncSettings) -> dict[str, float]:
+def sync_weights(
+    services: Services, weight_version: int, settings: WeightSyncSettings, pause: bool = True
+) -> dict[str, float]:
     """Pause, push `weight_version`, verify, commit, resume; perf/weight_sync_* seconds.
 
     A version every engine already serves is a no-op. Raises WeightSyncError when the update
     did not reach every engine after `max_attempts` (each engine then serves its old version)."""
     for attempt in range(1, settings.max_attempts + 1):
         try:
-            return _sync_once(services, weight_version, settings)
+            return _sync_once(services, weight_version, settings, pause)
         except WeightSyncError as exc:
             if not exc.retryable or attempt == settings.max_attempts:
                 raise
@@ -162,7 +168,25 @@ def sync_weights(services: Services, weight_version: int, settings: WeightSyncSe
     raise AssertionError("unreachable")
 
 
-def _sync_once(services: Services, weight_version: int, settings: WeightSyncSettings) -> dict[str, float]:
+def heal_engines(services: Services, weight_version: int, settings: WeightSyncSettings) -> bool:
+    """Give `weight_version` to engine workers that lost it (restarted, or half-updated by a failed
+    update): they generate nothing until then. Rebuilds the group (a restarted server is not in
+    it) and pushes without pausing: every other worker already serves these very weights. True
+    when it pushed."""
+    infos = _rollout_infos(services)
+    awaiting = {i: info.num_workers_awaiting_weights for i, info in enumerate(infos)}
+    awaiting = {i: n for i, n in awaiting.items() if n}
+    if not awaiting or weight_version == 0:
+        return False
+    log.warning("engine workers await the current weights; rebuilding the group",
+                weight_version=weight_version, rollouts=awaiting)  # fmt: skip
+    sync_weights(services, weight_version, settings, pause=False)
+    return True
+
+
+def _sync_once(
+    services: Services, weight_version: int, settings: WeightSyncSettings, pause: bool = True
+) -> dict[str, float]:
     start = time.perf_counter()
     infos = _rollout_infos(services)
     versions = [info.weight_version for info in infos]
@@ -171,12 +195,15 @@ def _sync_once(services: Services, weight_version: int, settings: WeightSyncSett
         raise WeightSyncError(
             f"rollout(s) {ahead} serve versions above {weight_version}: versions only move forward"
         )
-    if versions and all(v == weight_version for v in versions):
+    awaiting = any(info.num_workers_awaiting_weights for info in infos)
+    if versions and all(v == weight_version for v in versions) and not awaiting:
         log.info("weights already synced", weight_version=weight_version)
         return _metrics(None, [], 0.0, time.perf_counter() - start)
+    if awaiting and settings.transport != "disk":
+        init_weight_group(services, settings)  # a restarted worker is in no group yet
     paused = []
     try:
-        for stub in services.rollouts:
+        for stub in services.rollouts if pause else []:
             stub.Pause(
                 rollout_pb2.PauseRequest(mode=rollout_pb2.PAUSE_MODE_WAIT), timeout=settings.timeout_seconds
             )

@@ -32,11 +32,17 @@ log = get_logger("rollway.rollout.sglang")
 MAX_FAILED_CHECKS = 3
 
 
+GUARD = Path(__file__).with_name("sglang_guard.py")
+
+
 def launch_command(config, index: int, port: int) -> list[str]:
-    """The launch_server command of server `index` (GPUs index*tp .. index*tp+tp-1)."""
+    """The launch_server command of server `index` (GPUs index*tp .. index*tp+tp-1), run under
+    sglang_guard.py so that the server ends with this process (see there)."""
     tp = config.rollout_num_gpus_per_engine
+    python = config.sglang_python or sys.executable
     command = [
-        config.sglang_python or sys.executable, "-m", "sglang.launch_server",
+        python, str(GUARD), str(os.getpid()), "--",
+        python, "-m", "sglang.launch_server",
         "--model-path", config.hf_checkpoint,
         "--tp-size", str(tp),
         "--base-gpu-id", str(index * tp),

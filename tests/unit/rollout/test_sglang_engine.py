@@ -19,7 +19,7 @@ from rollway.rollout.engines.sglang_http import (
     parse_generate_reply,
     sampling_params_body,
 )
-from rollway.rollout.engines.sglang_server import ServerProcess, Supervisor, launch_command
+from rollway.rollout.engines.sglang_server import GUARD, ServerProcess, Supervisor, launch_command
 from rollway.rollout.sampling import SamplingParams
 
 
@@ -206,10 +206,14 @@ def test_launch_command_follows_the_config():
         rollout_num_gpus_per_engine=2,
         sglang_enable_memory_saver=True,
         sglang_extra_args=["--attention-backend", "fa3"],
+        sglang_python="/venvs/sglang/bin/python",
         dtype="bfloat16",
     )
     command = launch_command(config, index=1, port=30001)
-    assert command[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    # Under the guard (its launcher's pid, then the server's command), both on SGLang's interpreter.
+    assert command[:4] == ["/venvs/sglang/bin/python", str(GUARD), str(os.getpid()), "--"]
+    command = command[4:]
+    assert command[:3] == ["/venvs/sglang/bin/python", "-m", "sglang.launch_server"]
     args = dict(zip(command[3::2], command[4::2], strict=False))
     assert args["--model-path"] == "/m" and args["--tp-size"] == "2" and args["--base-gpu-id"] == "2"
     assert (

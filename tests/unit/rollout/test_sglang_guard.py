@@ -1,0 +1,85 @@
+"""sglang_guard.py: a launched SGLang server never outlives its rollout service, nor its guard."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from support.processes import alive, wait_all_gone
+
+from rollway.rollout.engines.sglang_server import GUARD
+
+# Stands in for launch_server: writes its pid, then serves forever.
+SERVER = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)"
+# A launcher as the rollout service is one: starts the guard in a new session, then waits.
+LAUNCHER = """
+import os, subprocess, sys, time
+guard = subprocess.Popen([sys.executable, sys.argv[1], str(os.getpid()), "--", *sys.argv[2:]],
+                         start_new_session=True)
+time.sleep(600)
+"""
+
+
+def _wait_for_pid(path, timeout: float = 20.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text():
+            return int(path.read_text())
+        time.sleep(0.05)
+    raise AssertionError(f"no pid in {path}")
+
+
+def _server_command(tmp_path) -> list[str]:
+    return [sys.executable, "-c", SERVER, str(tmp_path / "server.pid")]
+
+
+def test_the_guard_exits_with_the_server_exit_code():
+    guard = subprocess.Popen(
+        [sys.executable, str(GUARD), str(os.getpid()), "--", sys.executable, "-c", "raise SystemExit(3)"]
+    )
+    assert guard.wait(30) == 3
+
+
+def test_a_launcher_killed_with_sigkill_takes_its_server_along(tmp_path):
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(GUARD), *_server_command(tmp_path)])
+    try:
+        server_pid = _wait_for_pid(tmp_path / "server.pid")
+        assert alive(server_pid)
+        launcher.kill()
+        launcher.wait(10)
+        assert wait_all_gone([server_pid], timeout=20) == []
+    finally:
+        launcher.kill()
+
+
+def test_a_guard_killed_with_sigkill_takes_its_server_along(tmp_path):
+    guard = subprocess.Popen(
+        [sys.executable, str(GUARD), str(os.getpid()), "--", *_server_command(tmp_path)],
+        start_new_session=True,
+    )
+    try:
+        server_pid = _wait_for_pid(tmp_path / "server.pid")
+        guard.kill()
+        guard.wait(10)
+        assert wait_all_gone([server_pid], timeout=20) == []
+    finally:
+        if guard.poll() is None:
+            os.killpg(guard.pid, signal.SIGKILL)
+
+
+def test_sigterm_to_the_group_stops_guard_and_server(tmp_path):
+    guard = subprocess.Popen(
+        [sys.executable, str(GUARD), str(os.getpid()), "--", *_server_command(tmp_path)],
+        start_new_session=True,
+    )
+    try:
+        server_pid = _wait_for_pid(tmp_path / "server.pid")
+        os.killpg(guard.pid, signal.SIGTERM)
+        guard.wait(30)
+        assert wait_all_gone([server_pid], timeout=20) == []
+    finally:
+        if guard.poll() is None:
+            os.killpg(guard.pid, signal.SIGKILL)
