@@ -10,10 +10,14 @@ Only ever put on an SGLang server's PYTHONPATH (deploy/sglang-cpu/install.sh), n
 import ctypes
 
 
-def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len):
+def assign_req_to_token_pool_cpu(
+    req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
+):
     """For request i, write its next end-start cache slots from out_cache_loc into its row."""
     position = 0
-    for row, start, end in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist()):
+    for row, start, end in zip(
+        req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist(), strict=True
+    ):
         count = end - start
         req_to_token[row, start:end] = out_cache_loc[position : position + count].to(req_to_token.dtype)
         position += count
@@ -21,8 +25,8 @@ def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, e
 
 def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc):
     """For each layer buffer (a data pointer and its row stride in bytes), copy row src to row tgt."""
-    for pointer, stride in zip(data_ptrs.tolist(), strides.tolist()):
-        for target, source in zip(tgt_loc.tolist(), src_loc.tolist()):
+    for pointer, stride in zip(data_ptrs.tolist(), strides.tolist(), strict=True):
+        for target, source in zip(tgt_loc.tolist(), src_loc.tolist(), strict=True):
             ctypes.memmove(pointer + target * stride, pointer + source * stride, stride)
 
 
