@@ -27,48 +27,60 @@ class WeightCheckError(RuntimeError):
     """The engines' weights differ from the trainer's after a sync (or the check cannot run)."""
 
 
-def _rollout_digests(services: Services, dtype: str) -> list[tuple[str, int, int]]:
-    request = rollout_pb2.WeightChecksumRequest(dtype=dtype)
-    replies = [stub.WeightChecksum(request).checksum for stub in services.rollouts]
-    return [(c.digest, c.num_tensors, c.weight_version) for c in replies]
+def _rollout_digests(services: Services, dtype: str) -> list[tuple[str, int, str]]:
+    """(digest, num_tensors, algorithm) of each rollout service."""
+    replies = []
+    for stub, info in zip(services.rollouts, _infos(services), strict=True):
+        # An engine hashing in its own format (sglang) hashes its served dtype.
+        request = rollout_pb2.WeightChecksumRequest(dtype=dtype if info.engine != "sglang" else "")
+        replies.append(stub.WeightChecksum(request).checksum)
+    return [(c.digest, c.num_tensors, c.algorithm) for c in replies]
+
+
+def _infos(services: Services) -> list[rollout_pb2.GetInfoResponse]:
+    return [stub.GetInfo(rollout_pb2.GetInfoRequest()) for stub in services.rollouts]
 
 
 def check_weight_update_equal(
     services: Services, state: RunState, settings: WeightSyncSettings
 ) -> dict[str, float]:
-    """Scramble, sync version state.weight_version + 1, compare checksums; the sync's metrics."""
+    """Scramble, sync version state.weight_version + 1, compare checksums; the sync's metrics.
+
+    An engine hashing in rollway's sha256 (hf) must then equal the trainer's checksum. One that
+    hashes in its own format (sglang's weight checker) must equal its own checksum from before the
+    scramble: it served the trainer's weights then (the version last pushed, with no training
+    since), so equality after the scramble proves the sync rewrote every tensor."""
     if not services.rollouts:
         raise WeightCheckError("check_weight_update_equal needs at least one rollout service")
-    infos = [stub.GetInfo(rollout_pb2.GetInfoRequest()) for stub in services.rollouts]
-    dtype = settings.dtype or infos[0].dtype
+    dtype = settings.dtype or _infos(services)[0].dtype
     try:
+        trainer = services.trainer.WeightChecksum(trainer_pb2.WeightChecksumRequest(dtype=dtype)).checksum
+        before = _rollout_digests(services, dtype)
         for i, stub in enumerate(services.rollouts):
             stub.ScrambleWeights(rollout_pb2.ScrambleWeightsRequest(seed=SCRAMBLE_SEED + i))
-        expected = services.trainer.WeightChecksum(trainer_pb2.WeightChecksumRequest(dtype=dtype)).checksum
         scrambled = _rollout_digests(services, dtype)
     except grpc.RpcError as exc:
         raise WeightCheckError(
             f"check_weight_update_equal cannot run: {exc.code().name}: {exc.details()}"
         ) from None
-    if any(digest == expected.digest for digest, _, _ in scrambled):
+    expected = [
+        (trainer.digest, trainer.num_tensors) if algorithm == trainer.algorithm else (digest, count)
+        for digest, count, algorithm in before
+    ]
+    if any(s[:2] == e for s, e in zip(scrambled, expected, strict=True)):
         raise WeightCheckError(
             "scrambling did not change the engine's weights: the check would prove nothing"
         )
     state.weight_version += 1
     metrics = sync_weights(services, state.weight_version, settings)
-    expected = services.trainer.WeightChecksum(trainer_pb2.WeightChecksumRequest(dtype=dtype)).checksum
     synced = _rollout_digests(services, dtype)
-    differing = [
-        i
-        for i, (digest, count, _) in enumerate(synced)
-        if (digest, count) != (expected.digest, expected.num_tensors)
-    ]
+    differing = [i for i, (s, e) in enumerate(zip(synced, expected, strict=True)) if s[:2] != e]
     if differing:
         raise WeightCheckError(
             f"check_weight_update_equal failed: rollout(s) {differing} serve weights that differ from the "
-            f"trainer's after syncing version {state.weight_version} (trainer sha256 {expected.digest[:16]}..., "
-            f"engines {[synced[i][0][:16] for i in differing]})"
+            f"trainer's after syncing version {state.weight_version} (expected "
+            f"{[expected[i][0][:16] for i in differing]}, engines {[synced[i][0][:16] for i in differing]})"
         )
     log.info("check_weight_update_equal passed", weight_version=state.weight_version,
-             digest=expected.digest, num_tensors=expected.num_tensors, dtype=dtype)  # fmt: skip
+             digest=trainer.digest, num_tensors=trainer.num_tensors, dtype=dtype)  # fmt: skip
     return metrics

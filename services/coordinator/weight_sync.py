@@ -61,7 +61,7 @@ class WeightSyncSettings:
     dtype: str = ""  # empty: the engines' serving dtype (GetInfo.dtype)
     disk_path: str = ""
     timeout_seconds: float = 300.0
-    backend: str = "auto"  # auto: nccl when every engine is sglang (GPU only), else gloo
+    backend: str = "auto"  # auto: nccl when every engine receives on nccl (SGLang on GPUs), else gloo
     master_address: str = "127.0.0.1"
     master_port: int = 0  # 0: a free port, new for every group
     group_name_prefix: str = "rollway"
@@ -99,7 +99,7 @@ def _rollout_infos(services: Services) -> list[rollout_pb2.GetInfoResponse]:
 def _backend(settings: WeightSyncSettings, infos: list[rollout_pb2.GetInfoResponse]) -> str:
     if settings.backend != "auto":
         return settings.backend
-    return "nccl" if infos and all(info.engine == "sglang" for info in infos) else "gloo"
+    return "nccl" if infos and all(info.weight_sync_backend == "nccl" for info in infos) else "gloo"
 
 
 def init_weight_group(

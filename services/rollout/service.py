@@ -17,7 +17,7 @@ from rollway.common.log import get_logger
 from rollway.common.run_host import RunHost, run_scoped_servicer
 from rollway.common.server import RollwayServer, ServerConfig
 from rollway.common.v1 import common_pb2
-from rollway.common.weights_checksum import ALGORITHM, dtype_from_name
+from rollway.common.weights_checksum import dtype_from_name
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines import create_engine
 from rollway.rollout.engines.base import MEMORY_TAGS, Engine, EngineError
@@ -178,7 +178,7 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
             raise engine_error_status(exc) from None
         checksum = common_pb2.WeightsChecksum(
             weight_version=self.engine.weight_version,
-            algorithm=ALGORITHM,
+            algorithm=self.engine.checksum_algorithm,
             digest=digest,
             num_tensors=num_tensors,
         )
@@ -209,6 +209,7 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
             num_generate_calls_running=self.generate_queue.num_running,
             num_generate_calls_queued=self.generate_queue.num_queued,
             num_workers_awaiting_weights=self.engine.num_workers_awaiting_weights,
+            weight_sync_backend=self.engine.weight_sync_backend,
         )
 
 

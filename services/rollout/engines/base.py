@@ -183,6 +183,11 @@ class Engine(ABC):
         return 0
 
     @property
+    def weight_sync_backend(self) -> str:
+        """The torch.distributed backend this engine's workers receive weights on."""
+        return "gloo"
+
+    @property
     def num_workers_awaiting_weights(self) -> int:
         """Workers restarted since the last weight update; they serve nothing until the next one."""
         return 0
@@ -214,6 +219,10 @@ class Engine(ABC):
     def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The served weights, by Hugging Face name (tied weights once)."""
         raise EngineUnsupported(f"the {self.name} engine cannot read its weights back")
+
+    # What weights_checksum computes: rollway.common.weights_checksum's sha256, comparable with the
+    # trainer's; an engine that can only hash in its own format names that format here.
+    checksum_algorithm = "sha256"
 
     def weights_checksum(self, dtype: torch.dtype | None = None) -> tuple[str, int]:
         """rollway.common.weights_checksum over named_parameters() cast to `dtype` (default: served)."""

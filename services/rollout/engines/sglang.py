@@ -16,6 +16,7 @@ on CPU a real server runs through deploy/sglang-cpu (tests/integration/test_sgla
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 import threading
 import time
@@ -34,6 +35,7 @@ from rollway.rollout.engines.base import (
     BatchHandle,
     Engine,
     EngineError,
+    EngineUnsupported,
     ModelInfo,
     OnFinish,
     SampleRequest,
@@ -76,6 +78,7 @@ class SGLangEngine(Engine):
         self._released = False
         self._stopped = False
         self._info: ModelInfo | None = None
+        self._weight_sync_backend = "nccl"
 
     def _make_servers(self) -> list[ServerProcess]:
         config, timeout = self.config, self.config.sglang_request_timeout
@@ -113,7 +116,22 @@ class SGLangEngine(Engine):
     def start(self) -> None:
         _ = self.model_info
         self.supervisor.start()
-        log.info("sglang engine ready", servers=[s.url for s in self.servers])
+        devices = set()
+        for server in self.servers:
+            try:
+                devices.add(server.client.device())
+            except SGLangHTTPError as exc:
+                log.warning(
+                    "sglang server does not say its device; assuming cuda", url=server.url, error=str(exc)
+                )
+                devices.add("cuda")
+        # NCCL only when every server is on an accelerator; CPU servers receive over gloo.
+        self._weight_sync_backend = "gloo" if "cpu" in devices else "nccl"
+        log.info("sglang engine ready", servers=[s.url for s in self.servers], devices=sorted(devices))
+
+    @property
+    def weight_sync_backend(self) -> str:
+        return self._weight_sync_backend
 
     def _on_restart(self, server: ServerProcess) -> None:
         # A fresh server serves the checkpoint: with pushed weights, that is the wrong policy.
@@ -442,6 +460,38 @@ class SGLangEngine(Engine):
                 for server in failed:
                     server.awaiting_weights = True
             raise
+
+    # --- --check-weight-update-equal (SGLang's weight checker: its own hash, per server) ---
+
+    checksum_algorithm = "sglang-weights-checker"
+
+    def weights_checksum(self, dtype=None) -> tuple[str, int]:
+        """SGLang's hash of the served weights (its fused tensors: not comparable with the trainer's
+        sha256, but with this engine's own earlier checksums). Servers that disagree give a digest
+        that matches no single server's ("servers-differ:...")."""
+        if dtype is not None and str(dtype).removeprefix("torch.") != self.config.dtype:
+            raise EngineUnsupported(f"sglang hashes its served dtype ({self.config.dtype}) only, not {dtype}")
+        digests, tensors = {}, {}
+        for server in self.servers:
+            try:
+                rank = server.client.weights_checker("checksum")["ranks"][0]
+            except (SGLangHTTPError, KeyError, IndexError) as exc:
+                raise EngineError(f"sglang {server.url}: no weights checksum: {exc}") from None
+            digests[server.url] = (str(rank["per_gpu_checksum"]), len(rank["checksums"]))
+            tensors[server.url] = rank["checksums"]
+        if len(set(digests.values())) > 1:  # e.g. scrambled: then the servers differ
+            first, *others = tensors.values()
+            differ = sorted({n for o in others for n in first.keys() | o.keys() if first.get(n) != o.get(n)})
+            log.warning("sglang servers serve different weights", servers=list(digests), tensors=differ[:8])
+            combined = hashlib.sha256("".join(d for d, _ in digests.values()).encode()).hexdigest()
+            return f"servers-differ:{combined}", max(n for _, n in digests.values())
+        return next(iter(digests.values()))
+
+    def scramble_weights(self, seed: int) -> int:
+        """Random values in every weight of every server (SGLang draws them: `seed` is not used)."""
+        num_tensors = self.weights_checksum()[1]
+        self._each_server(lambda s: s.client.weights_checker("reset_tensors"))
+        return num_tensors
 
     def reset_weights(self) -> None:
         # SGLang reloads a Hugging Face directory in place (/update_weights_from_disk).

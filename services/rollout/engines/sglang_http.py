@@ -13,6 +13,8 @@ Endpoints and bodies follow SGLang's http_server.py and io_struct.py:
        distributed update is refused with 400 outside one; 404 on servers without sessions)
   POST /destroy_weights_update_group {"group_name"}  (leave the group: its sender's broadcast fails)
   GET  /get_model_info            -> {"model_path", "weight_version", ...}
+  POST /weights_checker {"action": "checksum" | "reset_tensors"}  -> {"success", "ranks": [{
+       "checksums": {name: hash}, "per_gpu_checksum"}]}  (SGLang's own hash of its fused tensors)
   POST /init_weights_update_group {"master_address", "master_port", "rank_offset", "world_size",
        "group_name", "backend"}, /update_weights_from_distributed {"names", "dtypes", "shapes",
        "group_name", "flush_cache", "weight_version", "load_format"}, /update_weights_from_disk {"model_path",
@@ -149,6 +151,19 @@ class SGLangClient:
         """The version the server says it serves ("default" until its first update)."""
         reply = self.request("GET", "/get_model_info")
         return str(reply.get("weight_version", "")) if isinstance(reply, dict) else ""
+
+    def device(self) -> str:
+        """The device the server runs on ("cuda", "cpu", ...: its server_args.device)."""
+        reply = self.request("GET", "/get_server_info")
+        return str(reply.get("device", "")) if isinstance(reply, dict) else ""
+
+    def weights_checker(self, action: str) -> dict:
+        """SGLang's weight checker: "checksum" (its own per-tensor hashes) or "reset_tensors"
+        (random values in every weight)."""
+        reply = self.post("/weights_checker", {"action": action})
+        if not isinstance(reply, dict) or reply.get("success") is not True:
+            raise SGLangHTTPError(self.base_url + "/weights_checker", 200, error_message(reply))
+        return reply
 
     def begin_weight_update(self) -> bool:
         """Open a weight-update session; False when the server has no sessions (404: before 0.5.21)."""

@@ -181,7 +181,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("model", "engine", "weight_version", "paused", "num_workers", "dtype", "rewards", "memory_released", "max_context_len", "vocab_size", "eos_token_ids", "default_reward", "num_samples_generated", "num_samples_aborted", "num_reward_errors", "num_reward_timeouts", "num_samples_in_flight", "acknowledges_weight_updates", "num_generate_calls_running", "num_generate_calls_queued", "num_workers_awaiting_weights")
+    __slots__ = ("model", "engine", "weight_version", "paused", "num_workers", "dtype", "rewards", "memory_released", "max_context_len", "vocab_size", "eos_token_ids", "default_reward", "num_samples_generated", "num_samples_aborted", "num_reward_errors", "num_reward_timeouts", "num_samples_in_flight", "acknowledges_weight_updates", "num_generate_calls_running", "num_generate_calls_queued", "num_workers_awaiting_weights", "weight_sync_backend")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +203,7 @@ class GetInfoResponse(_message.Message):
     NUM_GENERATE_CALLS_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_GENERATE_CALLS_QUEUED_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_AWAITING_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_SYNC_BACKEND_FIELD_NUMBER: _ClassVar[int]
     model: str
     engine: str
     weight_version: int
@@ -224,7 +225,8 @@ class GetInfoResponse(_message.Message):
     num_generate_calls_running: int
     num_generate_calls_queued: int
     num_workers_awaiting_weights: int
-    def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., weight_version: _Optional[int] = ..., paused: _Optional[bool] = ..., num_workers: _Optional[int] = ..., dtype: _Optional[str] = ..., rewards: _Optional[_Iterable[str]] = ..., memory_released: _Optional[bool] = ..., max_context_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., default_reward: _Optional[str] = ..., num_samples_generated: _Optional[int] = ..., num_samples_aborted: _Optional[int] = ..., num_reward_errors: _Optional[int] = ..., num_reward_timeouts: _Optional[int] = ..., num_samples_in_flight: _Optional[int] = ..., acknowledges_weight_updates: _Optional[bool] = ..., num_generate_calls_running: _Optional[int] = ..., num_generate_calls_queued: _Optional[int] = ..., num_workers_awaiting_weights: _Optional[int] = ...) -> None: ...
+    weight_sync_backend: str
+    def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., weight_version: _Optional[int] = ..., paused: _Optional[bool] = ..., num_workers: _Optional[int] = ..., dtype: _Optional[str] = ..., rewards: _Optional[_Iterable[str]] = ..., memory_released: _Optional[bool] = ..., max_context_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., default_reward: _Optional[str] = ..., num_samples_generated: _Optional[int] = ..., num_samples_aborted: _Optional[int] = ..., num_reward_errors: _Optional[int] = ..., num_reward_timeouts: _Optional[int] = ..., num_samples_in_flight: _Optional[int] = ..., acknowledges_weight_updates: _Optional[bool] = ..., num_generate_calls_running: _Optional[int] = ..., num_generate_calls_queued: _Optional[int] = ..., num_workers_awaiting_weights: _Optional[int] = ..., weight_sync_backend: _Optional[str] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -1,0 +1,141 @@
+"""Real SGLang servers for the tests marked `sglang`, from the virtualenvs `make sglang-cpu` makes.
+
+Each server is launched with rollway's own launch command (the guard, SGLang's interpreter, the
+CPU route's flags) and stopped by its process group's id, never by name. Without an install the
+tests skip naming why; on CI (CI set) they fail instead, since CI must run them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from rollway.rollout.config import RolloutConfig
+from rollway.rollout.engines.sglang_cpu import cpu_settings, installed_version
+from rollway.rollout.engines.sglang_http import SGLangClient
+from rollway.rollout.engines.sglang_server import launch_command, launch_env
+
+REPO = Path(__file__).resolve().parents[2]
+# The releases the adapter is tested against: the newest (weight-update sessions) and 0.5.20 (none).
+VERSIONS = ("0.5.23", "0.5.20")
+NEWEST = VERSIONS[0]
+START_SECONDS = 240.0  # 22-54 s measured on a loaded 2-core machine; two at once take longer
+
+
+def sglang_venv(version: str) -> Path:
+    """The virtualenv holding SGLang `version`; skips (fails on CI) when it is not installed."""
+    venv = REPO / ".cache" / f"sglang-{version}"
+    if installed_version(venv) != version:
+        reason = (
+            f"SGLang {version} is not installed in {venv}: `make sglang-cpu` installs it "
+            "(it needs the package registry)"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return venv
+
+
+def rollout_settings(version: str, model_dir: Path, **overrides) -> dict:
+    """Rollout settings of an sglang engine on this CPU (the CPU route's settings, float32)."""
+    return {
+        "hf_checkpoint": str(model_dir),
+        "dtype": "float32",
+        **cpu_settings(sglang_venv(version)),
+        **overrides,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class SGLangServer:
+    """One real server started by a test (for `--sglang-urls`), in its own process group."""
+
+    def __init__(self, version: str, model_dir: Path, log_path: Path):
+        self.version = version
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(log_path)
+        config = RolloutConfig(**rollout_settings(version, model_dir, sglang_port=self.port))
+        self.command = launch_command(config, 0, self.port)
+        self.env = launch_env(config)
+        self.client = SGLangClient(self.url, timeout=120.0)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> SGLangServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
+        return self
+
+    def wait_healthy(self, timeout: float = START_SECONDS) -> SGLangServer:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"SGLang {self.version} exited {self.proc.returncode}:\n{self.log_tail()}"
+                )
+            if self.client.healthy(timeout=10.0):
+                return self
+            time.sleep(0.5)
+        raise AssertionError(f"SGLang {self.version} not healthy after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, num_bytes: int = 3000) -> str:
+        return (
+            self.log_path.read_bytes()[-num_bytes:].decode(errors="replace") if self.log_path.exists() else ""
+        )
+
+    def weight_version(self) -> str:
+        return self.client.weight_version()
+
+    def greedy(self, prompt_token_ids: list[int], max_new_tokens: int = 8) -> list[int]:
+        """Greedy token ids for a prompt: a probe of which weights the server serves."""
+        reply = self.client.generate(
+            list(prompt_token_ids),
+            {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
+            rid=f"probe-{time.monotonic_ns()}",
+            timeout=60.0,
+        )
+        return [int(entry[1]) for entry in reply["meta_info"]["output_token_logprobs"]]
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(wait)
+                return
+            except ProcessLookupError:
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def start_servers(version: str, model_dir: Path, log_dir: Path, count: int) -> list[SGLangServer]:
+    """`count` servers started at once, each healthy on return (all stopped if one fails)."""
+    servers = [
+        SGLangServer(version, model_dir, Path(log_dir) / f"sglang-{version}-{i}.log") for i in range(count)
+    ]
+    try:
+        for server in servers:
+            server.start()
+        for server in servers:
+            server.wait_healthy()
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
