@@ -475,8 +475,11 @@ class SGLangEngine(Engine):
         for server in self.servers:
             try:
                 rank = server.client.weights_checker("checksum")["ranks"][0]
-            except (SGLangHTTPError, KeyError, IndexError) as exc:
-                raise EngineError(f"sglang {server.url}: no weights checksum: {exc}") from None
+            except SGLangHTTPError as exc:  # 0.5.20's checker needs CUDA
+                error = EngineUnsupported if exc.status else EngineError
+                raise error(f"sglang {server.url} cannot hash its weights: {exc.message}") from None
+            except (KeyError, IndexError) as exc:
+                raise EngineError(f"sglang {server.url}: unexpected weights_checker reply: {exc}") from None
             digests[server.url] = (str(rank["per_gpu_checksum"]), len(rank["checksums"]))
             tensors[server.url] = rank["checksums"]
         if len(set(digests.values())) > 1:  # e.g. scrambled: then the servers differ
