@@ -45,7 +45,8 @@ def launch_command(config, index: int, port: int) -> list[str]:
         python, "-m", "sglang.launch_server",
         "--model-path", config.hf_checkpoint,
         "--tp-size", str(tp),
-        "--base-gpu-id", str(index * tp),
+        # On a CPU SGLang reads the GPU id as a NUMA node: every server takes node 0.
+        "--base-gpu-id", str(0 if _on_cpu(config) else index * tp),
         "--mem-fraction-static", str(config.sglang_mem_fraction_static),
         "--dtype", config.dtype,
         "--host", config.sglang_host,
@@ -54,6 +55,13 @@ def launch_command(config, index: int, port: int) -> list[str]:
     if config.sglang_enable_memory_saver:
         command.append("--enable-memory-saver")
     return command + list(config.sglang_extra_args)
+
+
+def _on_cpu(config) -> bool:
+    args = list(config.sglang_extra_args)
+    return any(a == "--device" and args[i + 1 : i + 2] == ["cpu"] for i, a in enumerate(args)) or (
+        "--device=cpu" in args
+    )
 
 
 def launch_env(config) -> dict[str, str]:
