@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -36,6 +37,7 @@ import yaml
 from rollway.demo_dev import dev_accuracy
 from rollway.deploy.supervisor import LocalServiceGroup
 from rollway.launcher import run as launch_run
+from rollway.rollout.engines.sglang_cpu import DEFAULT_VENV, cpu_settings, installed_version
 
 # SFT stops by a rule: in chunks of SFT_CHUNK steps (each a `rollway run` that resumes the last
 # one's checkpoint, so the chunks are one continuous run), until the dev accuracy first reaches
@@ -111,10 +113,30 @@ def grpo_config(workdir: Path, sft_model: Path, data_dir: Path, steps: int, seed
     }
 
 
+def sglang_engine(venv: Path, workdir: Path) -> dict:
+    """GRPO's rollout on one SGLang server that the rollout service launches (the CPU route)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return {
+        **cpu_settings(venv),
+        "dtype": "float32",
+        "sglang_port": port,
+        "sglang_log_dir": str(workdir / "sglang-logs"),
+        "sglang_startup_timeout": 300.0,
+    }
+
+
 def _write(path: Path, config: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+def _seconds_per_step(records: list[dict]) -> float:
+    """Median perf/step_time of the GRPO steps (evaluations are inside a step's time: median)."""
+    times = sorted(r["perf/step_time"] for r in records if "perf/step_time" in r)
+    return round(times[len(times) // 2], 3) if times else 0.0
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -139,7 +161,20 @@ def main(argv: list[str] | None = None) -> int:
         help=f"fixed SFT optimizer steps (default: by the stopping rule, at most {SFT_MAX_STEPS})",
     )
     parser.add_argument("--rl-steps", type=int, default=RL_STEPS, help="GRPO rollouts")
+    parser.add_argument(
+        "--engine",
+        choices=("hf", "sglang"),
+        default="hf",
+        help="GRPO's rollout engine: hf (in-process) or sglang (a real SGLang server on the CPU)",
+    )
+    parser.add_argument(
+        "--sglang-venv",
+        default=str(DEFAULT_VENV),
+        help="with --engine sglang: the virtualenv `make sglang-cpu` installs SGLang into",
+    )
     args = parser.parse_args(argv)
+    if args.engine == "sglang" and installed_version(Path(args.sglang_venv)) is None:
+        parser.error(f"--engine sglang: no SGLang in {args.sglang_venv} (`make sglang-cpu` installs it)")
     start = time.monotonic()
     workdir = (Path(args.workdir) / time.strftime("%Y%m%d-%H%M%S")).resolve()
 
@@ -185,11 +220,11 @@ def _sft_then_grpo(
         if accuracy >= SFT_STOP_DEV_ACCURACY or sft_steps >= SFT_MAX_STEPS:
             break
 
-    print(f"== GRPO: {args.rl_steps} rollouts from the SFT model", flush=True)
-    grpo = _write(
-        workdir / "configs" / "grpo.yaml",
-        grpo_config(workdir, Path(sft_result["hf_export_dir"]), data_dir, args.rl_steps, args.seed),
-    )
+    print(f"== GRPO: {args.rl_steps} rollouts from the SFT model ({args.engine} engine)", flush=True)
+    config = grpo_config(workdir, Path(sft_result["hf_export_dir"]), data_dir, args.rl_steps, args.seed)
+    if args.engine == "sglang":
+        config.update(sglang_engine(Path(args.sglang_venv), workdir))
+    grpo = _write(workdir / "configs" / "grpo.yaml", config)
     if launch_run([str(grpo), *attach]) != 0:
         return 1
     grpo_dir = workdir / "runs" / "grpo"
@@ -210,6 +245,8 @@ def _sft_then_grpo(
         "hf_export": json.loads((grpo_dir / "result.json").read_text())["hf_export_dir"],
         "plots": [str(p) for p in plots],
         "seed": args.seed,
+        "engine": args.engine,
+        "rl_seconds_per_step": _seconds_per_step(_metrics(grpo_dir)),
     }
     summary_path = workdir / "summary.json"
     summary_path.write_text(json.dumps(summary, indent=1) + "\n")

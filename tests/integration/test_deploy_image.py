@@ -18,6 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support.sglang_servers import VERSIONS, sglang_venv
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
@@ -282,3 +283,17 @@ def test_torch_comes_from_the_torch_index_build_argument(tmp_path, build_args, i
     torch = [c for c in calls if c[0] == "pip" and any(a.startswith("torch==") for a in c)]
     assert torch == [["pip", "install", "torch==2.13.0", "--index-url", index]]
     assert ["pip", "install", ".[ml]"] in calls  # the rest from pip's own index, torch pin satisfied
+
+
+@pytest.mark.sglang
+def test_the_gpu_image_pins_a_tested_sglang_release_with_its_torch(tmp_path):
+    _, defaults = install_step()
+    version = defaults["SGLANG_VERSION"]
+    assert version in VERSIONS  # a release the adapter's tests run against real servers
+    calls = run_install_step(tmp_path, VARIANT="gpu")
+    assert ["pip", "install", f"sglang[all]=={version}"] in calls
+    # The torch the image installs first is the one that release pins (its own wheel metadata).
+    (metadata,) = sglang_venv(version).glob(f"lib/python*/site-packages/sglang-{version}.dist-info/METADATA")
+    assert re.findall(r"^Requires-Dist: torch==(\S+)$", metadata.read_text(), re.M) == [
+        defaults["TORCH_VERSION"]
+    ]
