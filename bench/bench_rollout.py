@@ -9,6 +9,9 @@ limits, in process, on one CPU thread:
     static                HFEngine, --hf-batching static (next batch once the whole batch is done)
     hf_generate           model.generate on padded batches of max_running_requests prompts
     transformers_cb       model.generate_batch (transformers' own continuous batching), tiny only
+    sglang                a real SGLang server (the `sglang` engine on the CPU route, where
+                          `make sglang-cpu` installed it), and its weight-update times per MB
+                          from disk and over a gloo group (bench/sglang_server_bench.py)
 
 Figures: output_tokens_per_s (response tokens, up to and including the stop token, over wall
 time), time_to_first_sample_s (first finished sample; for batch-at-once variants the first batch),
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from bench import sglang_server_bench
 from bench.harness import BenchResult
 
 SEED = 0
@@ -39,24 +43,29 @@ def _workload(num_prompts: int, n: int) -> list[tuple[int, ...]]:
     return [p for p in prompts for _ in range(n)]
 
 
+def _requests(samples, max_new: int):
+    from rollway.rollout.engines.base import SampleRequest
+    from rollway.rollout.sampling import SamplingParams
+
+    stop = frozenset(EXTRA_STOP_TOKENS)
+    return [
+        SampleRequest(
+            i, prompt, SamplingParams(max_new_tokens=max_new, stop_token_ids=stop, seed=i), prompt_key=i
+        )
+        for i, prompt in enumerate(samples)
+    ]
+
+
 def _engine_variant(model_dir: Path, batching: str, samples, max_running: int, max_new: int) -> dict:
     from rollway.rollout.config import RolloutConfig
-    from rollway.rollout.engines.base import SampleRequest
     from rollway.rollout.engines.hf import HFEngine
-    from rollway.rollout.sampling import SamplingParams
 
     config = RolloutConfig(
         hf_checkpoint=str(model_dir), hf_batching=batching, max_running_requests=max_running
     )
     engine = HFEngine(config)
     engine.start()
-    stop = frozenset(EXTRA_STOP_TOKENS)
-    requests = [
-        SampleRequest(
-            i, prompt, SamplingParams(max_new_tokens=max_new, stop_token_ids=stop, seed=i), prompt_key=i
-        )
-        for i, prompt in enumerate(samples)
-    ]
+    requests = _requests(samples, max_new)
     results: queue.Queue = queue.Queue()
     start = time.perf_counter()
     engine.submit(requests, results.put)
@@ -134,6 +143,7 @@ def _row(variant: str, num_tokens: int, first: float | None, total: float, num_s
         "num_samples": num_samples,
         "output_tokens": num_tokens,
         "output_tokens_per_s": round(num_tokens / total, 1),
+        "samples_per_s": round(num_samples / total, 2),
         "time_to_first_sample_s": round(first, 3) if first is not None else None,
         "total_s": round(total, 2),
     }
@@ -160,6 +170,8 @@ def run(quick: bool) -> BenchResult:
             ]
             if preset == "tiny" and not quick:
                 variants.append(_transformers_cb_variant(model_dir, samples, max_new))
+            if sglang_server_bench.available():
+                variants += sglang_server_bench.rows(model_dir, _requests(samples, max_new), len(samples))
             for row in variants:
                 rows.append({"model": preset, "params_m": round(num_params / 1e6, 1), "max_running": max_running,
                              "max_new_tokens": max_new, **row})  # fmt: skip
@@ -171,7 +183,17 @@ def run(quick: bool) -> BenchResult:
             "time_to_first_sample_s": "s",
             "total_s": "s",
             "params_m": "M",
+            "samples_per_s": "samples/s",
+            "update_s": "s",
+            "update_s_per_mb": "s/MB",
         },  # fmt: skip
-        config={"threads": 1, "temperature": 1.0, "extra_stop_tokens": len(EXTRA_STOP_TOKENS), "seed": SEED},
-        notes="hf engine continuous vs static batching vs model.generate; same prompts and stop set",
+        config={
+            "threads": 1,
+            "temperature": 1.0,
+            "extra_stop_tokens": len(EXTRA_STOP_TOKENS),
+            "seed": SEED,
+            "sglang": sglang_server_bench.available() or "not installed (make sglang-cpu)",
+        },  # fmt: skip
+        notes="hf engine continuous vs static batching vs model.generate vs a real SGLang server; "
+        "same prompts and stop set; SGLang also: weight-update seconds per MB (disk, distributed)",
     )
