@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import string
 import time
 from contextlib import ExitStack
 
@@ -25,6 +26,8 @@ from support.rl_stack import read_metrics, rl_config, start_rl_stack
 from support.sglang_servers import NEWEST, rollout_settings
 from support.stack import coordinator_stub, start_run, wait_run
 
+from rollway.common.v1 import common_pb2
+from rollway.coordinator import debug_data
 from rollway.coordinator.v1 import coordinator_pb2
 from rollway.rollout.engines.sglang_http import SGLangClient
 
@@ -131,6 +134,60 @@ def test_dynamic_sampling_over_sampling_and_partial_rollout(stack):
     continued = [m["rollout/partial/continued_samples"] for m in metrics]
     assert all((continued[k + 1] > 0) == (carried[k] > 0) for k in range(len(metrics) - 1))
     assert all(m["train/grad_norm"] > 0 for m in metrics)
+
+
+# The calculator task with the model's first turn read as a call of the calculator on the prompt's
+# sum (the random tiny model writes no tool calls of its own): every episode is model turn ->
+# the real calculator environment's tool message -> model turn (the answer, rewarded).
+FORCED_CALCULATOR = """
+import re
+from rollway.rollout.environments.base import ModelTurn
+from rollway.rollout.environments.calculator import CalculatorEnvironment
+from rollway.rollout.environments.tool_calls import format_tool_call
+
+
+class FirstTurnCallsTheCalculator(CalculatorEnvironment):
+    def reset(self, start):
+        super().reset(start)
+        self.expression = re.search(r"\\d+ \\+ \\d+", start.prompt).group(0)
+        self.num_turns = 0
+
+    def step(self, turn):
+        self.num_turns += 1
+        if self.num_turns == 1:
+            call = format_tool_call("calculator", {"expression": self.expression})
+            turn = ModelTurn(call, turn.token_ids, turn.finish_reason)
+        return super().step(turn)
+"""
+
+
+def test_multi_turn_calculator_episodes(stack):
+    (stack["workdir"] / "rewards" / "forced_calculator.py").write_text(FORCED_CALCULATOR)
+    dump = str(stack["workdir"] / "episodes" / "rollout_{rollout_id}.pb")
+    # Any lowercase letter or digit 0-5 ends a model turn (a random model seldom writes its end
+    # of turn; SGLang takes at most 32 stop strings).
+    stop = list(string.ascii_lowercase + string.digits[:6])
+    metrics = run(stack, "calculator", environment="custom", generate_max_turns=3, rollout_max_response_len=6,
+                  rollout_stop=stop,
+                  custom_generate_function_path="forced_calculator:FirstTurnCallsTheCalculator",
+                  save_debug_rollout_data=dump)  # fmt: skip
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    # Token in, token out: the trainer's log-probs of the model turns, read in the whole episode
+    # (the tool message in between), equal SGLang's of each turn.
+    assert all(m["train/train_rollout_logprob_abs_diff"] < LOG_PROB_TOLERANCE for m in metrics)
+    episodes = [s for rollout_id in range(3) for s in debug_data.load_rollout(dump, rollout_id)]
+    # A first turn cut at rollout_max_response_len ends its episode ("length"): one model turn.
+    ended = [s for s in episodes if s.finish_reason == common_pb2.FINISH_REASON_STOP]
+    assert len(episodes) == 48 and len(ended) > len(episodes) // 2
+    for sample in ended:
+        assert [t.role for t in sample.turns] == ["model", "environment", "model"]
+        first, tool, _ = sample.turns
+        assert set(sample.loss_mask[: first.num_tokens]) == {1}
+        assert set(sample.loss_mask[first.num_tokens : first.num_tokens + tool.num_tokens]) == {0}
+        assert sum(t.num_tokens for t in sample.turns) == len(sample.response_token_ids)
+        assert tool.num_tokens > 0 and all(
+            t.weight_version == sample.weight_version for t in sample.turns if t.role == "model"
+        )
 
 
 def _kill_when(stack, name: str, ready, timeout: float = 300.0) -> int:
