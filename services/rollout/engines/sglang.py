@@ -325,8 +325,16 @@ class SGLangEngine(Engine):
         servers = self.servers if servers is None else servers
         if not servers:
             return
+
+        def guarded(server: ServerProcess) -> None:
+            server.weight_calls += 1
+            try:
+                call(server)
+            finally:
+                server.weight_calls -= 1
+
         with ThreadPoolExecutor(len(servers)) as pool:
-            futures = [pool.submit(call, server) for server in servers]
+            futures = [pool.submit(guarded, server) for server in servers]
         errors = []
         for future in futures:
             try:
@@ -337,11 +345,19 @@ class SGLangEngine(Engine):
             raise EngineError("; ".join(errors), retryable=any("no answer" in e for e in errors))
 
     def _wait_until_up(self) -> None:
-        """Every launched server that is restarting must be up before a group forms: it is a member."""
+        """Every server must be up before a group forms (each is a member): a restarting one is
+        waited for. Asked afresh, not from the supervisor's last round: a server killed a moment
+        ago may still be marked healthy, and a member missing from the rendezvous would leave the
+        others blocked in it until the group timeout."""
         deadline = time.monotonic() + self.config.sglang_startup_timeout
-        while not all(s.healthy or not s.launched for s in self.servers):
+        while True:
+            down = [s.url for s in self.servers if not (s.alive() and s.healthy and s.client.answers())]
+            if not down:
+                return
+            for server in self.servers:
+                if server.url in down:
+                    server.healthy = False
             if self._stopped or time.monotonic() >= deadline:
-                down = [s.url for s in self.servers if not s.healthy]
                 raise EngineError(f"sglang server(s) {down} not healthy", retryable=True)
             time.sleep(SERVER_WAIT_SECONDS)
 

@@ -125,6 +125,14 @@ class SGLangClient:
         except SGLangHTTPError:
             return False
 
+    def answers(self, timeout: float = 5.0) -> bool:
+        """GET /health answers 200: the server is up (cheaper than a generation)."""
+        try:
+            self.request("GET", "/health", timeout=timeout)
+            return True
+        except SGLangHTTPError:
+            return False
+
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         self.post("/abort_request", {"rid": rid, "abort_all": abort_all})
 

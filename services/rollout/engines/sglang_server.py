@@ -100,6 +100,9 @@ class ServerProcess:
         self.awaiting_weights = False
         self.has_sessions: bool | None = None
         self.buckets_loaded = 0  # buckets of the update in progress that this server loaded
+        # Weight calls in flight: a server inside a collective (waiting in a rendezvous for a
+        # restarting peer, receiving a bucket) cannot answer health checks, and is not hung.
+        self.weight_calls = 0
 
     @property
     def launched(self) -> bool:
@@ -196,6 +199,8 @@ class Supervisor:
         for server in self.servers:
             if self._stop.is_set():
                 return
+            if server.alive() and server.weight_calls > 0:
+                continue
             if server.alive() and server.client.healthy(timeout=min(30.0, self.interval * 3)):
                 server.healthy, server.failed_checks = True, 0
                 continue
