@@ -49,7 +49,7 @@ SGLANG_CPU := $(foreach v,$(SGLANG_CPU_VERSIONS),.cache/sglang-$(v)/.installed)
 sglang-cpu: $(SGLANG_CPU)
 
 test: setup proto-check $(COMPOSE_V1)/bin/docker-compose $(SGLANG_CPU)
-	PATH="$(CURDIR)/$(COMPOSE_V1)/bin:$$PATH" $(PY) -m pytest -q
+	PATH="$(CURDIR)/$(COMPOSE_V1)/bin:$$PATH" $(PY) -m pytest -q --durations=25
 
 lint: setup
 	$(VENV)/bin/ruff check .
