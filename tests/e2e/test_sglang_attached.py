@@ -1,6 +1,7 @@
-"""GRPO with the rollout on SGLang servers that were already running (--sglang-urls), on both
-releases the adapter supports: two servers started by the test, a rollout service attached to
-them by the run's config, weight sync over gloo every step into both."""
+"""GRPO with the rollout on SGLang servers that were already running (--sglang-urls): two servers
+of the newest release started by the test, a rollout service attached to them by the run's
+config, weight sync over gloo every step into both. (Both releases' weight sync, 0.5.20's
+included: tests/integration/test_sglang_weight_sync.py.)"""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from contextlib import ExitStack
 
 import pytest
 from support.rl_stack import read_metrics, rl_config, start_rl_stack
-from support.sglang_servers import VERSIONS, sglang_venv, start_servers
+from support.sglang_servers import NEWEST, sglang_venv, start_servers
 from support.stack import coordinator_stub, start_run, wait_run
 
 from rollway.coordinator.v1 import coordinator_pb2
@@ -17,8 +18,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 LOG_PROB_TOLERANCE = 1e-4  # fp32 both sides, measured ~5e-7
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-def test_grpo_on_two_attached_servers(version, tiny_model_dir, demo_data_dir, tmp_path):
+def test_grpo_on_two_attached_servers(tiny_model_dir, demo_data_dir, tmp_path):
+    version = NEWEST
     sglang_venv(version)
     servers = start_servers(version, tiny_model_dir, tmp_path / "sglang", count=2)
     try:
