@@ -17,7 +17,6 @@ import os
 import random
 import signal
 import string
-import time
 from contextlib import ExitStack
 
 import pytest
@@ -25,6 +24,7 @@ from support.processes import alive, descendants, wait_all_gone
 from support.rl_stack import read_metrics, rl_config, start_rl_stack
 from support.sglang_servers import NEWEST, rollout_settings
 from support.stack import coordinator_stub, start_run, wait_run
+from support.waiting import wait_until
 
 from rollway.common.v1 import common_pb2
 from rollway.coordinator import debug_data
@@ -191,11 +191,8 @@ def test_multi_turn_calculator_episodes(stack):
 
 
 def _kill_when(stack, name: str, ready, timeout: float = 300.0) -> int:
-    """Wait (polling) until `ready()`; then kill -9 the first server and return its old pid."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert time.monotonic() < deadline, f"{name}: the moment to kill never came"
-        time.sleep(0.05)
+    """Wait until `ready()`; then kill -9 the first server and return its old pid."""
+    wait_until(ready, timeout=timeout, what=f"{name}: the moment to kill", poll=0.05)
     port = int(stack["urls"][0].rsplit(":", 1)[1])
     pid = server_pids(stack)[port]
     os.kill(pid, signal.SIGKILL)

@@ -20,6 +20,7 @@ from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines.sglang_cpu import cpu_settings, installed_version
 from rollway.rollout.engines.sglang_http import SGLangClient
 from rollway.rollout.engines.sglang_server import launch_command, launch_env
+from support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 # The releases the adapter is tested against: the newest (weight-update sessions) and 0.5.20 (none).
@@ -81,16 +82,15 @@ class SGLangServer:
         return self
 
     def wait_healthy(self, timeout: float = START_SECONDS) -> SGLangServer:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def up() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(
                     f"SGLang {self.version} exited {self.proc.returncode}:\n{self.log_tail()}"
                 )
-            if self.client.healthy(timeout=10.0):
-                return self
-            time.sleep(0.5)
-        raise AssertionError(f"SGLang {self.version} not healthy after {timeout:.0f} s:\n{self.log_tail()}")
+            return self.client.healthy(timeout=10.0)
+
+        wait_until(up, timeout=timeout, what=f"SGLang {self.version} at {self.url} to be healthy", poll=0.5)
+        return self
 
     def log_tail(self, num_bytes: int = 3000) -> str:
         return (

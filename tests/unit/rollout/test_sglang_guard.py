@@ -6,9 +6,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 from support.processes import alive, wait_all_gone
+from support.waiting import wait_until
 
 from rollway.rollout.engines.sglang_server import GUARD
 
@@ -23,13 +23,9 @@ time.sleep(600)
 """
 
 
-def _wait_for_pid(path, timeout: float = 20.0) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text():
-            return int(path.read_text())
-        time.sleep(0.05)
-    raise AssertionError(f"no pid in {path}")
+def _wait_for_pid(path) -> int:
+    wait_until(lambda: path.exists() and path.read_text(), timeout=20, what=f"a pid in {path}")
+    return int(path.read_text())
 
 
 def _server_command(tmp_path) -> list[str]:
