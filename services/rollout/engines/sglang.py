@@ -281,20 +281,27 @@ class SGLangEngine(Engine):
         return self._abort_where(None)
 
     def pause(self) -> None:
-        self._each_server(lambda s: s.client.pause_generation("abort"))
+        self._each_server(lambda s: s.client.pause_generation("abort"), skip_unreachable=True)
         self._paused = True
 
     def resume(self) -> None:
         if self._paused:
-            self._each_server(lambda s: s.client.continue_generation())
+            self._each_server(lambda s: s.client.continue_generation(), skip_unreachable=True)
             self._paused = False
 
-    def _each_server(self, call) -> None:
+    def _each_server(self, call, skip_unreachable: bool = False) -> None:
+        """`call(server)` on each server in turn. `skip_unreachable`: a server that does not answer
+        (killed, restarting) is marked unhealthy and left out; it generates nothing meanwhile, and
+        a restarted server waits for the weights before it does (pause and resume need no more)."""
         errors = []
         for server in self.servers:
             try:
                 call(server)
             except SGLangHTTPError as exc:
+                if skip_unreachable and exc.status == 0:
+                    server.healthy = False
+                    log.warning("sglang server unreachable; left out", url=server.url, error=str(exc))
+                    continue
                 errors.append(str(exc))
         if errors:
             raise EngineError("; ".join(errors), retryable=any("no answer" in e for e in errors))
