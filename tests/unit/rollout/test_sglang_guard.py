@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 
 from support.processes import alive, wait_all_gone
 from support.waiting import wait_until
@@ -51,31 +52,29 @@ def test_a_launcher_killed_with_sigkill_takes_its_server_along(tmp_path):
         launcher.kill()
 
 
-def test_a_guard_killed_with_sigkill_takes_its_server_along(tmp_path):
+@contextmanager
+def _guarded_server(tmp_path):
+    """(guard process, server pid): a stand-in server under the guard, in its own session."""
     guard = subprocess.Popen(
         [sys.executable, str(GUARD), str(os.getpid()), "--", *_server_command(tmp_path)],
         start_new_session=True,
     )
     try:
-        server_pid = _wait_for_pid(tmp_path / "server.pid")
+        yield guard, _wait_for_pid(tmp_path / "server.pid")
+    finally:
+        if guard.poll() is None:
+            os.killpg(guard.pid, signal.SIGKILL)
+
+
+def test_a_guard_killed_with_sigkill_takes_its_server_along(tmp_path):
+    with _guarded_server(tmp_path) as (guard, server_pid):
         guard.kill()
         guard.wait(10)
         assert wait_all_gone([server_pid], timeout=20) == []
-    finally:
-        if guard.poll() is None:
-            os.killpg(guard.pid, signal.SIGKILL)
 
 
 def test_sigterm_to_the_group_stops_guard_and_server(tmp_path):
-    guard = subprocess.Popen(
-        [sys.executable, str(GUARD), str(os.getpid()), "--", *_server_command(tmp_path)],
-        start_new_session=True,
-    )
-    try:
-        server_pid = _wait_for_pid(tmp_path / "server.pid")
+    with _guarded_server(tmp_path) as (guard, server_pid):
         os.killpg(guard.pid, signal.SIGTERM)
         guard.wait(30)
         assert wait_all_gone([server_pid], timeout=20) == []
-    finally:
-        if guard.poll() is None:
-            os.killpg(guard.pid, signal.SIGKILL)
