@@ -17,6 +17,7 @@ progress line, restarts a dead coordinator, and stops everything (by pid) on exi
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
@@ -204,6 +205,7 @@ def run(argv: list[str]) -> int:
                 coordinator_address, run_id, settings, c.num_rollout, _describe_dead(group), interrupted
             )
             if code != COORDINATOR_CRASHED or options.coordinator_addr or restarts >= c.max_restarts:
+                _count_coordinator_restarts(run_dir, restarts)
                 return 1 if code == COORDINATOR_CRASHED else code
             # The services it started die with it; a new one starts them again and resumes the run
             # from its last checkpoint (StartRun with the same run id).
@@ -213,6 +215,17 @@ def run(argv: list[str]) -> int:
     finally:
         signal.signal(signal.SIGINT, previous)
         group.stop()
+
+
+def _count_coordinator_restarts(run_dir: Path, restarts: int) -> None:
+    """result.json counts the coordinator's own restarts too (only this launcher saw them)."""
+    path = run_dir / "result.json"
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return  # the run did not succeed: no result to add to
+    result["num_coordinator_restarts"] = restarts
+    path.write_text(json.dumps(result, indent=1))
 
 
 # _drive's status when a process this launcher started (the coordinator) died: it may be restarted.
@@ -259,6 +272,7 @@ def _drive(
         target=lambda: [progress.update(r.step + 1, dict(r.metrics)) for r in _quiet(stream)], daemon=True
     )
     follower.start()
+    notices_shown = 0
     try:
         while True:
             crashed = dead()
@@ -267,6 +281,9 @@ def _drive(
                 _stop_quietly(stub, run_id)
                 return COORDINATOR_CRASHED
             info = stub.GetRun(coordinator_pb2.GetRunRequest(run_id=run_id), timeout=10.0).run
+            for line in info.notices[notices_shown:]:  # what the run survived: a line each
+                print(line, file=sys.stderr, flush=True)
+            notices_shown = len(info.notices)
             if info.state not in (coordinator_pb2.RUN_STATE_STARTING, coordinator_pb2.RUN_STATE_RUNNING):
                 break
             if interrupted.is_set():

@@ -26,7 +26,7 @@ UNAUTHENTICATED_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.heal
 log = get_logger("rollway.server")
 
 
-def _wrap_handler(handler: grpc.RpcMethodHandler, wrap: Callable[[Callable, bool, bool], Callable]):
+def wrap_handler(handler: grpc.RpcMethodHandler, wrap: Callable[[Callable, bool, bool], Callable]):
     """Rebuild a method handler with its behaviour wrapped, keeping its streaming shape."""
     if handler is None:
         return None
@@ -67,7 +67,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
             return refuse
 
-        return _wrap_handler(handler, deny)
+        return wrap_handler(handler, deny)
 
 
 def _abort_for(exc: BaseException, context: grpc.ServicerContext, method: str) -> None:
@@ -143,4 +143,4 @@ class ContextInterceptor(grpc.ServerInterceptor):
 
             return unary
 
-        return _wrap_handler(handler, guard)
+        return wrap_handler(handler, guard)

@@ -24,7 +24,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +36,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from rollway.common.config import ConfigError, setting
 from rollway.common.interceptors import AuthInterceptor, ContextInterceptor
 from rollway.common.log import configure_logging, get_logger
+from rollway.common.progress import ProgressInterceptor, ProgressServicer
+from rollway.common.v1 import progress_pb2, progress_pb2_grpc
 from rollway.common.parent_watch import parent_gone, watch_parent
 from rollway.common.reflection import enable_reflection
 from rollway.common.tracing import configure_tracing, server_interceptor, shutdown_tracing
@@ -121,7 +123,8 @@ def channel_options(max_message_mb: int, keepalive_seconds: float) -> list[tuple
 class RollwayServer:
     """A gRPC server with rollway's health, reflection, interceptors and drain behaviour."""
 
-    def __init__(self, service: str, config: ServerConfig):
+    def __init__(self, service: str, config: ServerConfig, watched_calls: Iterable[str] = ()):
+        """`watched_calls`: the long calls (method names) GetProgress reports for hang detection."""
         self.service = service
         self.config = config
         configure_logging(service, config.log_format, config.log_level)
@@ -132,6 +135,7 @@ class RollwayServer:
         if token:
             interceptors.append(AuthInterceptor(token))
         interceptors.append(ContextInterceptor())
+        interceptors.append(ProgressInterceptor(watched_calls))
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix=f"{service}-rpc"),
             interceptors=interceptors,
@@ -145,6 +149,11 @@ class RollwayServer:
         self._health = health.HealthServicer(experimental_non_blocking=True)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self._service_names: list[str] = []
+        self.add_service(
+            progress_pb2_grpc.add_ProgressServiceServicer_to_server,
+            ProgressServicer(),
+            progress_pb2.DESCRIPTOR.services_by_name["ProgressService"],
+        )
         self._on_stop: list[Callable[[], None]] = []
         self._on_drain: list[Callable[[float], None]] = []
         self._stopped = threading.Event()

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rollway.common import progress
 from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
 
@@ -186,6 +187,7 @@ class WeightGroup:
             raise WeightGroupError(f"weight group {self.spec.group_name!r} is broken: {self.broken}")
         options = dist.BroadcastOptions()
         options.rootRank = src
+        progress.beat()  # the previous piece went through (buffers are reused only after a wait)
         return self._started(self._pg.broadcast([tensor], options))
 
     def _started(self, work):
@@ -220,6 +222,7 @@ class WeightGroup:
         while True:
             try:
                 work.wait(timedelta(seconds=POLL_SECONDS))
+                progress.beat()
                 return
             except RuntimeError as exc:
                 if work.is_completed() or "timed out" not in str(exc).lower():

@@ -139,6 +139,12 @@ class CoordinatorConfig:
         "wait before a restart, doubled for each further restart before the run completes a step "
         "(at most 30 s)",
     )
+    hung_service_seconds: float = setting(
+        0.0,
+        "a service is hung when it answers nothing (frozen) or a long call of it makes no progress "
+        "(no micro-batch, token, bucket or reply) for this long: it is killed (SIGKILL) and recovered "
+        "like a dead one; 0: 10x the median of that call's recent durations, at least 60 s",
+    )
 
     # Services (attach mode; empty: the coordinator starts them)
     launcher: Literal["local", "ray"] = setting(
@@ -223,6 +229,10 @@ class CoordinatorConfig:
         if self.max_restarts < 0 or self.restart_backoff_seconds < 0:
             raise ConfigError(
                 "max_restarts" if self.max_restarts < 0 else "restart_backoff_seconds", "must not be negative"
+            )
+        if self.hung_service_seconds < 0:
+            raise ConfigError(
+                "hung_service_seconds", "must not be negative (0: sized from the calls' durations)"
             )
         if self.dashboard_rollout_groups < 0 or self.dashboard_rollout_steps < 0:
             raise ConfigError(

@@ -24,6 +24,7 @@ import hashlib
 import json
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -63,11 +64,14 @@ class Run:
         evaluator: Evaluator | None = None,
         stop: threading.Event | None = None,
         progress: bool = True,
+        notice: Callable[[str], None] = lambda line: None,
     ):
+        """`notice(line)`: told what the run survives (a checkpoint skipped on resume)."""
         self.config = config
         self.services = services
         self.run_dir = Path(run_dir)
         self.evaluator = evaluator
+        self.notice = notice
         self.stop = stop or threading.Event()
         self.sink = MetricsSink(self.run_dir)
         self.ledger = PromptLedger(self.run_dir)
@@ -124,6 +128,10 @@ class Run:
             return
         self.state = resumed.state
         self.state.restore_rng()
+        for reason in resumed.skipped:
+            self.notice(f"checkpoint skipped: {reason}")
+        if resumed.skipped:
+            self.notice(f"resumed from the older checkpoint {resumed.directory}")
         log.info("resumed", checkpoint=str(resumed.directory), next_rollout_id=self.state.next_rollout_id,
                  num_skipped_checkpoints=len(resumed.skipped))  # fmt: skip
 

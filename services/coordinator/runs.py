@@ -3,7 +3,8 @@
 StartRun(config) ─> parse_run_config (every error at once) ─> RunRecord ─> thread: execute()
 execute: start the services the config gives no address for (run_start.py), connect, Init
          each with its settings, check they agree ─> Run.execute() (run.py)
-         a watcher reports a dead service at once (process exit, failed health checks) and
+         a watcher reports a dead service at once (process exit, failed health checks; a hung
+         one, frozen or making no progress, is killed first: hang_watch.py) and
          cancels the calls in flight, so the run fails naming it instead of waiting (or, within
          max_restarts, recovers from its last checkpoint on a new instance of it)
          a dead environment the run started is restarted on its port while the run goes on: the
@@ -28,6 +29,7 @@ from rollway.common.v1 import common_pb2
 from rollway.coordinator.config import CoordinatorConfig
 from rollway.coordinator.dashboard import run_files
 from rollway.coordinator.evaluation import Evaluator
+from rollway.coordinator.hang_watch import HangWatch
 from rollway.coordinator.metrics import MetricsSink
 from rollway.coordinator.remote import Services
 from rollway.coordinator.run import Run, RunStopped
@@ -66,6 +68,12 @@ class RunRecord:
     restart_streak: int = 0  # restarts since the run last completed a step (the backoff doubles)
     driver_at_restart: Run | None = None  # the driver when the last restart was made
     recoveries: list[dict] = field(default_factory=list)  # one per restart: service, index, seconds
+    notices: list[str] = field(default_factory=list)  # what the run survived, a line each (RunInfo)
+
+    def notice(self, line: str) -> None:
+        self.notices.append(line)
+        log.warning("run notice", notice=line)
+        run_files.append_notice(self.run_dir, line)  # the dashboard's Runs view
 
     @property
     def config(self) -> CoordinatorConfig:
@@ -115,7 +123,7 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
             except RunStopped:
                 raise
             except Exception as exc:
-                dead = record.dead or watcher.wait_for_dead(DEAD_GRACE_SECONDS)
+                dead = record.dead or watcher.wait_for_dead()
                 if not _recover(record, dead, exc):
                     raise
             finally:
@@ -162,7 +170,13 @@ def _attempt(record: RunRecord, *, progress: bool) -> dict[str, float]:
         )
     previous = record.driver
     record.driver = Run(
-        c, record.services, record.run_dir, evaluator=evaluator, stop=record.stop, progress=progress
+        c,
+        record.services,
+        record.run_dir,
+        evaluator=evaluator,
+        stop=record.stop,
+        progress=progress,
+        notice=record.notice,
     )
     if previous is not None:  # GetRun keeps what the run did before the recovery
         record.driver.checkpoint_dir = previous.checkpoint_dir
@@ -247,9 +261,18 @@ def _count_restart(record: RunRecord, dead: DeadService, started: float) -> None
     record.restart_streak += 1
     record.driver_at_restart = record.driver
     record.recoveries.append(
-        {"service": dead.name, "index": dead.index, "restart_seconds": time.monotonic() - started}
+        {
+            "service": dead.name,
+            "index": dead.index,
+            "restart_seconds": time.monotonic() - started,
+            "cause": dead.detail.splitlines()[0],
+        }
     )
     log.info("service restarted", **record.recoveries[-1], restart=record.num_restarts)
+    record.notice(
+        f"recovered: {str(dead).splitlines()[0]}; restarted in {record.recoveries[-1]['restart_seconds']:.1f}s "
+        f"(restart {record.num_restarts}/{record.config.max_restarts})"
+    )
 
 
 def _report_restarts(record: RunRecord) -> None:
@@ -298,6 +321,8 @@ class _Watcher:
             if record.group is None or name not in record.group.addresses or name == "environment"
         }
         self.health = HealthWatch(watched) if any(watched.values()) else None
+        # Every service, started or attached: a hung one is found by its progress (hang_watch.py).
+        self.hang = HangWatch(record.addresses, record.config.hung_service_seconds)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name=f"watch-{record.run_id}", daemon=True)
         self._thread.start()
@@ -305,11 +330,15 @@ class _Watcher:
     def _watch(self) -> None:
         while not self._stop.wait(WATCH_SECONDS):
             record = self.record
-            dead = (record.group.dead() if record.group else None) or (
-                self.health.dead() if self.health else None
+            self.hang.poll()
+            dead = (
+                (record.group.dead() if record.group else None)
+                or (self.health.dead() if self.health else None)
+                or self._hung()
             )
             if dead is not None and not record.finished:
                 if dead.name == "environment" and _restart_environment(record, dead, self.health):
+                    self.hang.restarted(dead.name, dead.index, record.addresses[dead.name][dead.index])
                     continue
                 record.dead = dead
                 log.error("service died", service=str(dead).splitlines()[0])
@@ -317,16 +346,33 @@ class _Watcher:
                     record.services.cancel_all()
                 return
 
-    def wait_for_dead(self, seconds: float) -> DeadService | None:
-        """A call failed: the service behind it may be dying. Its death, if it comes in `seconds`."""
-        deadline = time.monotonic() + seconds
-        while self.record.dead is None and self._thread.is_alive() and time.monotonic() < deadline:
+    def _hung(self) -> DeadService | None:
+        """A hung service, killed (SIGKILL) when the run started it: then it is dead like any other
+        and recovers the same way. An attached one is only named: the run fails."""
+        hung = self.hang.hung()
+        group = self.record.group
+        if hung is None or group is None or hung.name not in group.addresses:
+            return hung
+        log.error("service hung: killing it", service=str(hung))
+        group.kill(hung.name, hung.index)
+        return DeadService(hung.name, hung.index, f"{hung.detail}; killed (SIGKILL)")
+
+    def wait_for_dead(self) -> DeadService | None:
+        """A call failed: the service behind it may be dying, or frozen. Its name, once the watch
+        can tell: an exit is seen within DEAD_GRACE_SECONDS; a silent service (failing health
+        checks, answering no progress probe) is waited for until the watch judges it."""
+        deadline = time.monotonic() + DEAD_GRACE_SECONDS
+        while self.record.dead is None and self._thread.is_alive():
+            pending = max(self.hang.suspect_seconds(), self.health.suspect_seconds() if self.health else 0.0)
+            if time.monotonic() >= deadline and pending <= 0:
+                break
             time.sleep(0.1)
         return self.record.dead
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
+        self.hang.close()
         if self.health is not None:
             self.health.close()
 
@@ -402,7 +448,17 @@ class RunManager:
         if record.driver is None:
             yield from (r for r in MetricsSink.read(record.metrics_path) if r["step"] >= from_step)
             return
-        yield from record.driver.sink.follow(from_step)
+        # A recovery replaces the driver (and its sink): follow the new one from the next step on.
+        driver, next_step = record.driver, from_step
+        while True:
+            for metrics in driver.sink.follow(next_step):
+                next_step = max(next_step, metrics["step"] + 1)
+                yield metrics
+            while record.driver is driver and not record.finished:
+                time.sleep(0.05)  # the sink closed: the run ended, or a recovery is under way
+            if record.driver is driver:
+                break
+            driver = record.driver
         if record.thread is not None:
             record.thread.join(60)  # the stream ends once the run's final state is visible to GetRun
 

@@ -40,6 +40,7 @@ def run_info(record: RunRecord) -> coordinator_pb2.RunInfo:
         hf_export_dir=driver.hf_export_dir if driver is not None else "",
         service_addresses=addresses,
         num_restarts=record.num_restarts,
+        notices=record.notices,
     )
 
 

@@ -34,6 +34,10 @@ MAX_BATCH_SIZE = 1 << 20
 DEFAULT_TIMEOUT_SECONDS = 600.0
 
 
+# The calls whose progress the coordinator watches (a hang is told from a slow step by it).
+WATCHED_CALLS = ("NextBatch", "EvalBatch", "GetState", "RestoreState")
+
+
 class DataloaderService(dataloader_pb2_grpc.DataloaderServiceServicer):
     """Serves tokenised batches from the configured datasets."""
 
@@ -238,7 +242,7 @@ def _dict(struct: struct_pb2.Struct) -> dict:
 
 def serve(server_config: ServerConfig, config: DataloaderConfig) -> None:
     """Open the datasets (when the flags name them), then serve until SIGTERM."""
-    server = RollwayServer("dataloader", server_config)
+    server = RollwayServer("dataloader", server_config, WATCHED_CALLS)
 
     def build(settings: DataloaderConfig) -> DataloaderService:
         servicer = DataloaderService(settings, server_config.max_message_mb)

@@ -1,8 +1,9 @@
-"""Fault injection for chaos tests and soak benchmarks: kill -9 the services of a local
-`rollway run` at seeded random moments, one failure at a time, and time each recovery.
+"""Fault injection for chaos tests and soak benchmarks: kill -9 (or freeze, SIGSTOP) the services
+of a local `rollway run` at seeded random moments, one failure at a time, and time each recovery.
 
     run = run_with_chaos(config, run_dir, [Kill(1, "trainer"), Kill(3, "coordinator")], seed=7,
                          log_path=workdir / "launcher.log")      # `rollway run CONFIG`, to its end
+    Kill(2, "rollout", signal.SIGSTOP)   a frozen service: the coordinator's hang watch must kill it
     run.returncode  0
     run.kills       [KillRecord(service="trainer", pid=..., steps_logged=1, replaced_seconds=0.2,
                                 next_step_seconds=6.0, ...), ...]
@@ -38,10 +39,12 @@ DEFAULT_STEP_SECONDS = 0.5  # the delay bound before the run has logged two step
 
 @dataclass(frozen=True)
 class Kill:
-    """Kill `service` once the run has logged `after_step` steps."""
+    """Send `signum` to `service` once the run has logged `after_step` steps: SIGKILL (a crash) or
+    SIGSTOP (a freeze, which only the coordinator's hang watch ends, by killing it)."""
 
     after_step: int
     service: str
+    signum: int = signal.SIGKILL
 
 
 @dataclass
@@ -50,6 +53,7 @@ class KillRecord:
 
     service: str
     pid: int
+    signum: int
     steps_logged: int  # distinct steps in metrics.jsonl when it was killed
     delay_seconds: float  # the injected delay after the kill was due
     killed_at: float  # time.time() of the kill
@@ -158,15 +162,15 @@ class ChaosHarness(threading.Thread):
             if pid is None:
                 self.error = f"{kill.service} was gone when it was to be killed after step {kill.after_step}"
                 return
-            self._kill_and_follow(kill.service, pid, delay)
+            self._kill_and_follow(kill.service, pid, kill.signum, delay)
 
     def _pid(self, service: str) -> int | None:
         return service_pid(self.launcher.pid, service)
 
-    def _kill_and_follow(self, service: str, pid: int, delay: float) -> None:
-        os.kill(pid, signal.SIGKILL)
+    def _kill_and_follow(self, service: str, pid: int, signum: int, delay: float) -> None:
+        os.kill(pid, signum)
         started = time.monotonic()
-        record = KillRecord(service, pid, steps_logged(self.run_dir), delay, time.time())
+        record = KillRecord(service, pid, signum, steps_logged(self.run_dir), delay, time.time())
         self.kills.append(record)
         # The replacement, then a step record that was not there when it appeared (a step in
         # flight may still be logged before the death is noticed; a redone step replaces its

@@ -163,6 +163,7 @@ class ServiceProcess:
             if self.proc.returncode is None:
                 if not self._exited_unreaped(0):
                     self.proc.send_signal(signal.SIGTERM)
+                    self.proc.send_signal(signal.SIGCONT)  # a stopped process acts on it only then
                     if not self._exited_unreaped(timeout):
                         self._kill_group()
                         self._exited_unreaped(10.0)
@@ -170,6 +171,11 @@ class ServiceProcess:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the service and its process group at once (a hung one: SIGTERM would wait)."""
+        with self._reaped_lock:
+            self._kill_group()
 
     def _exited_unreaped(self, timeout: float) -> bool:
         """Wait up to `timeout` s for the process to exit, leaving it unreaped (a zombie keeps its pid)."""

@@ -129,6 +129,11 @@ class ServiceHost:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
+    def kill(self) -> None:
+        """SIGKILL the process at once (a hung service: a frozen one ignores SIGTERM)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM the process by pid, wait for its drain, SIGKILL if it hangs; its exit code."""
         if self.proc is None:

@@ -324,6 +324,17 @@ class RayServiceGroup(ServiceGroup):
         self._write_actors()
         return actor.address
 
+    def kill(self, name: str, index: int) -> None:
+        """SIGKILL the hung service's process (every rank's, for the trainer): dead() then sees it."""
+        import ray
+
+        with self._lock:
+            actors = [
+                a for a in self.actors.values()
+                if a.spec.service == name and (name == "trainer" or a.spec.index == index)
+            ]  # fmt: skip
+        ray.get([a.handle.kill.remote() for a in actors], timeout=CALL_TIMEOUT_S)
+
     def _write_actors(self) -> None:
         """WORKDIR/ray.json: where each actor runs (node, address, pid, restarts) and the settings
         the placement decided."""

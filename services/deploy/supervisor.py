@@ -7,6 +7,7 @@
     group.dead()      the first service found dead, with the tail of its log (None while all live)
     group.restart("rollout", 1)                 a new process in place of a dead one: its address
     group.restart_in_place("environment", 0)    ... bound to the dead one's port (clients reconnect)
+    group.kill("trainer", 0)  SIGKILL a hung one (its process group): it is then dead like any other
     group.stop()      every process, by its own pid (and its process group)
 
 The services append their spans to this process's trace file, if it has one (--trace-file or
@@ -35,6 +36,7 @@ from rollway.common.tracing import trace_file_environment
 from rollway.deploy.local_processes import ServiceProcess
 
 TAIL_LINES = 30
+WATCH_SLACK_SECONDS = 1.0  # a health check's own timeout: silence shorter than this is no sign
 # Services whose module is not rollway.<name>.
 SERVICE_MODULES = {"environment": "rollway.rollout.environments"}
 
@@ -77,6 +79,10 @@ class ServiceGroup(ABC):
     @abstractmethod
     def restart(self, name: str, index: int) -> str:
         """A new instance in place of instance `index` of `name`; its address (CannotRestart)."""
+
+    @abstractmethod
+    def kill(self, name: str, index: int) -> None:
+        """SIGKILL instance `index` of `name` (a hung one: a frozen process ignores SIGTERM)."""
 
     @abstractmethod
     def stop(self) -> None:
@@ -140,6 +146,11 @@ class LocalServiceGroup(ServiceGroup):
     def restart(self, name: str, index: int) -> str:
         return self._restart(name, index, same_port=False)
 
+    def kill(self, name: str, index: int) -> None:
+        with self._lock:
+            process = self.processes[name][index]
+        process.kill()
+
     def restart_in_place(self, name: str, index: int) -> str:
         """A new process on the dead one's port: whoever holds its address (channels included)
         reaches the new one without being told. Raises (ServiceExitedError, naming the port) if
@@ -192,6 +203,12 @@ class HealthWatch:
     def close(self) -> None:
         for channel in self._channels:
             channel.close()
+
+    def suspect_seconds(self) -> float:
+        """How long until a service whose health checks fail now would be reported (0: none fails)."""
+        now = time.monotonic()
+        silent = [now - last for last in self._last_ok.values() if now - last > 2 * WATCH_SLACK_SECONDS]
+        return max([0.0, *(self.grace_seconds - s + WATCH_SLACK_SECONDS for s in silent)])
 
     def dead(self) -> DeadService | None:
         from grpc_health.v1 import health_pb2

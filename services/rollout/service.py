@@ -51,6 +51,10 @@ def _busy() -> FailedPrecondition:
     return FailedPrecondition("samples are generating; Pause (abort or wait) before ReleaseMemory")
 
 
+# The long calls whose progress the coordinator watches (a hang is told from a slow step by it).
+WATCHED_CALLS = ("Generate", "InitWeightGroup", "UpdateWeights")
+
+
 class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
     """Generate, pause/resume, memory and weight-checksum RPCs over one engine."""
 
@@ -230,7 +234,7 @@ def serve(server_config: ServerConfig, config: RolloutConfig) -> None:
     )
     threads = GenerateQueue.num_threads(generate_queue.max_running, generate_queue.max_queued)
     server_config = dataclasses.replace(server_config, max_workers=max(server_config.max_workers, threads))
-    server = RollwayServer("rollout", server_config)
+    server = RollwayServer("rollout", server_config, WATCHED_CALLS)
     engines = EngineKeeper(_build, lambda *args: RolloutService(*args, generate_queue))
     host = RunHost("rollout", engines.build, close_servicer)
     if config.hf_checkpoint:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rollway.common import progress
 from rollway.common.config import from_dict
 from rollway.common.cpu_threads import apply_cpu_threads
 from rollway.trainer import checkpoint, export, lora, weight_send
@@ -137,6 +138,7 @@ class TrainerEngine:
         results: dict[int, tuple[list[float], list[float]]] = {}
         with torch.no_grad():
             for items in micro_batches:
+                progress.beat()
                 mb = self._build(items, packing=True, extra_names=())
                 logits = reference_logits(self, mb) if use_reference else self._logits(mb)
                 logp, entropy = token_log_probs(
@@ -226,6 +228,7 @@ class TrainerEngine:
         per_sample: dict[int, list[float]] = {}
         extra_names = tuple(sorted({*step.extra_names, *spec.per_token_inputs}))
         for k, items in enumerate(step.micro_batches):
+            progress.beat()  # for the coordinator's hang watch (common/progress.py)
             # Reduce-scatter once, after the last micro-batch; earlier ones accumulate locally.
             self.model.set_requires_gradient_sync(k == len(step.micro_batches) - 1)
             with timer.phase("data"):

@@ -66,6 +66,17 @@ def read_stream(request_iterator, header_type: str) -> tuple[object, list]:
     return header, samples
 
 
+# The long calls whose progress the coordinator watches (a hang is told from a slow step by it).
+WATCHED_CALLS = (
+    "TrainStep",
+    "ComputeLogProbs",
+    "SaveCheckpoint",
+    "LoadCheckpoint",
+    "InitWeightGroup",
+    "PushWeights",
+)
+
+
 class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
     """Rank 0's servicer; the ranks' work goes through TrainerController."""
 
@@ -251,7 +262,7 @@ def same_start_up(old: TrainerConfig, new: TrainerConfig) -> bool:
 
 def serve(server_config: ServerConfig, config: TrainerConfig) -> None:
     """Serve until SIGTERM, then stop every rank. With a model in the flags, load it first."""
-    server = RollwayServer("trainer", server_config)
+    server = RollwayServer("trainer", server_config, WATCHED_CALLS)
     bare = not config.hf_checkpoint
     if not bare:
         try:

@@ -1,11 +1,14 @@
-"""Self-healing runs: a seeded harness kill -9s every service during a short GRPO run under
-`rollway run`; the run completes on its own, every prompt is used once, metrics.jsonl holds each
-step once, and the final weights equal an uninterrupted run's bit for bit."""
+"""Self-healing runs: a seeded harness kill -9s every service (or freezes the trainer, rollout and
+dataloader with SIGSTOP) during a short GRPO run under `rollway run`; the run completes on its
+own, every prompt is used once, metrics.jsonl holds each step once, and the final weights equal
+an uninterrupted run's bit for bit."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -18,9 +21,12 @@ pytestmark = pytest.mark.slow
 
 NUM_STEPS = 10
 RUN_SECONDS = 420.0
+HUNG_SERVICE_SECONDS = 8.0  # the frozen-service run's bound (a toy step takes well under a second)
 
 
-def write_config(path: Path, model: Path, data: Path, run_dir: Path, save: Path, export: Path) -> Path:
+def write_config(
+    path: Path, model: Path, data: Path, run_dir: Path, save: Path, export: Path, **overrides
+) -> Path:
     config = {
         "hf_checkpoint": str(model),
         "prompt_data": [str(data / "rl.parquet")],
@@ -44,17 +50,20 @@ def write_config(path: Path, model: Path, data: Path, run_dir: Path, save: Path,
         "run_id": "chaos",
         "max_restarts": 8,
         "restart_backoff_seconds": 0.1,
+        **overrides,
     }
     path.write_text(json.dumps(config))  # JSON is YAML
     return path
 
 
-def run_to_end(tmp_path: Path, name: str, model: Path, data: Path, schedule=(), seed: int = 0):
+def run_to_end(tmp_path: Path, name: str, model: Path, data: Path, schedule=(), seed: int = 0, **overrides):
     workdir = tmp_path / name
     workdir.mkdir()
     write_digit_share_reward(workdir, "chaos_reward")
     run_dir = workdir / "runs"
-    config = write_config(workdir / "run.json", model, data, run_dir, workdir / "save", workdir / "hf")
+    config = write_config(
+        workdir / "run.json", model, data, run_dir, workdir / "save", workdir / "hf", **overrides
+    )
     pythonpath = f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     run = run_with_chaos(
         config,
@@ -68,11 +77,18 @@ def run_to_end(tmp_path: Path, name: str, model: Path, data: Path, schedule=(), 
     return run, run_dir / "chaos", workdir
 
 
+@pytest.fixture(scope="module")
+def straight_dir(tmp_path_factory, tiny_model_dir, demo_data_dir) -> Path:
+    """The uninterrupted run every faulty one is compared with."""
+    tmp_path = tmp_path_factory.mktemp("straight")
+    straight_run, run_dir, workdir = run_to_end(tmp_path, "straight", tiny_model_dir, demo_data_dir)
+    assert straight_run.returncode == 0, (workdir / "launcher.log").read_text()[-3000:]
+    return run_dir
+
+
 def test_a_run_survives_kill_9_of_every_service_with_nothing_lost_or_repeated(
-    tmp_path, tiny_model_dir, demo_data_dir
+    tmp_path, tiny_model_dir, demo_data_dir, straight_dir
 ):
-    straight_run, straight_dir, straight = run_to_end(tmp_path, "straight", tiny_model_dir, demo_data_dir)
-    assert straight_run.returncode == 0, (straight / "launcher.log").read_text()[-3000:]
     schedule = [Kill(1, "trainer"), Kill(3, "rollout"), Kill(5, "dataloader"), Kill(7, "coordinator")]
     run, chaos_dir, chaos = run_to_end(tmp_path, "chaos", tiny_model_dir, demo_data_dir, schedule, seed=1234)
     log = (chaos / "launcher.log").read_text()
@@ -83,7 +99,45 @@ def test_a_run_survives_kill_9_of_every_service_with_nothing_lost_or_repeated(
     assert all(kill.replaced_seconds is not None for kill in run.kills), run.kills
     assert all(kill.next_step_seconds is not None for kill in run.kills), run.kills
     assert "restarting the coordinator (1/8)" in log
+    assert json.loads((chaos_dir / "result.json").read_text())["num_coordinator_restarts"] == 1
+    assert_same_run(chaos_dir, straight_dir)
 
+
+def test_a_run_survives_frozen_services_killing_each_within_the_hang_bound(
+    tmp_path, tiny_model_dir, demo_data_dir, straight_dir
+):
+    """SIGSTOP of the trainer, a rollout and the dataloader: each is found hung (it answers
+    nothing) after hung_service_seconds, killed and replaced; the run ends as if nothing happened."""
+    schedule = [Kill(1, "trainer", signal.SIGSTOP), Kill(3, "rollout", signal.SIGSTOP),
+                Kill(5, "dataloader", signal.SIGSTOP)]  # fmt: skip
+    run, frozen_dir, frozen = run_to_end(
+        tmp_path, "frozen", tiny_model_dir, demo_data_dir, schedule, seed=99,
+        hung_service_seconds=HUNG_SERVICE_SECONDS,
+    )  # fmt: skip
+    log = (frozen / "launcher.log").read_text()
+    assert run.returncode == 0, log[-3000:]
+    assert run.error is None, run.error
+    assert [kill.service for kill in run.kills] == ["trainer", "rollout", "dataloader"]
+    for kill in run.kills:
+        # Found hung once silent for the bound (probes every 0.5 s), then replaced: the bound plus
+        # a restart, never the minutes of a keepalive or call deadline.
+        assert HUNG_SERVICE_SECONDS <= kill.replaced_seconds < HUNG_SERVICE_SECONDS + 30, run.kills
+        assert kill.next_step_seconds is not None, run.kills
+    # The console names each hang and recovery, and keeps printing progress after them.
+    for service in ("trainer", "rollout", "dataloader"):
+        assert re.search(rf"recovered: {service} \(pid \d+, at [^)]+\) is hung: it answered nothing", log), (
+            log
+        )
+    assert re.search(rf"step {NUM_STEPS}/{NUM_STEPS} \|", log), log
+    assert json.loads((frozen_dir / "status.json").read_text())["state"] == "SUCCEEDED"
+    result = json.loads((frozen_dir / "result.json").read_text())
+    assert [r["service"] for r in result["recoveries"]] == ["trainer", "rollout", "dataloader"]
+    assert_same_run(frozen_dir, straight_dir)
+
+
+def assert_same_run(chaos_dir: Path, straight_dir: Path) -> None:
+    """Each step once with the uninterrupted run's values, every prompt once in its order, and
+    the final weights bit for bit."""
     # Each step once in metrics.jsonl, with the uninterrupted run's values.
     records = [json.loads(line) for line in (chaos_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in records if "train/grad_norm" in r]

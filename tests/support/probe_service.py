@@ -3,7 +3,9 @@
     python -m support.probe_service --port 0 --port-file F [--ready-after S] [--relay-to ADDR]
 
 Methods (raw bytes in and out, registered as rollway.test.v1.ProbeService):
-  Sleep   sleeps float(request) seconds, answers b"slept"      (drain tests)
+  Sleep   sleeps float(request) seconds, answers b"slept"      (drain tests; a quiet call for the
+          hang watch: Sleep is a watched call that makes no progress)
+  Work    works float(request) seconds, beating progress every 0.1 s, answers b"worked"  (hang watch)
   Relay   calls grpc.health.v1 Check on --relay-to             (trace propagation)
   Log     logs an event "probe log" and answers b"logged"      (log context)
   Fail    request b"invalid": InvalidArgument; otherwise RuntimeError  (error mapping)
@@ -24,6 +26,7 @@ from types import SimpleNamespace
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rollway.common import progress
 from rollway.common.client import open_channel
 from rollway.common.config import parse_components, setting
 from rollway.common.errors import InvalidArgument
@@ -74,6 +77,13 @@ def _handlers(config: ProbeConfig):
         time.sleep(float(request or b"0"))
         return b"slept"
 
+    def work(request: bytes, context) -> bytes:
+        deadline = time.monotonic() + float(request or b"0")
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            progress.beat()
+        return b"worked"
+
     def relay(request: bytes, context) -> bytes:
         with open_channel(config.relay_to) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
@@ -95,6 +105,7 @@ def _handlers(config: ProbeConfig):
         SERVICE,
         {
             "Sleep": unary(sleep),
+            "Work": unary(work),
             "Relay": unary(relay),
             "Log": unary(log_event),
             "Fail": unary(fail),
@@ -106,7 +117,7 @@ def _handlers(config: ProbeConfig):
 
 def main(argv=None) -> None:
     server_config, config = parse_components([ServerConfig, ProbeConfig], argv, prog="probe")
-    server = RollwayServer("probe", server_config)
+    server = RollwayServer("probe", server_config, watched_calls=("Sleep", "Work"))
     server.add_service(
         lambda handler, srv: srv.add_generic_rpc_handlers((handler,)),
         _handlers(config),

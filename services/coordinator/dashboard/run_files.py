@@ -3,6 +3,7 @@
 RUN_DIR/metrics.jsonl     one record per step (metrics.py)
 RUN_DIR/config.json       the config as given and as resolved per component (runs.py)
 RUN_DIR/status.json       the final state and error (written when the run ends)
+RUN_DIR/notices.jsonl     what the run survived, a line each: recoveries, skipped checkpoints
 RUN_DIR/result.json       final metrics of a run that succeeded
 RUN_DIR/rollouts/         sampled rollouts per step (rollout_samples.py)
 RUN_DIR/services/*.log    logs of the services the run started (JSON lines)
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 STATUS_FILE = "status.json"
+NOTICES_FILE = "notices.jsonl"
 TRACE_FILE = "trace.jsonl"
 LOG_TAIL_LINES = 40
 # Local service logs are named SERVICE-LAUNCHERPID-NS.log, next to SERVICE-LAUNCHERPID-NS.port.
@@ -31,6 +33,19 @@ def write_status(run_dir: Path, state: str, error: str = "") -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps({"state": state, "error": error, "time": time.time()}))
     os.replace(tmp, path)
+
+
+def append_notice(run_dir: Path, line: str) -> None:
+    with (Path(run_dir) / NOTICES_FILE).open("a") as f:
+        f.write(json.dumps({"time": time.time(), "notice": line}) + "\n")
+
+
+def read_notices(run_dir: Path) -> list[dict]:
+    try:
+        lines = (Path(run_dir) / NOTICES_FILE).read_text().splitlines()
+    except OSError:
+        return []
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def read_json(path: Path) -> dict:

@@ -80,6 +80,7 @@ class DashboardRuns:
             "run_dir": str(run_dir),
             "state": state,
             "error": error,
+            "notices": [n["notice"] for n in run_files.read_notices(run_dir)],  # recoveries, fallbacks
             "live": record is not None,
             "started": started,
             "mode": _mode(run_files.read_json(run_dir / "config.json")),

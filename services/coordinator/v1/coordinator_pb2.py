@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(rollway/coordinator/v1/coordinator.proto\x12\x16rollway.coordinator.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xd7\x03\n\x07RunInfo\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12/\n\x05state\x18\x02 \x01(\x0e\x32 .rollway.coordinator.v1.RunState\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x11\n\tnum_steps\x18\x04 \x01(\x03\x12\x0f\n\x07run_dir\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x46\n\x0clast_metrics\x18\x07 \x03(\x0b\x32\x30.rollway.coordinator.v1.RunInfo.LastMetricsEntry\x12\x16\n\x0e\x63heckpoint_dir\x18\x08 \x01(\t\x12\x15\n\rhf_export_dir\x18\t \x01(\t\x12P\n\x11service_addresses\x18\n \x03(\x0b\x32\x35.rollway.coordinator.v1.RunInfo.ServiceAddressesEntry\x12\x14\n\x0cnum_restarts\x18\x0b \x01(\x03\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x37\n\x15ServiceAddressesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"J\n\x0fStartRunRequest\x12\'\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"@\n\x10StartRunResponse\x12,\n\x03run\x18\x01 \x01(\x0b\x32\x1f.rollway.coordinator.v1.RunInfo\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\">\n\x0eGetRunResponse\x12,\n\x03run\x18\x01 \x01(\x0b\x32\x1f.rollway.coordinator.v1.RunInfo\"9\n\x14StreamMetricsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tfrom_step\x18\x02 \x01(\x03\"\xb0\x01\n\x15StreamMetricsResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12K\n\x07metrics\x18\x02 \x03(\x0b\x32:.rollway.coordinator.v1.StreamMetricsResponse.MetricsEntry\x12\x0c\n\x04time\x18\x03 \x01(\x01\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"3\n\x0eStopRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\timmediate\x18\x02 \x01(\x08\"?\n\x0fStopRunResponse\x12,\n\x03run\x18\x01 \x01(\x0b\x32\x1f.rollway.coordinator.v1.RunInfo\"\x11\n\x0fListRunsRequest\"A\n\x10ListRunsResponse\x12-\n\x04runs\x18\x01 \x03(\x0b\x32\x1f.rollway.coordinator.v1.RunInfo*\x9a\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12RUN_STATE_STARTING\x10\x01\x12\x15\n\x11RUN_STATE_RUNNING\x10\x02\x12\x17\n\x13RUN_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10RUN_STATE_FAILED\x10\x04\x12\x15\n\x11RUN_STATE_STOPPED\x10\x05\x32\xf7\x03\n\x12\x43oordinatorService\x12]\n\x08StartRun\x12\'.rollway.coordinator.v1.StartRunRequest\x1a(.rollway.coordinator.v1.StartRunResponse\x12W\n\x06GetRun\x12%.rollway.coordinator.v1.GetRunRequest\x1a&.rollway.coordinator.v1.GetRunResponse\x12n\n\rStreamMetrics\x12,.rollway.coordinator.v1.StreamMetricsRequest\x1a-.rollway.coordinator.v1.StreamMetricsResponse0\x01\x12Z\n\x07StopRun\x12&.rollway.coordinator.v1.StopRunRequest\x1a\'.rollway.coordinator.v1.StopRunResponse\x12]\n\x08ListRuns\x12\'.rollway.coordinator.v1.ListRunsRequest\x1a(.rollway.coordinator.v1.ListRunsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(rollway/coordinator/v1/coordinator.proto\x12\x16rollway.coordinator.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xe8\x03\n\x07RunInfo\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12/\n\x05state\x18\x02 \x01(\x0e\x32 .rollway.coordinator.v1.RunState\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x11\n\tnum_steps\x18\x04 \x01(\x03\x12\x0f\n\x07run_dir\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x46\n\x0clast_metrics\x18\x07 \x03(\x0b\x32\x30.rollway.coordinator.v1.RunInfo.LastMetricsEntry\x12\x16\n\x0e\x63heckpoint_dir\x18\x08 \x01(\t\x12\x15\n\rhf_export_dir\x18\t \x01(\t\x12P\n\x11service_addresses\x18\n \x03(\x0b\x32\x35.rollway.coordinator.v1.RunInfo.ServiceAddressesEntry\x12\x14\n\x0cnum_restarts\x18\x0b \x01(\x03\x12\x0f\n\x07notices\x18\x14 \x03(\t\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x37\n\x15ServiceAddressesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"J\n\x0fStartRunRequest\x12\'\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"@\n\x10StartRunResponse\x12,\n\x03run\x18\x01 \x01(\x0b\x32\x1f.rollway.coordinator.v1.RunInfo\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\">\n\x0eGetRunResponse\x12,\n\x03run\x18\x01 \x01(\x0b\x32\x1f.rollway.coordinator.v1.RunInfo\"9\n\x14StreamMetricsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tfrom_step\x18\x02 \x01(\x03\"\xb0\x01\n\x15StreamMetricsResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12K\n\x07metrics\x18\x02 \x03(\x0b\x32:.rollway.coordinator.v1.StreamMetricsResponse.MetricsEntry\x12\x0c\n\x04time\x18\x03 \x01(\x01\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"3\n\x0eStopRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\timmediate\x18\x02 \x01(\x08\"?\n\x0fStopRunResponse\x12,\n\x03run\x18\x01 \x01(\x0b\x32\x1f.rollway.coordinator.v1.RunInfo\"\x11\n\x0fListRunsRequest\"A\n\x10ListRunsResponse\x12-\n\x04runs\x18\x01 \x03(\x0b\x32\x1f.rollway.coordinator.v1.RunInfo*\x9a\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12RUN_STATE_STARTING\x10\x01\x12\x15\n\x11RUN_STATE_RUNNING\x10\x02\x12\x17\n\x13RUN_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10RUN_STATE_FAILED\x10\x04\x12\x15\n\x11RUN_STATE_STOPPED\x10\x05\x32\xf7\x03\n\x12\x43oordinatorService\x12]\n\x08StartRun\x12\'.rollway.coordinator.v1.StartRunRequest\x1a(.rollway.coordinator.v1.StartRunResponse\x12W\n\x06GetRun\x12%.rollway.coordinator.v1.GetRunRequest\x1a&.rollway.coordinator.v1.GetRunResponse\x12n\n\rStreamMetrics\x12,.rollway.coordinator.v1.StreamMetricsRequest\x1a-.rollway.coordinator.v1.StreamMetricsResponse0\x01\x12Z\n\x07StopRun\x12&.rollway.coordinator.v1.StopRunRequest\x1a\'.rollway.coordinator.v1.StopRunResponse\x12]\n\x08ListRuns\x12\'.rollway.coordinator.v1.ListRunsRequest\x1a(.rollway.coordinator.v1.ListRunsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,36 +38,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RUNINFO_SERVICEADDRESSESENTRY']._serialized_options = b'8\001'
   _globals['_STREAMMETRICSRESPONSE_METRICSENTRY']._loaded_options = None
   _globals['_STREAMMETRICSRESPONSE_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_RUNSTATE']._serialized_start=1254
-  _globals['_RUNSTATE']._serialized_end=1408
+  _globals['_RUNSTATE']._serialized_start=1271
+  _globals['_RUNSTATE']._serialized_end=1425
   _globals['_RUNINFO']._serialized_start=99
-  _globals['_RUNINFO']._serialized_end=570
-  _globals['_RUNINFO_LASTMETRICSENTRY']._serialized_start=463
-  _globals['_RUNINFO_LASTMETRICSENTRY']._serialized_end=513
-  _globals['_RUNINFO_SERVICEADDRESSESENTRY']._serialized_start=515
-  _globals['_RUNINFO_SERVICEADDRESSESENTRY']._serialized_end=570
-  _globals['_STARTRUNREQUEST']._serialized_start=572
-  _globals['_STARTRUNREQUEST']._serialized_end=646
-  _globals['_STARTRUNRESPONSE']._serialized_start=648
-  _globals['_STARTRUNRESPONSE']._serialized_end=712
-  _globals['_GETRUNREQUEST']._serialized_start=714
-  _globals['_GETRUNREQUEST']._serialized_end=745
-  _globals['_GETRUNRESPONSE']._serialized_start=747
-  _globals['_GETRUNRESPONSE']._serialized_end=809
-  _globals['_STREAMMETRICSREQUEST']._serialized_start=811
-  _globals['_STREAMMETRICSREQUEST']._serialized_end=868
-  _globals['_STREAMMETRICSRESPONSE']._serialized_start=871
-  _globals['_STREAMMETRICSRESPONSE']._serialized_end=1047
-  _globals['_STREAMMETRICSRESPONSE_METRICSENTRY']._serialized_start=1001
-  _globals['_STREAMMETRICSRESPONSE_METRICSENTRY']._serialized_end=1047
-  _globals['_STOPRUNREQUEST']._serialized_start=1049
-  _globals['_STOPRUNREQUEST']._serialized_end=1100
-  _globals['_STOPRUNRESPONSE']._serialized_start=1102
-  _globals['_STOPRUNRESPONSE']._serialized_end=1165
-  _globals['_LISTRUNSREQUEST']._serialized_start=1167
-  _globals['_LISTRUNSREQUEST']._serialized_end=1184
-  _globals['_LISTRUNSRESPONSE']._serialized_start=1186
-  _globals['_LISTRUNSRESPONSE']._serialized_end=1251
-  _globals['_COORDINATORSERVICE']._serialized_start=1411
-  _globals['_COORDINATORSERVICE']._serialized_end=1914
+  _globals['_RUNINFO']._serialized_end=587
+  _globals['_RUNINFO_LASTMETRICSENTRY']._serialized_start=480
+  _globals['_RUNINFO_LASTMETRICSENTRY']._serialized_end=530
+  _globals['_RUNINFO_SERVICEADDRESSESENTRY']._serialized_start=532
+  _globals['_RUNINFO_SERVICEADDRESSESENTRY']._serialized_end=587
+  _globals['_STARTRUNREQUEST']._serialized_start=589
+  _globals['_STARTRUNREQUEST']._serialized_end=663
+  _globals['_STARTRUNRESPONSE']._serialized_start=665
+  _globals['_STARTRUNRESPONSE']._serialized_end=729
+  _globals['_GETRUNREQUEST']._serialized_start=731
+  _globals['_GETRUNREQUEST']._serialized_end=762
+  _globals['_GETRUNRESPONSE']._serialized_start=764
+  _globals['_GETRUNRESPONSE']._serialized_end=826
+  _globals['_STREAMMETRICSREQUEST']._serialized_start=828
+  _globals['_STREAMMETRICSREQUEST']._serialized_end=885
+  _globals['_STREAMMETRICSRESPONSE']._serialized_start=888
+  _globals['_STREAMMETRICSRESPONSE']._serialized_end=1064
+  _globals['_STREAMMETRICSRESPONSE_METRICSENTRY']._serialized_start=1018
+  _globals['_STREAMMETRICSRESPONSE_METRICSENTRY']._serialized_end=1064
+  _globals['_STOPRUNREQUEST']._serialized_start=1066
+  _globals['_STOPRUNREQUEST']._serialized_end=1117
+  _globals['_STOPRUNRESPONSE']._serialized_start=1119
+  _globals['_STOPRUNRESPONSE']._serialized_end=1182
+  _globals['_LISTRUNSREQUEST']._serialized_start=1184
+  _globals['_LISTRUNSREQUEST']._serialized_end=1201
+  _globals['_LISTRUNSRESPONSE']._serialized_start=1203
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1268
+  _globals['_COORDINATORSERVICE']._serialized_start=1428
+  _globals['_COORDINATORSERVICE']._serialized_end=1931
 # @@protoc_insertion_point(module_scope)

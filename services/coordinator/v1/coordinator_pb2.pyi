@@ -24,7 +24,7 @@ RUN_STATE_FAILED: RunState
 RUN_STATE_STOPPED: RunState
 
 class RunInfo(_message.Message):
-    __slots__ = ("run_id", "state", "step", "num_steps", "run_dir", "error", "last_metrics", "checkpoint_dir", "hf_export_dir", "service_addresses", "num_restarts")
+    __slots__ = ("run_id", "state", "step", "num_steps", "run_dir", "error", "last_metrics", "checkpoint_dir", "hf_export_dir", "service_addresses", "num_restarts", "notices")
     class LastMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,7 @@ class RunInfo(_message.Message):
     HF_EXPORT_DIR_FIELD_NUMBER: _ClassVar[int]
     SERVICE_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     NUM_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    NOTICES_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     state: RunState
     step: int
@@ -61,7 +62,8 @@ class RunInfo(_message.Message):
     hf_export_dir: str
     service_addresses: _containers.ScalarMap[str, str]
     num_restarts: int
-    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., step: _Optional[int] = ..., num_steps: _Optional[int] = ..., run_dir: _Optional[str] = ..., error: _Optional[str] = ..., last_metrics: _Optional[_Mapping[str, float]] = ..., checkpoint_dir: _Optional[str] = ..., hf_export_dir: _Optional[str] = ..., service_addresses: _Optional[_Mapping[str, str]] = ..., num_restarts: _Optional[int] = ...) -> None: ...
+    notices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., step: _Optional[int] = ..., num_steps: _Optional[int] = ..., run_dir: _Optional[str] = ..., error: _Optional[str] = ..., last_metrics: _Optional[_Mapping[str, float]] = ..., checkpoint_dir: _Optional[str] = ..., hf_export_dir: _Optional[str] = ..., service_addresses: _Optional[_Mapping[str, str]] = ..., num_restarts: _Optional[int] = ..., notices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StartRunRequest(_message.Message):
     __slots__ = ("config", "run_id")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rollway.common import progress
 from rollway.common.log import get_logger
 from rollway.rollout.engines.base import (
     FINISH_ABORT,
@@ -154,6 +155,7 @@ class Batcher:
                 admitted = self._admitting = self._take_admissions()
             try:
                 self._iteration(admitted)
+                progress.beat()  # a decode step: for the coordinator's hang watch
             except Exception as exc:
                 log.exception("generation step failed")
                 self._fail_live(admitted, f"{type(exc).__name__}: {exc}")

@@ -125,7 +125,8 @@ function renderRuns() {
         el("td", {}, box),
         el("td", {}, el("a", { href: "#runs", onclick: () => selectRun(r.run_id) }, r.run_id)),
         el("td", {}, r.mode),
-        el("td", { class: "state state-" + r.state, title: r.error || "" }, r.state),
+        el("td", { class: "state state-" + r.state, title: [r.error, ...(r.notices || [])].filter(Boolean).join("\n") },
+          r.state + ((r.notices || []).length ? ` (${r.notices.length} recovered)` : "")),
         el("td", {}, el("span", { class: "bar" }, el("span", { style: `width:${fraction * 100}%` })),
           ` ${r.step}/${r.num_steps || "?"}`),
         el("td", {}, fmt(r.seconds_per_step, 2)),
@@ -150,8 +151,12 @@ async function stopRun(runId) {
 async function loadRunDetail() {
   const run = await api(`runs/${encodeURIComponent(state.run)}`);
   const error = run.error ? el("p", { class: "error-text" }, run.error) : "";
+  // What the run survived (restarts of dead or hung services, skipped checkpoints), one line each.
+  const notices = (run.notices || []).length
+    ? el("ul", { class: "notices" }, ...run.notices.map((n) => el("li", {}, n)))
+    : "";
   $("#run-detail").replaceChildren(
-    el("div", {}, el("h3", {}, `${run.run_id}: config as given`), error, el("pre", { id: "config-given" }, JSON.stringify(run.config_given, null, 1))),
+    el("div", {}, el("h3", {}, `${run.run_id}: config as given`), error, notices, el("pre", { id: "config-given" }, JSON.stringify(run.config_given, null, 1))),
     el("div", {}, el("h3", {}, "as resolved (every setting, per service)"), el("pre", { id: "config-resolved" }, JSON.stringify(run.config_resolved, null, 1))),
   );
 }

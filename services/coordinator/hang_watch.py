@@ -1,0 +1,166 @@
+"""Tells a hung service from a slow one, by asking every service of a run for its progress.
+
+    watch = HangWatch(addresses, hung_service_seconds=0.0)   # 0: thresholds from call durations
+    watch.poll()      each tick: a GetProgress to every service whose last one has come back
+    watch.hung()      the first hung service (a DeadService naming it and why), or None
+    watch.suspect_seconds()  how long until a service silent now would be declared hung
+
+A process that dies is seen by its exit; one that hangs is not. A frozen process (SIGSTOP, a
+stuck kernel) answers nothing; a deadlocked thread leaves the gRPC threads answering while its
+call goes quiet. So a service is hung when
+
+  - it has answered no GetProgress for longer than its threshold (frozen), or
+  - it answers, but a watched call of it (TrainStep, Generate, a weight update, a checkpoint)
+    has made no progress for longer than the threshold, and no other service is frozen: a frozen
+    peer explains a quiet collective (the trainer's broadcast waits on a frozen rollout). Of
+    several quiet calls, the one quiet longest is blamed.
+
+Threshold: hung_service_seconds when set; otherwise 10x the median of the call's recent
+durations (the service reports them), at least MIN_HUNG_SECONDS, so a 0.6B model's 15 s step and
+a toy's 0.1 s step both get a bound that a normal step never reaches.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from rollway.common.client import ClientConfig, open_channel
+from rollway.common.v1 import progress_pb2, progress_pb2_grpc
+from rollway.deploy.supervisor import DeadService
+
+MIN_HUNG_SECONDS = 60.0
+DURATION_FACTOR = 10.0
+PROBE_SECONDS = 2.0  # a GetProgress answers from counters: two seconds is an eternity for it
+
+
+@dataclass
+class _Target:
+    name: str
+    index: int
+    address: str
+    stub: progress_pb2_grpc.ProgressServiceStub
+    last_answer: float
+    progress: progress_pb2.GetProgressResponse | None = None
+    in_flight: grpc.Future | None = None
+
+
+class HangWatch:
+    def __init__(
+        self,
+        addresses: dict[str, list[str]],
+        hung_service_seconds: float = 0.0,
+        client_config: ClientConfig | None = None,
+    ):
+        self.hung_service_seconds = hung_service_seconds
+        self._lock = threading.Lock()
+        self._channels: list[grpc.Channel] = []
+        self._targets: list[_Target] = []
+        now = time.monotonic()
+        for name, group in addresses.items():
+            for index, address in enumerate(group):
+                channel = open_channel(address, client_config)
+                self._channels.append(channel)
+                stub = progress_pb2_grpc.ProgressServiceStub(channel)
+                self._targets.append(_Target(name, index, address, stub, now))
+
+    def restarted(self, name: str, index: int, address: str) -> None:
+        """A new process serves instance `index` of `name` (at `address`): its silence starts over."""
+        for target in self._targets:
+            if (target.name, target.index) == (name, index):
+                if address != target.address:
+                    channel = open_channel(address)
+                    self._channels.append(channel)
+                    target.stub = progress_pb2_grpc.ProgressServiceStub(channel)
+                    target.address = address
+                target.last_answer, target.progress, target.in_flight = time.monotonic(), None, None
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+
+    # --- probing ---
+    def poll(self) -> None:
+        """Ask every service whose last GetProgress has come back (never waits)."""
+        for target in self._targets:
+            if target.in_flight is None:
+                future = target.stub.GetProgress.future(
+                    progress_pb2.GetProgressRequest(), timeout=PROBE_SECONDS
+                )
+                target.in_flight = future
+                future.add_done_callback(lambda f, t=target: self._answered(t, f))
+
+    def _answered(self, target: _Target, future: grpc.Future) -> None:
+        with self._lock:
+            if target.in_flight is not future:
+                return  # a probe of a process since replaced
+            target.in_flight = None
+            try:
+                target.progress = future.result()
+            except grpc.RpcError:
+                return  # silent: last_answer stays
+            target.last_answer = time.monotonic()
+
+    # --- judging ---
+    def _threshold(self, progress: progress_pb2.GetProgressResponse | None, method: str = "") -> float:
+        if self.hung_service_seconds > 0:
+            return self.hung_service_seconds
+        medians = progress.median_seconds if progress is not None else {}
+        if method:
+            typical = medians.get(method, 0.0)
+        else:  # frozen: sized by its slowest kind of call
+            typical = max(medians.values(), default=0.0)
+        return max(MIN_HUNG_SECONDS, DURATION_FACTOR * typical)
+
+    def _frozen_for(self, target: _Target, now: float) -> float:
+        return now - target.last_answer
+
+    def hung(self) -> DeadService | None:
+        now = time.monotonic()
+        with self._lock:
+            targets = list(self._targets)
+        for target in targets:
+            silent = self._frozen_for(target, now)
+            threshold = self._threshold(target.progress)
+            if silent > threshold:
+                pid = f"pid {target.progress.pid}, " if target.progress is not None else ""
+                return DeadService(
+                    target.name,
+                    target.index,
+                    f"({pid}at {target.address}) is hung: it answered nothing for {silent:.0f}s "
+                    f"(frozen? hung_service_seconds {threshold:.0f}s)",
+                )
+        if any(self._frozen_for(t, now) > 2 * PROBE_SECONDS for t in targets):
+            return None  # a frozen peer may be why the others' calls are quiet: judged first
+        quiet = [
+            (call.silent_seconds, target, call)
+            for target in targets
+            if target.progress is not None
+            for call in target.progress.calls
+            if call.silent_seconds > self._threshold(target.progress, call.method)
+        ]
+        if not quiet:
+            return None
+        silent, target, call = max(quiet, key=lambda q: q[0])
+        return DeadService(
+            target.name,
+            target.index,
+            f"(pid {target.progress.pid}) is hung: its {call.method} made no progress for {silent:.0f}s "
+            f"(running {call.running_seconds:.0f}s; hung_service_seconds "
+            f"{self._threshold(target.progress, call.method):.0f}s)",
+        )
+
+    def suspect_seconds(self) -> float:
+        """The longest time until a service that is silent now would be declared hung (0: none is)."""
+        now = time.monotonic()
+        with self._lock:
+            targets = list(self._targets)
+        waits = [
+            self._threshold(t.progress) - self._frozen_for(t, now)
+            for t in targets
+            if self._frozen_for(t, now) > 2 * PROBE_SECONDS
+        ]
+        return max([0.0, *waits])
