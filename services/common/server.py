@@ -36,11 +36,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from rollway.common.config import ConfigError, setting
 from rollway.common.interceptors import AuthInterceptor, ContextInterceptor
 from rollway.common.log import configure_logging, get_logger
-from rollway.common.progress import ProgressInterceptor, ProgressServicer
-from rollway.common.v1 import progress_pb2, progress_pb2_grpc
 from rollway.common.parent_watch import parent_gone, watch_parent
+from rollway.common.progress import ProgressInterceptor, ProgressServicer
 from rollway.common.reflection import enable_reflection
 from rollway.common.tracing import configure_tracing, server_interceptor, shutdown_tracing
+from rollway.common.v1 import progress_pb2, progress_pb2_grpc
 
 MiB = 1024 * 1024
 # When the launcher is gone nobody waits for a long drain: in-flight calls get this long, and the

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-
-from rollway.common.client import open_channel
-from rollway.coordinator.hang_watch import MIN_HUNG_SECONDS, HangWatch
-from rollway.common.v1 import progress_pb2, progress_pb2_grpc
 from support.probe_service import SERVICE
 from support.processes import ServiceProcess
 from support.waiting import wait_until
+
+from rollway.common.client import open_channel
+from rollway.common.v1 import progress_pb2, progress_pb2_grpc
+from rollway.coordinator.hang_watch import MIN_HUNG_SECONDS, HangWatch
 
 BOUND = 1.5  # hung_service_seconds of these tests
 
