@@ -1,12 +1,16 @@
-"""Soak: a long GRPO run under `rollway run` survives many kill -9s with nothing lost or repeated.
+"""Soak: a long GRPO run under `rollway run` survives many kill -9s and freezes (SIGSTOP) with
+nothing lost or repeated.
 
 What runs: the tiny model's GRPO run (the chaos test's settings, more steps) twice with the same
 seed, as real processes: once uninterrupted, once while rollway.deploy.chaos kill -9s a random
 service (trainer, rollout, dataloader; the coordinator now and then) at seeded random moments,
-one failure at a time (the next kill waits for the replacement and for a step logged after it).
+or freezes one (SIGSTOP: the coordinator's hang watch must find it after hung_service_seconds and
+kill it), one failure at a time (the next fault waits for the replacement and for a step logged
+after it).
 
 Rows: one per kill:
-    service, pid, steps_logged   what was killed, when (distinct steps in metrics.jsonl)
+    service, fault, pid          what was killed (kill -9) or frozen (SIGSTOP)
+    steps_logged                 when (distinct steps in metrics.jsonl)
     replaced_s                   kill -> a new process of that service runs
     next_step_s                  kill -> the run logs a step record it had not before (recovery)
     restart_s                    the coordinator's own restart_seconds for it (its "service
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -35,6 +40,8 @@ from rollway.deploy.chaos import ChaosRun, random_schedule, run_with_chaos
 
 SEED = 2024
 RUN_ID = "soak"
+FREEZE_SHARE = 0.3  # of the faults on the trainer, rollout and dataloader
+HUNG_SERVICE_SECONDS = 8.0
 
 
 def write_config(workdir: Path, model: Path, data: Path, num_steps: int, max_restarts: int) -> Path:
@@ -61,6 +68,7 @@ def write_config(workdir: Path, model: Path, data: Path, num_steps: int, max_res
         "run_id": RUN_ID,
         "max_restarts": max_restarts,
         "restart_backoff_seconds": 0.1,
+        "hung_service_seconds": HUNG_SERVICE_SECONDS,
     }
     path = workdir / "run.json"
     path.write_text(json.dumps(config))  # JSON is YAML
@@ -122,6 +130,7 @@ def kill_rows(run: ChaosRun, run_dir: Path) -> list[dict]:
             {
                 "kill": number,
                 "service": kill.service,
+                "fault": "SIGSTOP" if kill.signum == signal.SIGSTOP else "kill -9",
                 "pid": kill.pid,
                 "steps_logged": kill.steps_logged,
                 "delay_s": round(kill.delay_seconds, 3),
@@ -160,7 +169,7 @@ def run(quick: bool) -> BenchResult:
     from rollway.common.tiny_model import make_tiny_model
 
     num_steps, num_kills = (12, 4) if quick else (36, 16)
-    schedule = random_schedule(num_kills, num_steps, SEED)
+    schedule = random_schedule(num_kills, num_steps, SEED, freeze_share=FREEZE_SHARE)
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
         root = Path(tmp)
         model = make_tiny_model(root / "model", seed=0)
@@ -175,6 +184,14 @@ def run(quick: bool) -> BenchResult:
             "kills": len(chaos.kills),
             "kills_survived": len(chaos.kills) if chaos.returncode == 0 else 0,  # the run completed
             "coordinator_kills": sum(k.service == "coordinator" for k in chaos.kills),
+            "freezes": sum(k.signum == signal.SIGSTOP for k in chaos.kills),
+            "freeze_recovery_max_s": round(
+                max(
+                    (k.next_step_seconds or 0.0 for k in chaos.kills if k.signum == signal.SIGSTOP),
+                    default=0.0,
+                ),
+                2,
+            ),
             **prompt_figures(chaos_dir, straight_dir),
             "each_step_once": steps_once(chaos_dir, num_steps),
             "weights_bit_identical": final_weights(chaos_dir) == final_weights(straight_dir),
@@ -190,9 +207,15 @@ def run(quick: bool) -> BenchResult:
         name="soak",
         rows=rows,
         units={"delay_s": "s", "replaced_s": "s", "next_step_s": "s", "restart_s": "s"},
-        config={"num_steps": num_steps, "seed": SEED, "model": "tiny", "restart_backoff_seconds": 0.1},
+        config={
+            "num_steps": num_steps,
+            "seed": SEED,
+            "model": "tiny",
+            "restart_backoff_seconds": 0.1,
+            "hung_service_seconds": HUNG_SERVICE_SECONDS,
+        },
         summary=summary,
-        notes=f"GRPO, {num_steps} steps, {len(chaos.kills)} kill -9s under `rollway run`",
+        notes=f"GRPO, {num_steps} steps, {len(chaos.kills)} kill -9s and freezes under `rollway run`",
     )
 
 

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 from collections.abc import Sequence
 
 from rollway.common.config import parse_components
 from rollway.common.interceptors import RUNNING_HANDLERS
 from rollway.common.process_exit import exit_without_teardown
-from rollway.common.server import ServerConfig
+from rollway.common.server import PortInUseError, ServerConfig
 
 # The components whose settings make up one run config (the flat namespace of `rollway run`),
 # as (module, dataclass); their config modules import no torch.
 # How long a stopped service waits for RPC handlers still unwinding before it exits.
 HANDLERS_EXIT_SECONDS = 5.0
+PORT_IN_USE_EXIT_CODE = 2  # a usage error, as argparse's
 
 RUN_COMPONENTS = {
     "coordinator": ("rollway.coordinator.config", "CoordinatorConfig"),
@@ -52,7 +54,11 @@ def run_service(service: str, config_classes: Sequence[type], argv: Sequence[str
         require=False,  # a service started without its model is configured by its first run
     )
     module = importlib.import_module(f"rollway.{service}.service")
-    module.serve(server_config, *service_configs)
+    try:
+        module.serve(server_config, *service_configs)
+    except PortInUseError as exc:  # an operator's mistake, said in one line (no traceback)
+        print(f"rollway {service}: {exc.strerror}", file=sys.stderr, flush=True)
+        exit_without_teardown(PORT_IN_USE_EXIT_CODE)
     # serve() returns once the service has drained, stopped its ranks and engines and flushed its
     # spans. Interpreter teardown is skipped: with a peer of a torch.distributed group gone (a
     # killed trainer rank, a dead weight-sync member), gloo's threads abort the process there

@@ -43,6 +43,8 @@ class Services:
     rollouts: list[rollout_pb2_grpc.RolloutServiceStub] = field(default_factory=list)
     addresses: dict[str, list[str]] = field(default_factory=dict)
     _channels: list[grpc.Channel] = field(default_factory=list)
+    _channel_of: dict[tuple[str, int], grpc.Channel] = field(default_factory=dict)  # (name, index)
+    gone: set[tuple[str, int]] = field(default_factory=set)  # dead or hung: its channel is closed
     # Long calls in flight (Generate streams, TrainStep, ComputeLogProbs): cancel_all() ends them.
     _calls: set = field(default_factory=set)
     _calls_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -71,41 +73,59 @@ class Services:
                 wait_until_serving(address, wait_seconds, client_config)
         if dataloader:
             services.dataloader = dataloader_pb2_grpc.DataloaderServiceStub(
-                services._open(dataloader, client_config)
+                services._open(("dataloader", 0), dataloader, client_config)
             )
         if trainer:
-            services.trainer = trainer_pb2_grpc.TrainerServiceStub(services._open(trainer, client_config))
+            services.trainer = trainer_pb2_grpc.TrainerServiceStub(
+                services._open(("trainer", 0), trainer, client_config)
+            )
         services.rollouts = [
-            rollout_pb2_grpc.RolloutServiceStub(services._open(a, client_config)) for a in rollouts
+            rollout_pb2_grpc.RolloutServiceStub(services._open(("rollout", i), a, client_config))
+            for i, a in enumerate(rollouts)
         ]
         return services
 
-    def _open(self, address: str, client_config: ClientConfig | None) -> grpc.Channel:
+    def _open(
+        self, service: tuple[str, int], address: str, client_config: ClientConfig | None
+    ) -> grpc.Channel:
         channel = open_channel(address, client_config, stop=self._stopped)
         self._channels.append(channel)
+        self._channel_of[service] = channel
         return channel
+
+    def stub(self, name: str, index: int = 0):
+        """The stub of instance `index` of service `name` (trainer, dataloader, rollout)."""
+        if name == "rollout":
+            return self.rollouts[index]
+        return {"trainer": self.trainer, "dataloader": self.dataloader}[name]
 
     def close(self) -> None:
         for channel in self._channels:
             channel.close()
 
-    def cancel_all(self) -> None:
-        """Cancel every long call in flight, and every later one (StopRun immediate, a dead service)."""
+    def cancel_all(self, dead: tuple[str, int] | None = None) -> None:
+        """Cancel every long call in flight, and every later one (StopRun immediate, a dead service).
+
+        `dead` (name, index): a dead or hung service; its channel is closed, which ends every call
+        to it at once, short ones included (a frozen service would hold each to its deadline)."""
         with self._calls_lock:
             self.cancelled = True
             calls = list(self._calls)
         self._stopped.set()
         for call in calls:
             call.cancel()
+        if dead is not None and dead in self._channel_of:
+            self.gone.add(dead)
+            self._channel_of[dead].close()
 
-    def _track(self, call):
+    def track(self, call):
         with self._calls_lock:
             self._calls.add(call)
             if self.cancelled:
                 call.cancel()
         return call
 
-    def _untrack(self, call) -> None:
+    def untrack(self, call) -> None:
         with self._calls_lock:
             self._calls.discard(call)
 
@@ -174,7 +194,7 @@ class Services:
             if sampling.HasField("seed"):
                 request.sampling_params.seed = sampling.seed + first_index
             # A busy rollout service (its Generate queue full) refuses before the first sample: retried.
-            call = self._track(RetryingStream(lambda: stub.Generate(request, timeout=LONG_CALL_SECONDS)))
+            call = self.track(RetryingStream(lambda: stub.Generate(request, timeout=LONG_CALL_SECONDS)))
             with lock:
                 calls.append(call)
                 if stopped.is_set() and not keep_aborted:
@@ -190,7 +210,7 @@ class Services:
                 if self.cancelled or not (stopped.is_set() and exc.code() == grpc.StatusCode.CANCELLED):
                     raise
             finally:
-                self._untrack(call)
+                self.untrack(call)
             return samples
 
         with ThreadPoolExecutor(max(len(self.rollouts), 1)) as pool:
@@ -207,7 +227,7 @@ class Services:
         header = trainer_pb2.TrainStepHeader(
             step_id=step_id, num_samples=len(samples), overrides=to_struct(overrides or {})
         )
-        call = self._track(
+        call = self.track(
             self.trainer.TrainStep.future(
                 _header_then_chunks(header, samples, trainer_pb2.TrainStepRequest), timeout=LONG_CALL_SECONDS
             )
@@ -215,13 +235,13 @@ class Services:
         try:
             return call.result()
         finally:
-            self._untrack(call)
+            self.untrack(call)
 
     def compute_log_probs(
         self, samples: Sequence[common_pb2.Sample], temperature: float, use_reference: bool = False
     ) -> list[list[float]]:
         header = trainer_pb2.ComputeLogProbsHeader(temperature=temperature, use_reference=use_reference)
-        replies = self._track(
+        replies = self.track(
             self.trainer.ComputeLogProbs(
                 _header_then_chunks(header, samples, trainer_pb2.ComputeLogProbsRequest),
                 timeout=LONG_CALL_SECONDS,
@@ -230,7 +250,7 @@ class Services:
         try:
             results = sorted((r for reply in replies for r in reply.results), key=lambda r: r.index)
         finally:
-            self._untrack(replies)
+            self.untrack(replies)
         return [list(r.log_probs) for r in results]
 
 

@@ -15,22 +15,25 @@ services the run started are stopped.
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
 
+from rollway.common.client import open_channel
 from rollway.common.log import get_logger
 from rollway.common.tracing import in_current_context
 from rollway.coordinator.remote import LONG_CALL_SECONDS, Services, to_struct
 from rollway.coordinator.run_config import COMPONENTS, RunConfig, jsonable
-from rollway.dataloader.v1 import dataloader_pb2
+from rollway.dataloader.v1 import dataloader_pb2, dataloader_pb2_grpc
 from rollway.deploy.supervisor import LocalServiceGroup, ServiceGroup
-from rollway.rollout.v1 import rollout_pb2
-from rollway.trainer.v1 import trainer_pb2
+from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
 log = get_logger("rollway.coordinator.run_start")
 END_RUN_SECONDS = 10.0
+HUNG_END_RUN_SECONDS = 600.0  # how long a hung service has to wake up and take its EndRun
 
 
 class RunRefused(RuntimeError):
@@ -160,25 +163,43 @@ def disagreements(run: RunConfig, replies: dict[str, object]) -> list[str]:
     return problems
 
 
+END_RUN_MESSAGES = {
+    "trainer": (trainer_pb2_grpc.TrainerServiceStub, trainer_pb2.EndRunRequest),
+    "dataloader": (dataloader_pb2_grpc.DataloaderServiceStub, dataloader_pb2.EndRunRequest),
+    "rollout": (rollout_pb2_grpc.RolloutServiceStub, rollout_pb2.EndRunRequest),
+}
+
+
 def end_run(services: Services, run_id: str) -> None:
-    """EndRun on every service (best effort: a dead service holds nothing)."""
-    calls = []
-    if services.trainer is not None:
-        calls.append(
-            lambda: services.trainer.EndRun(trainer_pb2.EndRunRequest(run_id=run_id), timeout=END_RUN_SECONDS)
-        )
-    if services.dataloader is not None:
-        calls.append(
-            lambda: services.dataloader.EndRun(
-                dataloader_pb2.EndRunRequest(run_id=run_id), timeout=END_RUN_SECONDS
-            )
-        )
-    for stub in services.rollouts:
-        calls.append(
-            lambda stub=stub: stub.EndRun(rollout_pb2.EndRunRequest(run_id=run_id), timeout=END_RUN_SECONDS)
-        )
-    for call in calls:
-        try:
-            call()
-        except grpc.RpcError as exc:
-            log.warning("EndRun failed", run_id=run_id, error=f"{exc.code().name}: {exc.details()}")
+    """EndRun on every service (best effort: a dead service holds nothing). A hung one (its
+    channel closed) is sent EndRun in the background, on a channel of its own: if it wakes up
+    (an attached service thawed by its owner) it is free for the next run, and nobody waits."""
+    for name, addresses in services.addresses.items():
+        if name not in END_RUN_MESSAGES:
+            continue
+        stub_class, request_class = END_RUN_MESSAGES[name]
+        for index, address in enumerate(addresses):
+            if (name, index) in services.gone:
+                _end_run_in_background(stub_class, request_class(run_id=run_id), address, name)
+                continue
+            stub = services.stub(name, index)
+            try:
+                stub.EndRun(request_class(run_id=run_id), timeout=END_RUN_SECONDS)
+            except grpc.RpcError as exc:
+                log.warning(
+                    "EndRun failed", run_id=run_id, service=name, error=f"{exc.code().name}: {exc.details()}"
+                )
+
+
+def _end_run_in_background(stub_class, request, address: str, name: str) -> None:
+    def end() -> None:
+        with open_channel(address) as channel:
+            try:
+                stub_class(channel).EndRun(request, timeout=HUNG_END_RUN_SECONDS)
+            except grpc.RpcError:
+                return  # still hung, or gone: it holds nothing then
+        log.info("EndRun reached a service that was hung", service=name, address=address)
+
+    # A thread, not a future: the channel's call policy may wait for the connection before the
+    # future exists, and a frozen process accepts TCP but never answers.
+    threading.Thread(target=end, name=f"end-run-{name}", daemon=True).start()

@@ -343,7 +343,7 @@ class _Watcher:
                 record.dead = dead
                 log.error("service died", service=str(dead).splitlines()[0])
                 if record.services is not None:
-                    record.services.cancel_all()
+                    record.services.cancel_all(dead=(dead.name, dead.index))
                 return
 
     def _hung(self) -> DeadService | None:

@@ -257,7 +257,16 @@ def _push_and_receive(services: Services, weight_version: int, settings: WeightS
         broadcast_chunk_bytes=settings.broadcast_chunk_bytes if acknowledge else 0,
     )
     deadline = 2 * settings.timeout_seconds + DEADLINE_MARGIN
-    stream = services.trainer.PushWeights(request, timeout=deadline)
+    # Tracked: a dead or hung rollout cancels it, instead of waiting for the broadcast's timeout.
+    stream = services.track(services.trainer.PushWeights(request, timeout=deadline))
+    try:
+        return _receive(services, stream, weight_version, acknowledge, deadline)
+    finally:
+        services.untrack(stream)
+
+
+def _receive(services: Services, stream, weight_version: int, acknowledge: bool, deadline: float):
+    """The rollouts' UpdateWeights while the trainer's PushWeights stream goes on."""
     try:
         first = next(stream)
     except grpc.RpcError as exc:

@@ -112,18 +112,23 @@ def step_seconds(run_dir: Path) -> float:
     return min(gaps) if gaps else DEFAULT_STEP_SECONDS
 
 
-def random_schedule(num_kills: int, num_steps: int, seed: int, coordinator_share: float = 0.15) -> list[Kill]:
-    """`num_kills` kills at distinct seeded random steps in [1, num_steps - 2] (each kill is
-    followed by a step before the next one: there is room for all of them): the trainer, rollout
-    or dataloader service, and the coordinator with probability `coordinator_share`."""
+def random_schedule(
+    num_kills: int, num_steps: int, seed: int, coordinator_share: float = 0.15, freeze_share: float = 0.0
+) -> list[Kill]:
+    """`num_kills` faults at distinct seeded random steps in [1, num_steps - 2] (each is followed
+    by a step before the next one: there is room for all of them): the trainer, rollout or
+    dataloader service, and the coordinator with probability `coordinator_share`; a service other
+    than the coordinator is frozen (SIGSTOP) instead of killed with probability `freeze_share`."""
     if num_kills > num_steps - 2:
         raise ValueError(f"{num_kills} kills need a run of at least {num_kills + 2} steps, not {num_steps}")
     rng = random.Random(seed)
     steps = sorted(rng.sample(range(1, num_steps - 1), num_kills))
-    return [
-        Kill(step, "coordinator" if rng.random() < coordinator_share else rng.choice(SERVICES[:3]))
-        for step in steps
-    ]
+    schedule = []
+    for step in steps:
+        service = "coordinator" if rng.random() < coordinator_share else rng.choice(SERVICES[:3])
+        freeze = freeze_share > 0 and service != "coordinator" and rng.random() < freeze_share
+        schedule.append(Kill(step, service, signal.SIGSTOP if freeze else signal.SIGKILL))
+    return schedule
 
 
 class ChaosHarness(threading.Thread):

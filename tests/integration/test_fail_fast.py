@@ -97,6 +97,8 @@ def test_a_second_service_on_a_port_a_service_holds_is_refused_naming_the_port(t
             second.start()
         message = str(refused.value)
         assert f"could not bind 127.0.0.1:{first.port}: port {first.port} is already in use" in message
+        assert "Traceback" not in message  # one clear line, not a Python stack
+        assert second.proc.returncode == 2  # a usage error
         assert first.proc.poll() is None  # the first service holds the port, alone, and serves
         with grpc.insecure_channel(first.address) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
