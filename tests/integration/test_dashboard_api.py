@@ -75,6 +75,7 @@ def run_dir(tmp_path_factory, tiny_model_dir):
             step, [rollout_samples.sample_record(s, [-0.5, -1.0, -3.5], [2.0, 1.0, 0.5]) for s in kept]
         )
     store.close()
+    run_files.append_notice(run_dir, "recovered: trainer (pid 7) is hung: it answered nothing for 61s")
     run_files.write_status(run_dir, "STOPPED")
     return run_dir
 
@@ -129,6 +130,7 @@ def test_runs_show_state_progress_and_both_configs(dashboard):
         False,
     )
     assert run["eta_seconds"] is None  # a stopped run has no ETA
+    assert run["notices"] == ["recovered: trainer (pid 7) is hung: it answered nothing for 61s"]
     detail = get(f"{dashboard}/api/runs/grpo-a")
     assert detail["config_given"]["num_rollout"] == NUM_STEPS
     assert detail["config_resolved"]["coordinator"]["advantage_estimator"] == "grpo"
