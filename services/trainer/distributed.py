@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rollway.common.bound_store import host_store
+
 POLL_SECONDS = 1.0
 
 
@@ -45,12 +47,15 @@ def pick_device(rank: int) -> tuple[torch.device, str]:
 
 
 def create_store(rank: int, world_size: int, addr: str, port: int, timeout_s: float) -> dist.TCPStore:
-    """Rank 0 hosts the store (port 0 picks a free port: read store.port); others connect to it."""
+    """Rank 0 hosts the store on `addr` only (port 0 picks a free port: read store.port); others
+    connect to it. The store carries the ranks' commands, so it must not listen on every interface."""
+    if rank == 0:
+        return host_store(addr, port, world_size, timedelta(seconds=timeout_s))
     return dist.TCPStore(
         addr,
         port,
         world_size,
-        is_master=rank == 0,
+        is_master=False,
         timeout=timedelta(seconds=timeout_s),
         wait_for_workers=False,
     )
