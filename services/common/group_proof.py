@@ -34,7 +34,9 @@ class MembershipRefused(RuntimeError):
 
 def group_secret(auth_token: str, group_name: str) -> bytes:
     """The secret of one group, derived from the services' auth token ("" without one)."""
-    return hmac.new(auth_token.encode(), f"rollway weight group {group_name}".encode(), hashlib.sha256).digest()
+    return hmac.new(
+        auth_token.encode(), f"rollway weight group {group_name}".encode(), hashlib.sha256
+    ).digest()
 
 
 def proof(secret: bytes, nonce: bytes, rank: int) -> bytes:

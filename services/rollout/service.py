@@ -292,6 +292,8 @@ def serve(server_config: ServerConfig, config: RolloutConfig) -> None:
             server.stop(0)
             sys.exit(f"rollout: engine {config.rollout_engine} failed to start: {exc}")
         engines.adopt(engine, config)
-        host.adopt(RolloutService(config, engine, rewards, tokenizer, generate_queue, server.auth_token), config)
+        host.adopt(
+            RolloutService(config, engine, rewards, tokenizer, generate_queue, server.auth_token), config
+        )
     server.set_serving()
     server.wait_for_termination()

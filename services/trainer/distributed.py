@@ -22,9 +22,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rollway.common.bound_store import host_store
+from rollway.common.bound_store import address_towards, host_store, interface_of
 
 POLL_SECONDS = 1.0
+# GLOO_SOCKET_IFNAME as the user set it (None: rollway picks the interface that reaches rank 0).
+_USER_GLOO_IFNAME = os.environ.get("GLOO_SOCKET_IFNAME")
 
 
 @dataclass
@@ -64,6 +66,7 @@ def create_store(rank: int, world_size: int, addr: str, port: int, timeout_s: fl
 def init_process_group(store: dist.TCPStore, rank: int, world_size: int, timeout_s: float) -> RankInfo:
     """Join the trainer's default process group (gloo on CPU, NCCL for CUDA tensors)."""
     device, backend = pick_device(rank)
+    _gloo_listens_towards(store, rank)
     dist.init_process_group(
         backend=backend,
         store=dist.PrefixStore("pg", store),
@@ -72,6 +75,20 @@ def init_process_group(store: dist.TCPStore, rank: int, world_size: int, timeout
         timeout=timedelta(seconds=timeout_s),
     )
     return RankInfo(rank=rank, world_size=world_size, device=device, backend=backend)
+
+
+def _gloo_listens_towards(store: dist.TCPStore, rank: int) -> None:
+    """Make gloo's connections listen on the interface that reaches rank 0's store.
+
+    Left alone, gloo listens on the address the machine's host name resolves to, often its
+    external one, even for a run on loopback. `dist.init_process_group` takes no gloo device, so
+    this goes through gloo's own setting, GLOO_SOCKET_IFNAME (kept when the user set it)."""
+    if _USER_GLOO_IFNAME is not None:
+        return
+    local = store.host if rank == 0 else address_towards(store.host, store.port)
+    interface = interface_of(local)
+    if interface is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = interface
 
 
 class CommandChannel:

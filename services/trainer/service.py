@@ -265,7 +265,10 @@ def serve(server_config: ServerConfig, config: TrainerConfig) -> None:
         server.set_serving(False)
 
     host = RunHost(
-        "trainer", lambda settings: build_for_run(settings, on_broken, server.auth_token), close_run, in_place=same_start_up
+        "trainer",
+        lambda settings: build_for_run(settings, on_broken, server.auth_token),
+        close_run,
+        in_place=same_start_up,
     )
     servicer = run_scoped_servicer(
         trainer_pb2_grpc.TrainerServiceServicer,
