@@ -6,13 +6,17 @@
 
 Commands travel through rank 0's TCPStore rather than a collective: a worker may wait for its
 next command for hours, and a collective would time out; a store wait is polled in short slices
-so the worker can notice that rank 0 is gone. Each rank gets its own payload (its share of the
+so the worker can notice that rank 0 is gone. Whoever reaches a TCPStore can write its keys, and a
+command is unpickled, so each one is signed (HMAC keyed by the services' auth token, bound to its
+key) and a worker refuses one that does not verify before unpickling anything. Each rank gets its own payload (its share of the
 batch), planned and validated on rank 0 before anything is sent, so a bad batch never reaches a
 worker and all ranks always run the same sequence of collectives.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import pickle
 from dataclasses import dataclass
@@ -25,6 +29,7 @@ import torch.distributed as dist
 from rollway.common.bound_store import address_towards, host_store, interface_of
 
 POLL_SECONDS = 1.0
+SIGNATURE_BYTES = 32
 # GLOO_SOCKET_IFNAME as the user set it (None: rollway picks the interface that reaches rank 0).
 _USER_GLOO_IFNAME = os.environ.get("GLOO_SOCKET_IFNAME")
 
@@ -91,18 +96,33 @@ def _gloo_listens_towards(store: dist.TCPStore, rank: int) -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = interface
 
 
+def command_key(auth_token: str) -> bytes:
+    """The key that signs the ranks' commands, derived from the services' auth token ("" without)."""
+    return hmac.new(auth_token.encode(), b"rollway trainer commands", hashlib.sha256).digest()
+
+
+class CommandRefused(SystemExit):
+    """A command whose signature does not verify: the worker exits without unpickling it."""
+
+
 class CommandChannel:
     """Rank 0 sends (command, payload) to every worker; workers receive them in order."""
 
-    def __init__(self, store: dist.TCPStore, rank: int):
+    def __init__(self, store: dist.TCPStore, rank: int, key: bytes):
         self.store = store
         self.rank = rank
+        self.key = key
         self.seq = 0
+
+    def _signature(self, name: str, blob: bytes) -> bytes:
+        return hmac.new(self.key, name.encode() + b"\0" + blob, hashlib.sha256).digest()
 
     def send(self, command: str, payloads: list[Any]) -> None:
         """Rank 0: post `payloads[r]` for every worker rank r >= 1."""
         for rank, payload in enumerate(payloads[1:], start=1):
-            self.store.set(f"cmd/{self.seq}/{rank}", pickle.dumps((command, payload)))
+            name = f"cmd/{self.seq}/{rank}"
+            blob = pickle.dumps((command, payload))
+            self.store.set(name, self._signature(name, blob) + blob)
         self.seq += 1
 
     def receive(self, still_wanted) -> tuple[str, Any]:
@@ -115,7 +135,14 @@ class CommandChannel:
             except Exception as exc:  # a wait timeout, or the store (rank 0) went away
                 if not still_wanted() or "timeout" not in str(exc).lower():
                     raise SystemExit(f"rank {self.rank}: rank 0 is gone ({exc})") from None
-        command, payload = pickle.loads(self.store.get(key))
+        signed = self.store.get(key)
+        signature, blob = signed[:SIGNATURE_BYTES], signed[SIGNATURE_BYTES:]
+        if not hmac.compare_digest(signature, self._signature(key, blob)):
+            raise CommandRefused(
+                f"rank {self.rank}: refused command {key}: its signature does not verify (written by "
+                "someone without the run's auth token, or rank 0's token differs from this rank's)"
+            )
+        command, payload = pickle.loads(blob)
         self.store.delete_key(key)
         self.seq += 1
         return command, payload

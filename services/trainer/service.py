@@ -227,7 +227,7 @@ def build_for_run(settings: TrainerConfig, on_broken, auth_token: str = "") -> T
         check_reference(settings)
     except ModelLoadError as exc:
         raise InvalidArgument("config.hf_checkpoint", str(exc)) from None
-    runtime = RankRuntime(settings, on_broken=on_broken)
+    runtime = RankRuntime(settings, on_broken=on_broken, auth_token=auth_token)
     servicer = TrainerService(TrainerController(settings, runtime), auth_token)
     try:
         engine = runtime.start()

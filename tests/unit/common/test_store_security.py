@@ -7,6 +7,7 @@ sockets are read from the sockets themselves (psutil); the only traffic goes to 
 
 from __future__ import annotations
 
+import pickle
 import socket
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from support.waiting import wait_until
 from rollway.common.bound_store import StoreBindError, host_store, listen_socket
 from rollway.common.group_proof import check_members, group_secret
 from rollway.common.weight_group import GroupSpec, WeightGroup, WeightGroupError
-from rollway.trainer.distributed import create_store
+from rollway.trainer.distributed import CommandChannel, CommandRefused, command_key, create_store
 
 RUN_ADDRESS = "127.0.0.2"
 TIMEOUT = 60.0
@@ -206,3 +207,42 @@ def test_without_authenticate_members_no_proof_is_exchanged(host):
     finally:
         member.destroy()
         outcome["group"].destroy()
+
+
+class Exploded(Exception):
+    pass
+
+
+class Payload:
+    """Unpickling this runs code: what a forged command would do to a worker that trusts it."""
+
+    def __reduce__(self):
+        return (_explode, ())
+
+
+def _explode():
+    raise Exploded("a forged command was unpickled")
+
+
+def test_a_trainer_command_written_without_the_runs_token_is_refused_before_unpickling():
+    store = create_store(0, 2, RUN_ADDRESS, 0, 10.0)
+    rank0 = CommandChannel(store, 0, command_key("run-token"))
+    worker_store = create_store(1, 2, RUN_ADDRESS, store.port, 10.0)
+    worker = CommandChannel(worker_store, 1, command_key("run-token"))
+    rank0.send("train_step", [{}, {"batch": [1, 2]}])
+    assert worker.receive(lambda: True) == ("train_step", {"batch": [1, 2]})
+
+    # Someone who reaches the store writes the next command: unsigned, or signed with a guess.
+    intruder = dist.TCPStore(RUN_ADDRESS, store.port, is_master=False, timeout=timedelta(seconds=10))
+    for forged in (pickle.dumps(("train_step", Payload())), b"\0" * 32 + pickle.dumps(("x", Payload()))):
+        intruder.set("cmd/1/1", forged)
+        with pytest.raises(CommandRefused, match="refused command cmd/1/1: its signature does not verify"):
+            worker.receive(lambda: True)
+
+    # A worker whose token differs from rank 0's refuses rank 0's own commands too.
+    stranger = CommandChannel(worker_store, 1, command_key("another-token"))
+    stranger.seq = 1
+    rank0.send("train_step", [{}, {"batch": [3]}])
+    with pytest.raises(CommandRefused):
+        stranger.receive(lambda: True)
+    assert worker.receive(lambda: True) == ("train_step", {"batch": [3]})
