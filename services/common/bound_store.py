@@ -75,12 +75,16 @@ def address_towards(host: str, port: int) -> str:
 
 
 def interface_of(address: str) -> str | None:
-    """The network interface whose network holds `address` (lo for any 127.x), or None."""
+    """The network interface whose network holds `address` (an IP or a host name; lo for any
+    127.x), or None."""
     import ipaddress
 
     import psutil
 
-    ip = ipaddress.ip_address(address)
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:  # a host name: the address it resolves to
+        ip = ipaddress.ip_address(socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)[0][4][0])
     for name, entries in psutil.net_if_addrs().items():
         for entry in entries:
             if entry.family not in (socket.AF_INET, socket.AF_INET6) or not entry.netmask:

@@ -21,7 +21,13 @@ import torch
 import torch.distributed as dist
 from support.waiting import wait_until
 
-from rollway.common.bound_store import StoreBindError, host_store, listen_socket
+from rollway.common.bound_store import (
+    StoreBindError,
+    address_towards,
+    host_store,
+    interface_of,
+    listen_socket,
+)
 from rollway.common.group_proof import check_members, group_secret
 from rollway.common.weight_group import GroupSpec, WeightGroup, WeightGroupError
 from rollway.trainer.distributed import CommandChannel, CommandRefused, command_key, create_store
@@ -246,3 +252,10 @@ def test_a_trainer_command_written_without_the_runs_token_is_refused_before_unpi
     with pytest.raises(CommandRefused):
         stranger.receive(lambda: True)
     assert worker.receive(lambda: True) == ("train_step", {"batch": [3]})
+
+
+def test_the_trainer_ranks_gloo_interface_is_the_one_holding_the_runs_address():
+    loopback = interface_of("127.0.0.1")
+    assert loopback is not None
+    assert interface_of(RUN_ADDRESS) == interface_of("localhost") == loopback  # all of 127/8, by name too
+    assert address_towards(RUN_ADDRESS, 29500) == "127.0.0.1"  # a route lookup: nothing is sent
