@@ -26,7 +26,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rollway.common.bound_store import address_towards, host_store, interface_of
+from rollway.common.bound_store import host_store
+from rollway.common.local_address import address_towards, interface_of
 
 POLL_SECONDS = 1.0
 SIGNATURE_BYTES = 32
