@@ -21,14 +21,9 @@ import torch
 import torch.distributed as dist
 from support.waiting import wait_until
 
-from rollway.common.bound_store import (
-    StoreBindError,
-    address_towards,
-    host_store,
-    interface_of,
-    listen_socket,
-)
+from rollway.common.bound_store import StoreBindError, host_store, listen_socket
 from rollway.common.group_proof import check_members, group_secret
+from rollway.common.local_address import address_towards, interface_of
 from rollway.common.weight_group import GroupSpec, WeightGroup, WeightGroupError
 from rollway.trainer.distributed import CommandChannel, CommandRefused, command_key, create_store
 
