@@ -6,11 +6,13 @@
 
 Commands travel through rank 0's TCPStore rather than a collective: a worker may wait for its
 next command for hours, and a collective would time out; a store wait is polled in short slices
-so the worker can notice that rank 0 is gone. Whoever reaches a TCPStore can write its keys, and a
-command is unpickled, so each one is signed (HMAC keyed by the services' auth token, bound to its
-key) and a worker refuses one that does not verify before unpickling anything. Each rank gets its own payload (its share of the
+so the worker can notice that rank 0 is gone. Each rank gets its own payload (its share of the
 batch), planned and validated on rank 0 before anything is sent, so a bad batch never reaches a
 worker and all ranks always run the same sequence of collectives.
+
+Whoever reaches a TCPStore can write its keys, and a command is unpickled (which can run code), so
+each one is signed (HMAC keyed by the services' auth token, over its key and bytes) and a worker
+refuses one that does not verify before unpickling anything. Rank 0's store listens on `addr` only.
 """
 
 from __future__ import annotations
