@@ -1,8 +1,9 @@
 """The weight-sync process group: trainer rank 0 (the source) plus every rollout engine worker.
 
-    trainer rank 0:   WeightGroup(spec, rank=0)            hosts a TCPStore on master_port
+    trainer rank 0:   WeightGroup(spec, rank=0)            hosts a TCPStore on master_address:master_port
     rollout service:  WeightGroup(spec, rank=rank_offset)  connects to it
-    both:             ProcessGroupGloo / ProcessGroupNCCL built directly on that store
+    both:             ProcessGroupGloo / ProcessGroupNCCL built directly on that store, then
+                      (authenticate_members) every member proves the run's secret (group_proof)
 
 Why a backend object built on its own store rather than `dist.init_process_group` or
 `dist.new_group`: the trainer process already has its default group (its FSDP ranks), a
@@ -45,6 +46,8 @@ import torch
 import torch.distributed as dist
 
 from rollway.common import progress
+from rollway.common.bound_store import host_store
+from rollway.common.group_proof import check_members, group_secret
 from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
 
@@ -73,6 +76,7 @@ class GroupSpec:
     rank_offset: int
     backend: str
     timeout_seconds: float
+    authenticate_members: bool = False
 
     @classmethod
     def from_proto(cls, spec: common_pb2.WeightGroupSpec) -> GroupSpec:
@@ -113,6 +117,7 @@ class GroupSpec:
             spec.rank_offset,
             spec.backend,
             spec.timeout_seconds,
+            spec.authenticate_members,
         )
 
 
@@ -120,9 +125,13 @@ class WeightGroup:
     """One member's handle on the group; rank 0 hosts the store.
 
     Joining blocks until every member joined (or fails, see the module doc); setting `cancel`
-    from another thread makes a join in progress fail within POLL_SECONDS."""
+    from another thread makes a join in progress fail within POLL_SECONDS. Rank 0's store listens
+    on `spec.master_address` only. With `spec.authenticate_members`, every member proves the
+    secret derived from `auth_token` before the group is usable (rollway.common.group_proof)."""
 
-    def __init__(self, spec: GroupSpec, rank: int, cancel: threading.Event | None = None):
+    def __init__(
+        self, spec: GroupSpec, rank: int, cancel: threading.Event | None = None, auth_token: str = ""
+    ):
         if not 0 <= rank < spec.world_size:
             raise ValueError(f"rank {rank} is outside the group (world_size {spec.world_size})")
         if spec.backend == "nccl" and not torch.cuda.is_available():
@@ -136,19 +145,22 @@ class WeightGroup:
         timeout = timedelta(seconds=spec.timeout_seconds)
         deadline = time.monotonic() + spec.timeout_seconds
         try:
-            if rank != 0:
-                _wait_for_listener(spec, deadline, cancel)
-            # A member connects to a store it just saw listening: a short connect timeout, so a
-            # host dying in between is not retried for the whole group timeout.
-            connect = timeout if rank == 0 else timedelta(seconds=min(2.0, spec.timeout_seconds))
-            self._store = dist.TCPStore(
-                spec.master_address,
-                spec.master_port,
-                spec.world_size,
-                is_master=rank == 0,
-                timeout=connect,
-                wait_for_workers=False,
-            )
+            # gloo's own connections listen on this member's address towards the store, not on
+            # the address its host name resolves to (often the machine's external one).
+            local_address = spec.master_address if rank == 0 else _wait_for_listener(spec, deadline, cancel)
+            if rank == 0:
+                self._store = host_store(spec.master_address, spec.master_port, spec.world_size, timeout)
+            else:
+                # A member connects to a store it just saw listening: a short connect timeout, so
+                # a host dying in between is not retried for the whole group timeout.
+                self._store = dist.TCPStore(
+                    spec.master_address,
+                    spec.master_port,
+                    spec.world_size,
+                    is_master=False,
+                    timeout=timedelta(seconds=min(2.0, spec.timeout_seconds)),
+                    wait_for_workers=False,
+                )
             self._store.set_timeout(timeout)
             log.info("weight group rendezvous", group=spec.group_name, rank=rank, world_size=spec.world_size)
             device = "cuda" if spec.backend == "nccl" else "cpu"
@@ -156,7 +168,10 @@ class WeightGroup:
                 f"{device}/",
                 dist.PrefixStore(f"{spec.group_name}/", dist.PrefixStore(spec.group_name, self._store)),
             )
-            self._pg = _in_slices(lambda: self._backend(store, rank, spec, timeout), deadline, cancel)
+            secret = group_secret(auth_token, spec.group_name) if spec.authenticate_members else None
+            self._pg = _in_slices(
+                lambda: self._form(store, rank, spec, timeout, local_address, secret), deadline, cancel
+            )
         except (RuntimeError, ValueError) as exc:  # c10d raises RuntimeError subclasses (DistStoreError, ...)
             self.destroy()
             raise WeightGroupError(
@@ -164,10 +179,24 @@ class WeightGroup:
                 f"(rank {rank} of {spec.world_size}) could not be formed: {str(exc).splitlines()[0]}"
             ) from None
 
+    def _form(self, store, rank: int, spec: GroupSpec, timeout: timedelta, local_address: str, secret):
+        """The rendezvous, then (with a secret) the members' proofs; a refused group is aborted."""
+        pg = self._backend(store, rank, spec, timeout, local_address)
+        if secret is not None:
+            try:
+                check_members(pg, rank, spec.world_size, self.device, secret)
+            except RuntimeError:
+                pg.abort()
+                raise
+        return pg
+
     @staticmethod
-    def _backend(store, rank: int, spec: GroupSpec, timeout: timedelta):
+    def _backend(store, rank: int, spec: GroupSpec, timeout: timedelta, local_address: str):
         if spec.backend == "gloo":
-            return dist.ProcessGroupGloo(store, rank, spec.world_size, timeout)
+            options = dist.ProcessGroupGloo._Options()
+            options._timeout = timeout
+            options._devices = [dist.ProcessGroupGloo.create_device(hostname=local_address)]
+            return dist.ProcessGroupGloo(store, rank, spec.world_size, options)
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, spec.world_size, options)
@@ -251,8 +280,9 @@ class WeightGroup:
         self._destroyed.set()
 
 
-def _wait_for_listener(spec: GroupSpec, deadline: float, cancel: threading.Event) -> None:
-    """Return once something listens at the store's address; WeightGroupError otherwise.
+def _wait_for_listener(spec: GroupSpec, deadline: float, cancel: threading.Event) -> str:
+    """Once something listens at the store's address: this machine's address on the way there.
+    WeightGroupError if nothing does.
 
     Refused connections are expected for a moment (the trainer opens the store as its own
     InitWeightGroup arrives) but not for REFUSED_GRACE_SECONDS: then nothing is coming."""
@@ -263,8 +293,10 @@ def _wait_for_listener(spec: GroupSpec, deadline: float, cancel: threading.Event
         _check_cancel(cancel)
         now = time.monotonic()
         try:
-            with socket.create_connection(address, timeout=max(min(POLL_SECONDS, deadline - now), 0.01)):
-                return
+            with socket.create_connection(
+                address, timeout=max(min(POLL_SECONDS, deadline - now), 0.01)
+            ) as probe:
+                return probe.getsockname()[0]
         except ConnectionRefusedError:
             refused_since = now if refused_since is None else refused_since
             if now - refused_since >= grace:

@@ -119,6 +119,8 @@ def init_weight_group(
         world_size=1 + sum(max(info.num_workers, 1) for info in infos),
         backend=_backend(settings, infos),
         timeout_seconds=settings.timeout_seconds,
+        # rollway's receivers answer the members' proof; an SGLang server joins by itself and cannot.
+        authenticate_members=all(info.acknowledges_weight_updates for info in infos),
     )
     deadline = settings.timeout_seconds + DEADLINE_MARGIN
     with ThreadPoolExecutor(1 + len(services.rollouts)) as pool:

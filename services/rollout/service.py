@@ -59,14 +59,20 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
     """Generate, pause/resume, memory and weight-checksum RPCs over one engine."""
 
     def __init__(
-        self, config: RolloutConfig, engine: Engine, rewards, tokenizer, generate_queue: GenerateQueue
+        self,
+        config: RolloutConfig,
+        engine: Engine,
+        rewards,
+        tokenizer,
+        generate_queue: GenerateQueue,
+        auth_token: str = "",
     ):
         self.config = config
         # Service-wide (it outlives runs): running and queued Generate calls (generate_queue.py).
         self.generate_queue = generate_queue
         self.prompts = PromptEncoder(tokenizer)
         self.engine = engine
-        self.weights = WeightReceiver(engine)
+        self.weights = WeightReceiver(engine, auth_token)
         self.gate = GenerationGate()
         self.runner = RewardRunner(config.num_reward_workers, config.reward_timeout)
         self.environments = EnvironmentRegistry(config)
@@ -235,7 +241,7 @@ def serve(server_config: ServerConfig, config: RolloutConfig) -> None:
     threads = GenerateQueue.num_threads(generate_queue.max_running, generate_queue.max_queued)
     server_config = dataclasses.replace(server_config, max_workers=max(server_config.max_workers, threads))
     server = RollwayServer("rollout", server_config, WATCHED_CALLS)
-    engines = EngineKeeper(_build, lambda *args: RolloutService(*args, generate_queue))
+    engines = EngineKeeper(_build, lambda *args: RolloutService(*args, generate_queue, server.auth_token))
     host = RunHost("rollout", engines.build, close_servicer)
     if config.hf_checkpoint:
         try:
@@ -290,6 +296,8 @@ def serve(server_config: ServerConfig, config: RolloutConfig) -> None:
             server.stop(0)
             sys.exit(f"rollout: engine {config.rollout_engine} failed to start: {exc}")
         engines.adopt(engine, config)
-        host.adopt(RolloutService(config, engine, rewards, tokenizer, generate_queue), config)
+        host.adopt(
+            RolloutService(config, engine, rewards, tokenizer, generate_queue, server.auth_token), config
+        )
     server.set_serving()
     server.wait_for_termination()

@@ -75,8 +75,9 @@ def group_error(exc: WeightGroupError) -> RollwayError:
 class WeightReceiver:
     """InitWeightGroup and UpdateWeights over one engine; one update or group change at a time."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, auth_token: str = ""):
         self.engine = engine
+        self.auth_token = auth_token  # members of a weight group prove a secret derived from it
         self.group: WeightGroup | None = None
         self.spec: GroupSpec | None = None
         self.pool = StagingPool()
@@ -105,10 +106,17 @@ class WeightReceiver:
             self._cancel_join = cancel = threading.Event()
             self._leave()
             if self.sglang is not None:
+                if spec.authenticate_members:  # the servers would never answer: the group would hang
+                    raise FailedPrecondition(
+                        "group.authenticate_members: SGLang servers join the group by themselves and "
+                        "cannot prove the run's secret (the coordinator sets it false for them)"
+                    )
                 self.sglang.init_group(spec)
             else:
                 try:
-                    self.group = WeightGroup(spec, rank=spec.rank_offset, cancel=cancel)
+                    self.group = WeightGroup(
+                        spec, rank=spec.rank_offset, cancel=cancel, auth_token=self.auth_token
+                    )
                 except WeightGroupError as exc:
                     raise group_error(exc) from None
             self.spec = spec

@@ -33,12 +33,15 @@ def _log():
 
 
 CONFIG_ENV = "ROLLWAY_TRAINER_CONFIG"
+# The trainer's auth token, handed to the ranks it spawns: their commands are signed with a key
+# derived from it (distributed.command_key). Ray's workers have it from their environment.
+AUTH_TOKEN_ENV = "ROLLWAY_AUTH_TOKEN"
 
 
 class WorkerRanks:
     """The child processes of ranks 1..N-1 (none when world_size is 1)."""
 
-    def __init__(self, config: TrainerConfig, master_addr: str, master_port: int):
+    def __init__(self, config: TrainerConfig, master_addr: str, master_port: int, auth_token: str = ""):
         self.procs: dict[int, subprocess.Popen] = {}
         # Popen.poll() from two threads at once answers "still running" to one of them.
         self._poll_lock = threading.Lock()
@@ -55,6 +58,7 @@ class WorkerRanks:
                 "MASTER_PORT": str(master_port),
                 **PASSIVE_WAIT_ENV,  # the engine sets the rank's threads (common/cpu_threads.py)
                 CONFIG_ENV: json.dumps(to_dict(config)),
+                AUTH_TOKEN_ENV: auth_token,  # the key of rank 0's signed commands derives from it
             }
             self.procs[rank] = subprocess.Popen([sys.executable, "-m", "rollway.trainer.worker"], env=env)
             _log().info("spawned rank", rank=rank, pid=self.procs[rank].pid)

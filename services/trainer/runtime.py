@@ -29,7 +29,7 @@ from rollway.common.errors import FailedPrecondition, Unavailable
 from rollway.common.log import get_logger
 from rollway.common.tracing import in_current_context
 from rollway.trainer.config import TrainerConfig
-from rollway.trainer.distributed import CommandChannel, create_store, init_process_group
+from rollway.trainer.distributed import CommandChannel, command_key, create_store, init_process_group
 from rollway.trainer.engine import TrainerEngine
 from rollway.trainer.ranks import WorkerRanks
 
@@ -42,14 +42,16 @@ def _log():
 class RankRuntime:
     """The process group, the worker processes and rank 0's engine."""
 
-    def __init__(self, config: TrainerConfig, on_broken: Callable[[str], None] | None = None):
+    def __init__(
+        self, config: TrainerConfig, on_broken: Callable[[str], None] | None = None, auth_token: str = ""
+    ):
         self.config = config
         self.on_broken = on_broken or (lambda reason: None)
         self.broken: str | None = None
         timeout = config.distributed_timeout_seconds
         self.store = create_store(0, config.world_size, config.master_addr, config.master_port, timeout)
-        self.workers = WorkerRanks(config, config.master_addr, self.store.port)
-        self.channel = CommandChannel(self.store, 0)
+        self.workers = WorkerRanks(config, config.master_addr, self.store.port, auth_token)
+        self.channel = CommandChannel(self.store, 0, command_key(auth_token))
         self.engine: TrainerEngine | None = None
         self._watch = threading.Event()
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="trainer-compute")

@@ -80,9 +80,9 @@ WATCHED_CALLS = (
 class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
     """Rank 0's servicer; the ranks' work goes through TrainerController."""
 
-    def __init__(self, controller: TrainerController):
+    def __init__(self, controller: TrainerController, auth_token: str = ""):
         self.controller = controller
-        self.pusher = WeightPusher(controller)
+        self.pusher = WeightPusher(controller, auth_token)
 
     def _engine(self):
         engine = self.controller.engine
@@ -231,15 +231,15 @@ def run_settings(startup: TrainerConfig, overrides: dict) -> TrainerConfig:
         raise InvalidArgument(f"config.{exc.setting}", exc.problem) from None
 
 
-def build_for_run(settings: TrainerConfig, on_broken) -> TrainerService:
+def build_for_run(settings: TrainerConfig, on_broken, auth_token: str = "") -> TrainerService:
     """Ranks, model and controller for one run (blocks while the model loads on every rank)."""
     try:
         read_hf_config(settings.hf_checkpoint)
         check_reference(settings)
     except ModelLoadError as exc:
         raise InvalidArgument("config.hf_checkpoint", str(exc)) from None
-    runtime = RankRuntime(settings, on_broken=on_broken)
-    servicer = TrainerService(TrainerController(settings, runtime))
+    runtime = RankRuntime(settings, on_broken=on_broken, auth_token=auth_token)
+    servicer = TrainerService(TrainerController(settings, runtime), auth_token)
     try:
         engine = runtime.start()
     except Exception:
@@ -276,7 +276,10 @@ def serve(server_config: ServerConfig, config: TrainerConfig) -> None:
         server.set_serving(False)
 
     host = RunHost(
-        "trainer", lambda settings: build_for_run(settings, on_broken), close_run, in_place=same_start_up
+        "trainer",
+        lambda settings: build_for_run(settings, on_broken, server.auth_token),
+        close_run,
+        in_place=same_start_up,
     )
     servicer = run_scoped_servicer(
         trainer_pb2_grpc.TrainerServiceServicer,
@@ -294,7 +297,7 @@ def serve(server_config: ServerConfig, config: TrainerConfig) -> None:
     try:
         server.start()
         if not bare:
-            host.adopt(build_for_run(config, on_broken), config)
+            host.adopt(build_for_run(config, on_broken, server.auth_token), config)
     except Exception:
         _log().exception("trainer failed to start")
         server.stop(0)

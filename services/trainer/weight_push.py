@@ -57,8 +57,9 @@ def _log():
 class WeightPusher:
     """The trainer's half of the weight-sync protocol (the servicer delegates to it)."""
 
-    def __init__(self, controller):
+    def __init__(self, controller, auth_token: str = ""):
         self.controller = controller
+        self.auth_token = auth_token  # members of its weight groups prove a secret derived from it
         self.sender = SenderState(None)
         self.pushed_at: tuple[int, int] | None = None  # (version, global_step) of the last push
         self._lock = threading.Lock()
@@ -86,7 +87,7 @@ class WeightPusher:
             self._cancel_join = cancel = threading.Event()
             self._leave()
             try:
-                self.sender.group = WeightGroup(spec, rank=0, cancel=cancel)
+                self.sender.group = WeightGroup(spec, rank=0, cancel=cancel, auth_token=self.auth_token)
             except WeightGroupError as exc:
                 # Not UNAVAILABLE: clients retry that, and a lone retry of a collective join cannot succeed.
                 error = DeadlineExceeded if "timeout" in str(exc).lower() else FailedPrecondition

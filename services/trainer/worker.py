@@ -19,9 +19,15 @@ from rollway.common.log import bind_run_context, configure_logging, get_logger
 from rollway.common.parent_watch import watch_parent
 from rollway.common.process_exit import exit_without_teardown
 from rollway.trainer.config import TrainerConfig
-from rollway.trainer.distributed import CommandChannel, create_store, init_process_group
+from rollway.trainer.distributed import (
+    CommandChannel,
+    CommandRefused,
+    command_key,
+    create_store,
+    init_process_group,
+)
 from rollway.trainer.engine import TrainerEngine
-from rollway.trainer.ranks import CONFIG_ENV
+from rollway.trainer.ranks import AUTH_TOKEN_ENV, CONFIG_ENV
 
 
 def main() -> int:
@@ -34,7 +40,7 @@ def main() -> int:
     parent = os.getppid()
     timeout = config.distributed_timeout_seconds
     store = create_store(rank, world_size, os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout)
-    channel = CommandChannel(store, rank)
+    channel = CommandChannel(store, rank, command_key(os.environ.get(AUTH_TOKEN_ENV, "")))
     store.set(f"ready/{rank}", b"1")
     try:
         engine = TrainerEngine(config, init_process_group(store, rank, world_size, timeout))
@@ -44,6 +50,10 @@ def main() -> int:
             if command == "shutdown":
                 break
             getattr(engine, command)(**payload)
+    except CommandRefused as exc:  # rank 0 learns why this rank left (read_error)
+        channel.report_error(str(exc))
+        log.error("rank exiting", reason=str(exc))
+        return 1
     except SystemExit as exc:
         log.warning("rank exiting", reason=str(exc))
         return 1

@@ -146,7 +146,7 @@ class WeightManifest(_message.Message):
     def __init__(self, weight_version: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[WeightBucket, _Mapping]]] = ..., checksum_algorithm: _Optional[str] = ..., weights_checksum: _Optional[str] = ..., transport: _Optional[str] = ..., disk_path: _Optional[str] = ..., broadcast_chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class WeightGroupSpec(_message.Message):
-    __slots__ = ("group_name", "master_address", "master_port", "world_size", "rank_offset", "backend", "timeout_seconds")
+    __slots__ = ("group_name", "master_address", "master_port", "world_size", "rank_offset", "backend", "timeout_seconds", "authenticate_members")
     GROUP_NAME_FIELD_NUMBER: _ClassVar[int]
     MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +154,7 @@ class WeightGroupSpec(_message.Message):
     RANK_OFFSET_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    AUTHENTICATE_MEMBERS_FIELD_NUMBER: _ClassVar[int]
     group_name: str
     master_address: str
     master_port: int
@@ -161,7 +162,8 @@ class WeightGroupSpec(_message.Message):
     rank_offset: int
     backend: str
     timeout_seconds: float
-    def __init__(self, group_name: _Optional[str] = ..., master_address: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., rank_offset: _Optional[int] = ..., backend: _Optional[str] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+    authenticate_members: bool
+    def __init__(self, group_name: _Optional[str] = ..., master_address: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., rank_offset: _Optional[int] = ..., backend: _Optional[str] = ..., timeout_seconds: _Optional[float] = ..., authenticate_members: _Optional[bool] = ...) -> None: ...
 
 class WeightSyncTimings(_message.Message):
     __slots__ = ("gather_seconds", "pause_seconds", "wire_seconds", "load_seconds", "verify_seconds", "total_seconds")
