@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from rollway.trainer.manifest import (
+from rollway.common.manifest import (
     CheckpointError,
     atomic_write_text,
     fsync_tree,

@@ -22,10 +22,10 @@ from rollway.common.errors import (
     NotFound,
 )
 from rollway.common.log import get_logger
+from rollway.common.manifest import CheckpointError
 from rollway.trainer import checkpoint
 from rollway.trainer.batch import num_loss_tokens
 from rollway.trainer.config import STEP_SETTINGS, TRAINING_SETTINGS, TrainerConfig
-from rollway.trainer.manifest import CheckpointError
 from rollway.trainer.micro_batch import SequenceItem
 from rollway.trainer.runtime import RankRuntime
 from rollway.trainer.sharding import DTYPE_NAMES

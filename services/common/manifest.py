@@ -4,6 +4,10 @@ A checkpoint is written into a temporary directory, fsynced, described by manife
 and sha256 of every file) and only then renamed into place; the `latest` pointer is replaced
 atomically afterwards. A save killed half-way leaves a temporary directory that is never read.
 Loading verifies every file against the manifest and names the first one that differs.
+
+Used by the trainer (its checkpoints) and the coordinator (run checkpoints, which hold a trainer
+checkpoint). A directory under the root that has its own manifest.json is described by that
+manifest's hash alone: its files are verified by their owner, and never hashed twice.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import os
 from pathlib import Path
 
 MANIFEST = "manifest.json"
-FORMAT = "rollway-trainer-checkpoint/1"
+FORMAT = "rollway-trainer-checkpoint/1"  # the trainer's; a run checkpoint names its own
 
 
 class CheckpointError(RuntimeError):
@@ -57,24 +61,31 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def _files(root: Path) -> list[str]:
-    return sorted(
-        str(p.relative_to(root))
-        for p in root.rglob("*")
-        if p.is_file() and p.relative_to(root).as_posix() != MANIFEST
-    )
+    """Every file under `root` but its manifest; a nested manifest.json stands for its directory."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if here != root and MANIFEST in filenames:
+            found.append(str((here / MANIFEST).relative_to(root)))
+            dirnames.clear()
+            continue
+        found += [
+            str((here / name).relative_to(root)) for name in filenames if here / name != root / MANIFEST
+        ]
+    return sorted(found)
 
 
-def write_manifest(root: Path) -> dict:
+def write_manifest(root: Path, format_name: str = FORMAT) -> dict:
     """Describe every file under `root` in root/manifest.json (after all writers finished)."""
     files = {
         rel: {"size": (root / rel).stat().st_size, "sha256": file_sha256(root / rel)} for rel in _files(root)
     }
-    manifest = {"format": FORMAT, "files": files}
+    manifest = {"format": format_name, "files": files}
     atomic_write_text(root / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
 
 
-def verify_manifest(root: Path) -> dict:
+def verify_manifest(root: Path, format_name: str = FORMAT) -> dict:
     """Check every file listed in the manifest; raise CheckpointError naming the first bad one."""
     path = root / MANIFEST
     if not path.is_file():
@@ -84,8 +95,8 @@ def verify_manifest(root: Path) -> dict:
         files = manifest["files"]
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{path}: unreadable manifest ({exc})") from None
-    if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: unknown format {manifest.get('format')!r} (expected {FORMAT})")
+    if manifest.get("format") != format_name:
+        raise CheckpointError(f"{path}: unknown format {manifest.get('format')!r} (expected {format_name})")
     for rel, expected in sorted(files.items()):
         file = root / rel
         if not file.is_file():
