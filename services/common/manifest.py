@@ -12,17 +12,39 @@ manifest's hash alone: its files are verified by their owner, and never hashed t
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 MANIFEST = "manifest.json"
+PARTIAL_PREFIX = ".tmp-"  # a directory still being written (or left by a crash): never read
 FORMAT = "rollway-trainer-checkpoint/1"  # the trainer's; a run checkpoint names its own
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupt (the message names the file)."""
+
+
+def remove_partial_dirs(root: Path) -> list[Path]:
+    """Delete the partial directories (PARTIAL_PREFIX) under `root`, left by saves that crashed;
+    the removed paths. Only while nothing saves under `root`."""
+    found = (
+        sorted(p for p in Path(root).rglob(f"{PARTIAL_PREFIX}*") if p.is_dir()) if Path(root).is_dir() else []
+    )
+    for path in found:
+        shutil.rmtree(path, ignore_errors=True)
+    return found
+
+
+def describe_os_error(exc: OSError, path: Path | None = None) -> str:
+    """'PATH: [Errno 28] No space left on device (ENOSPC)': the path (the error's, else `path`)
+    and errno, for logs and callers."""
+    name = errno.errorcode.get(exc.errno or 0, "")
+    where = f"{exc.filename or path}: " if exc.filename or path else ""
+    return f"{where}[Errno {exc.errno}] {exc.strerror or exc}" + (f" ({name})" if name else "")
 
 
 def file_sha256(path: Path) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -29,7 +30,7 @@ import grpc
 import numpy as np
 
 from rollway.common.log import get_logger
-from rollway.common.manifest import CheckpointError, verify_manifest, write_manifest
+from rollway.common.manifest import CheckpointError, describe_os_error, verify_manifest, write_manifest
 from rollway.dataloader.v1 import dataloader_pb2
 from rollway.trainer.v1 import trainer_pb2
 
@@ -43,6 +44,26 @@ log = get_logger("rollway.coordinator.run_state")
 
 class RunCheckpointError(RuntimeError):
     """A run checkpoint cannot be resumed from; the message names the file and the problem."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A run checkpoint could not be written (on_checkpoint_error: fail); names the path and errno."""
+
+
+def write_failure(exc: BaseException, directory: Path) -> str | None:
+    """Why saving `directory` failed, when it is a write failure: the trainer's RESOURCE_EXHAUSTED
+    (its message names the path and errno) or the coordinator's own OSError; None for anything
+    else. The partial run checkpoint (no coordinator.json) is removed: it cannot be resumed from
+    and it holds the disk that just ran out."""
+    if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        reason = f"trainer: {exc.details()}"
+    elif isinstance(exc, OSError):
+        reason = f"coordinator: {describe_os_error(exc)}"
+    else:
+        return None
+    if directory.is_dir() and not (directory / STATE_FILE).exists():
+        shutil.rmtree(directory, ignore_errors=True)
+    return reason
 
 
 @dataclass

@@ -365,6 +365,7 @@ class RunManager:
             record = RunRecord(run_id=run_id, run=run, run_dir=run_dir)
             self._runs[run_id] = record
         run_dir.mkdir(parents=True, exist_ok=True)
+        run_files.reserve_status(run_dir)
         resolved = {name: to_dict(run.component(name)) for name in COMPONENTS}
         (run_dir / "config.json").write_text(
             json.dumps({"given": run.given, **resolved}, indent=1, default=str)
