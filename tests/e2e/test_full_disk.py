@@ -4,37 +4,14 @@ from __future__ import annotations
 
 import errno
 import json
-import os
-import subprocess
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
-import pytest
+from support.small_disk import MIB, small_disk
 from support.stack import coordinator_stub, sft_service_args, start_run, start_services, wait_run
 
 from rollway.coordinator.v1 import coordinator_pb2
-
-MIB = 1 << 20
-
-
-@contextmanager
-def small_disk(path: Path, size_bytes: int):
-    """A tmpfs of `size_bytes` mounted at `path` (skips the test where mounting is not allowed)."""
-    if os.geteuid() != 0:
-        pytest.skip("a real full disk needs a tmpfs mount, which needs root")
-    path.mkdir(parents=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True)
 
 
 def partial_saves(save: Path) -> list[Path]:
