@@ -33,6 +33,7 @@ from rollway.coordinator.remote import Services
 from rollway.coordinator.run import Run, RunStopped
 from rollway.coordinator.run_config import COMPONENTS, RunConfig, RunConfigError, parse_run_config
 from rollway.coordinator.run_start import connect, end_run, init_services, start_missing_services
+from rollway.coordinator.run_state import CheckpointWriteError
 from rollway.deploy.supervisor import CannotRestart, DeadService, HealthWatch, LocalServiceGroup, ServiceGroup
 
 log = get_logger("rollway.coordinator.runs")
@@ -114,6 +115,8 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
                 break
             except RunStopped:
                 raise
+            except CheckpointWriteError:
+                raise  # the run's own verdict (a full disk), not a dying service: no grace to wait
             except Exception as exc:
                 dead = record.dead or watcher.wait_for_dead(DEAD_GRACE_SECONDS)
                 if not _recover(record, dead, exc):

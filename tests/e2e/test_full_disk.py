@@ -59,7 +59,7 @@ def test_a_full_checkpoint_disk_fails_the_run_at_once_naming_it(tmp_path, tiny_m
         status = json.loads((tmp_path / "full" / "runs" / "full" / "status.json").read_text())
         assert (status["state"], status["error"]) == ("FAILED", final.error)
         print(f"full checkpoint disk: run failed {elapsed:.1f} s after StartRun")
-        assert elapsed < 60.0  # before today's coordinator deadline of 60 s on SaveCheckpoint
+        assert elapsed < 30.0  # today: 60 s, the coordinator's deadline on SaveCheckpoint
 
 
 def test_continue_on_checkpoint_error_keeps_training_and_retries_the_next_save(

@@ -134,8 +134,8 @@ def test_one_minus_inf_old_log_prob_no_correction_is_miles_loss():
     b = with_value("old_log_probs", -math.inf)
     _, loss, count, _ = rollway_terms(b, settings())
     expected = miles_policy_loss(b)
-    assert math.isfinite(float(loss)) and abs(float(loss)) < 5.0
-    assert float(loss) == pytest.approx(float(expected), rel=1e-12)
+    assert math.isfinite(float(loss.detach())) and abs(float(loss.detach())) < 5.0
+    assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-12)
     assert count == 1.0
 
 
@@ -144,7 +144,7 @@ def test_one_minus_inf_old_log_prob_no_correction_is_miles_loss():
 def test_policy_loss_matches_miles_and_counts(field, value):
     b = with_value(field, value)
     terms, loss, count, log_probs = rollway_terms(b, settings(eps_clip=0.2))
-    assert float(loss) == pytest.approx(float(miles_policy_loss(b)), rel=1e-12)
+    assert float(loss.detach()) == pytest.approx(float(miles_policy_loss(b)), rel=1e-12)
     assert count == 1.0
     assert terms["ppo_kl"][0, BAD].item() == 0.0 or field == "advantages"
     loss.backward()
@@ -163,7 +163,7 @@ def test_kl_loss_matches_miles_with_non_finite_reference(kl_type, value):
     config = settings(use_kl_loss=True, kl_loss_type=kl_type, kl_loss_coef=0.3)
     terms, loss, count, log_probs = rollway_terms(b, config)
     expected = miles_policy_loss(b, use_kl_loss=True, kl_loss_type=kl_type, kl_loss_coef=0.3)
-    assert float(loss) == pytest.approx(float(expected), rel=1e-6)  # approx_kl works in float32
+    assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-6)  # approx_kl works in float32
     assert torch.isfinite(terms["kl_loss"]).all()
     assert count == 1.0
     loss.backward()
@@ -175,7 +175,9 @@ def test_icepop_weight_of_a_non_finite_ratio_is_zero_as_miles(value):
     b = with_value("rollout_log_probs", value)
     config = settings(use_tis=True, tis_mode="icepop", tis_clip_low=0.5, tis_clip=2.0)
     terms, loss, count, _ = rollway_terms(b, config)
-    assert float(loss) == pytest.approx(float(miles_policy_loss(b, tis=("icepop", 0.5, 2.0))), rel=1e-6)
+    assert float(loss.detach()) == pytest.approx(
+        float(miles_policy_loss(b, tis=("icepop", 0.5, 2.0))), rel=1e-6
+    )
     assert terms["pg_loss"][0, BAD].item() == 0.0  # r = 0, inf or NaN: outside [0.5, 2]: popped
     # clipfrac is weight != r (Miles): r = exp(old - (+inf)) = 0 popped to 0 is no change.
     assert terms["tis_clipfrac"][0, BAD].item() == (0.0 if value == math.inf else 1.0)
@@ -188,7 +190,9 @@ def test_truncated_is_clamps_infinite_ratios_as_miles(value):
     b = with_value("rollout_log_probs", value)
     config = settings(use_tis=True, tis_clip_low=0.5, tis_clip=2.0)
     _, loss, count, _ = rollway_terms(b, config)
-    assert float(loss) == pytest.approx(float(miles_policy_loss(b, tis=("truncate", 0.5, 2.0))), rel=1e-6)
+    assert float(loss.detach()) == pytest.approx(
+        float(miles_policy_loss(b, tis=("truncate", 0.5, 2.0))), rel=1e-6
+    )
     assert count == 1.0
 
 
@@ -203,7 +207,7 @@ def test_truncated_is_of_a_nan_ratio_is_zero_where_miles_is_nan():
     b_without = batch()
     b_without["advantages"][BAD] = 0.0  # the same loss as the token not counting at all
     b_without["rollout_log_probs"][BAD] = b_without["old_log_probs"][BAD]
-    assert float(loss) == pytest.approx(
+    assert float(loss.detach()) == pytest.approx(
         float(miles_policy_loss(b_without, tis=("truncate", 0.5, 2.0))), rel=1e-6
     )
     assert count == 1.0
@@ -228,7 +232,7 @@ def test_masking_corrections_mask_non_finite_ratios(correction, value):
     others = torch.ones(sum(SAMPLE_LENGTHS), dtype=torch.bool)
     others[masked] = False
     assert (terms["pg_loss"][0, others] != 0.0).all()  # wide bands: nothing else is masked
-    assert math.isfinite(float(loss))
+    assert math.isfinite(float(loss.detach()))
     assert all(torch.isfinite(t).all() for t in terms.values())
     assert count == 1.0
 
@@ -246,7 +250,7 @@ def test_sft_loss_keeps_a_non_finite_log_prob_as_miles_and_counts_it(value):
     b = with_value("log_probs", value)
     _, loss, count, _ = rollway_terms(b, settings(loss_type="sft_loss"), loss_type="sft_loss")
     expected = -miles_sum_of_sample_mean(b["log_probs"])  # losses.py: sft_loss_function
-    assert float(loss) == pytest.approx(float(expected), nan_ok=True)
+    assert float(loss.detach()) == pytest.approx(float(expected), nan_ok=True)
     assert count == 1.0
 
 
