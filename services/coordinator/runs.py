@@ -137,9 +137,11 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
             record.state = "FAILED"  # after the error: GetRun must never show a failure without its cause
             log.error("run failed", error=record.error, traceback=traceback.format_exc())
     finally:
-        if record.group is not None:
-            record.group.stop()
-        run_files.write_status(record.run_dir, record.state, record.error)  # for the dashboard
+        try:
+            if record.group is not None:
+                record.group.stop()
+        finally:  # every ending is recorded, also one whose services would not stop cleanly
+            run_files.write_status(record.run_dir, record.state, record.error)  # for the dashboard
         log.info("run ended", state=record.state, num_restarts=record.num_restarts)
 
 
