@@ -158,11 +158,11 @@ def _trainer(rank: int, topology: dict, ports, queues, results, workdir) -> None
     torch.set_num_threads(1)
     from types import SimpleNamespace
 
+    from rollway.common.manifest import fsync_tree
     from rollway.common.weight_buckets import to_manifest
     from rollway.common.weight_group import GroupSpec, WeightGroup
     from rollway.trainer.config import TrainerConfig
     from rollway.trainer.distributed import create_store, init_process_group
-    from rollway.trainer.manifest import fsync_tree
     from rollway.trainer.weight_send import SenderState, run_phase
 
     num_ranks, with_disk = topology["trainer_ranks"], topology["with_disk"]

@@ -35,9 +35,16 @@ class FailedPrecondition(RollwayError):
 
 
 class ResourceExhausted(RollwayError):
-    """The request exceeds a configured limit (batch over the memory budget, message size)."""
+    """The request exceeds a configured limit (batch over the memory budget, message size).
+
+    retry=False for a limit a retry cannot lift (a full disk): the status carries a negative
+    grpc-retry-pushback-ms, which tells clients (client.py) not to retry, as gRPC's retry design says."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, retry: bool = True):
+        super().__init__(message)
+        self.trailers = () if retry else (("grpc-retry-pushback-ms", "-1"),)
 
 
 class NotFound(RollwayError):

@@ -73,6 +73,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
 def _abort_for(exc: BaseException, context: grpc.ServicerContext, method: str) -> None:
     if isinstance(exc, RollwayError):
         log.info("rpc refused", code=exc.code.name, error=exc.message)
+        if getattr(exc, "trailers", ()):
+            context.set_trailing_metadata(exc.trailers)
         context.abort(exc.code, exc.message)
     log.exception("rpc failed", exc_type=type(exc).__name__)
     context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}: {exc}"[:500])

@@ -103,6 +103,12 @@ class CoordinatorConfig:
     # Checkpoints
     save: str = setting("", "directory for run checkpoints (trainer, dataloader cursor, coordinator)")
     save_interval: int = setting(0, "checkpoint every N steps (0: only at the end when save is set)")
+    on_checkpoint_error: str = setting(
+        "fail",
+        "a checkpoint that cannot be written (a full disk): fail the run naming it, or continue "
+        "training and try again at the next save",
+        choices=("fail", "continue"),
+    )
     load: str = setting("", "resume from this run checkpoint directory (default: latest under save)")
     save_hf: str = setting(
         "", "at the end, write a Hugging Face export of the trained model under this directory"

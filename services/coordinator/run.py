@@ -28,7 +28,10 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
+
 from rollway.common.log import bind_run_context, get_logger
+from rollway.common.manifest import remove_partial_dirs
 from rollway.common.tracing import in_current_context, tracer
 from rollway.common.v1 import common_pb2
 from rollway.coordinator import debug_data, run_state
@@ -115,6 +118,10 @@ class Run:
         return not self.config.debug_rollout_only
 
     def _resume(self) -> None:
+        if self.config.save:  # saves that crashed half-way; nothing saves under `save` yet
+            removed = remove_partial_dirs(Path(self.config.save))
+            if removed:
+                log.info("removed partial checkpoint directories", paths=[str(p) for p in removed])
         source = self.config.load or self.config.save
         restore = functools.partial(run_state.restore_services, self.services, self.uses_trainer)
         resumed = run_state.resume(source, restore) if source else None  # falls back past corrupt ones
@@ -137,6 +144,20 @@ class Run:
 
     def _checkpoint(self) -> None:
         directory = run_state.checkpoint_dir(self.config.save, self.state.next_rollout_id)
+        try:
+            self._write_checkpoint(directory)
+        except (grpc.RpcError, OSError) as exc:
+            reason = run_state.write_failure(exc, directory)
+            if reason is None:
+                raise
+            if self.config.on_checkpoint_error == "continue":
+                log.warning("checkpoint failed, training on", checkpoint=str(directory), error=reason)
+                return
+            raise run_state.CheckpointWriteError(
+                f"checkpoint {directory} could not be written ({reason}); on_checkpoint_error: fail"
+            ) from None
+
+    def _write_checkpoint(self, directory: Path) -> None:
         if self.uses_trainer:
             # The rollout it was saved for: a resume checks it against coordinator.json.
             extra_state = to_struct({"next_rollout_id": self.state.next_rollout_id})

@@ -3,13 +3,15 @@
 A run checkpoint is a directory SAVE/rollout_{k:07d}/ holding
     trainer/            written by trainer.SaveCheckpoint (model, optimizer, scheduler, RNG)
     dataloader.json     the data cursor from dataloader.GetState
-    coordinator.json    this module's RunState, written last and atomically
+    coordinator.json    this module's RunState, written atomically
+    manifest.json       size and sha256 of every file above (trainer/: of its own manifest)
 A checkpoint is complete only once coordinator.json exists; SAVE/latest_checkpointed_iteration.txt
 names the newest complete one (Miles' file name). A save killed half-way is never picked up.
 
 Resume (`resume`) tries the complete checkpoints newest first: one whose files do not read (a
 JSON that does not parse or holds the wrong fields), whose trainer checkpoint does not verify, or
-whose cursor the dataloader refuses is skipped with a warning naming the file and why, and the
+whose files differ from its manifest (a flipped bit that still parses: a cursor two prompts
+back), whose cursor the dataloader refuses is skipped with a warning naming the file and why, and the
 previous one is used. The trainer checkpoint loaded is always the one inside the run checkpoint
 used, so the model, optimizer, data cursor and run state come from the same step.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -27,18 +30,40 @@ import grpc
 import numpy as np
 
 from rollway.common.log import get_logger
+from rollway.common.manifest import CheckpointError, describe_os_error, verify_manifest, write_manifest
 from rollway.dataloader.v1 import dataloader_pb2
 from rollway.trainer.v1 import trainer_pb2
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "coordinator.json"
 CURSOR_FILE = "dataloader.json"
+MANIFEST_FORMAT = "rollway-run-checkpoint/1"
 
 log = get_logger("rollway.coordinator.run_state")
 
 
 class RunCheckpointError(RuntimeError):
     """A run checkpoint cannot be resumed from; the message names the file and the problem."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A run checkpoint could not be written (on_checkpoint_error: fail); names the path and errno."""
+
+
+def write_failure(exc: BaseException, directory: Path) -> str | None:
+    """Why saving `directory` failed, when it is a write failure: the trainer's RESOURCE_EXHAUSTED
+    (its message names the path and errno) or the coordinator's own OSError; None for anything
+    else. The partial run checkpoint (no coordinator.json) is removed: it cannot be resumed from
+    and it holds the disk that just ran out."""
+    if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        reason = f"trainer: {exc.details()}"
+    elif isinstance(exc, OSError):
+        reason = f"coordinator: {describe_os_error(exc)}"
+    else:
+        return None
+    if directory.is_dir() and not (directory / STATE_FILE).exists():
+        shutil.rmtree(directory, ignore_errors=True)
+    return reason
 
 
 @dataclass
@@ -87,12 +112,14 @@ def checkpoint_dir(save: str | Path, rollout_id: int) -> Path:
 
 
 def write_checkpoint(directory: Path, state: RunState, dataloader_state: str | None) -> None:
-    """Write the dataloader cursor and the coordinator state (last), then point `latest` at it."""
+    """Write the dataloader cursor, the coordinator state and the manifest of every file, then
+    point `latest` at it."""
     directory.mkdir(parents=True, exist_ok=True)
     if dataloader_state is not None:
         _write_atomic(directory / CURSOR_FILE, dataloader_state)
     state.capture_rng()
     _write_atomic(directory / STATE_FILE, json.dumps(asdict(state), indent=1))
+    write_manifest(directory, MANIFEST_FORMAT)
     _write_atomic(directory.parent / LATEST_FILE, directory.name + "\n")
 
 
@@ -128,7 +155,8 @@ def candidates(path: str | Path) -> list[Path]:
 def read_checkpoint(directory: Path) -> tuple[RunState, str | None]:
     """The run state and the data cursor (JSON text, or None) of one run checkpoint.
 
-    RunCheckpointError naming the file when either does not read or parse."""
+    RunCheckpointError naming the file when either does not read or parse, or when any file
+    differs from the manifest (checked after parsing, so a file that does not parse says so)."""
     state_file = directory / STATE_FILE
     data = _read_json(state_file)
     known = {f.name: f for f in fields(RunState)}
@@ -143,11 +171,15 @@ def read_checkpoint(directory: Path) -> tuple[RunState, str | None]:
             raise RunCheckpointError(f"{state_file}: {name} must be a{' non-negative' * (kind is int)} "
                                      f"{kind.__name__} (got {json.dumps(value)[:40]})")  # fmt: skip
     cursor_file = directory / CURSOR_FILE
-    if not cursor_file.exists():
-        return RunState(**data), None
-    cursor = _read_text(cursor_file)
-    if not isinstance(_parse_json(cursor_file, cursor), dict):
-        raise RunCheckpointError(f"{cursor_file}: not a JSON object")
+    cursor = None
+    if cursor_file.exists():
+        cursor = _read_text(cursor_file)
+        if not isinstance(_parse_json(cursor_file, cursor), dict):
+            raise RunCheckpointError(f"{cursor_file}: not a JSON object")
+    try:
+        verify_manifest(directory, MANIFEST_FORMAT)
+    except CheckpointError as exc:  # names the file
+        raise RunCheckpointError(str(exc)) from None
     return RunState(**data), cursor
 
 

@@ -35,6 +35,7 @@ from rollway.coordinator.remote import Services
 from rollway.coordinator.run import Run, RunStopped
 from rollway.coordinator.run_config import COMPONENTS, RunConfig, RunConfigError, parse_run_config
 from rollway.coordinator.run_start import connect, end_run, init_services, start_missing_services
+from rollway.coordinator.run_state import CheckpointWriteError
 from rollway.deploy.supervisor import CannotRestart, DeadService, HealthWatch, LocalServiceGroup, ServiceGroup
 
 log = get_logger("rollway.coordinator.runs")
@@ -122,6 +123,8 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
                 break
             except RunStopped:
                 raise
+            except CheckpointWriteError:
+                raise  # the run's own verdict (a full disk), not a dying service: no grace to wait
             except Exception as exc:
                 dead = record.dead or watcher.wait_for_dead()
                 if not _recover(record, dead, exc):
@@ -142,9 +145,11 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
             record.state = "FAILED"  # after the error: GetRun must never show a failure without its cause
             log.error("run failed", error=record.error, traceback=traceback.format_exc())
     finally:
-        if record.group is not None:
-            record.group.stop()
-        run_files.write_status(record.run_dir, record.state, record.error)  # for the dashboard
+        try:
+            if record.group is not None:
+                record.group.stop()
+        finally:  # every ending is recorded, also one whose services would not stop cleanly
+            run_files.write_status(record.run_dir, record.state, record.error)  # for the dashboard
         log.info("run ended", state=record.state, num_restarts=record.num_restarts)
 
 
@@ -411,6 +416,7 @@ class RunManager:
             record = RunRecord(run_id=run_id, run=run, run_dir=run_dir)
             self._runs[run_id] = record
         run_dir.mkdir(parents=True, exist_ok=True)
+        run_files.reserve_status(run_dir)
         resolved = {name: to_dict(run.component(name)) for name in COMPONENTS}
         (run_dir / "config.json").write_text(
             json.dumps({"given": run.given, **resolved}, indent=1, default=str)

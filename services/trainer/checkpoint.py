@@ -14,6 +14,7 @@ and the manifest, fsyncs and renames the directory into place (`finalize`).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -33,9 +35,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from rollway.trainer.manifest import (
+from rollway.common.manifest import (
+    PARTIAL_PREFIX,
     CheckpointError,
     atomic_write_text,
+    describe_os_error,
     fsync_tree,
     verify_manifest,
     write_manifest,
@@ -52,20 +56,64 @@ def iter_dir_name(step: int) -> str:
 
 def temp_dir(root: Path, step: int) -> Path:
     """A fresh temporary directory for a save of `step` under `root` (rank 0 creates it)."""
-    return root / f".tmp-{iter_dir_name(step)}-{uuid.uuid4().hex[:8]}"
+    return root / f"{PARTIAL_PREFIX}{iter_dir_name(step)}-{uuid.uuid4().hex[:8]}"
+
+
+def _own_error(exc: CheckpointException) -> BaseException:
+    """The error a rank hit inside dcp (an OSError keeps its errno and path)."""
+    _, (error, _) = min(exc.failures.items(), key=lambda item: item[0])
+    return error if isinstance(error, Exception) else RuntimeError(str(exc))
+
+
+def _dcp(call, state: dict, directory: Path) -> None:
+    """dcp.save or dcp.load. Their CheckpointException is a BaseException, which nothing above
+    catches: a gRPC handler thread died with it and the call hung until the caller's deadline."""
+    try:
+        call(state, checkpoint_id=str(directory))
+    except CheckpointException as exc:
+        raise _own_error(exc) from None
+
+
+PROBE_BYTES = 1 << 20
+
+
+def write_error(exc: Exception, directory: Path) -> str:
+    """Path and errno of a save that failed to write into `directory`; re-raises what is not a
+    write error. torch's own writers (dcp's, torch.save's) report a full disk as a RuntimeError
+    without errno ("unexpected pos"): a probe write next to the partial files gets the OS's answer."""
+    if isinstance(exc, OSError):
+        return describe_os_error(exc)
+    probe = directory / ".write-probe"
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"\0" * PROBE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as probe_error:
+        return f"{describe_os_error(probe_error, directory)} (torch said: {type(exc).__name__}: {str(exc)[:200]})"
+    finally:
+        probe.unlink(missing_ok=True)
+    raise exc
+
+
+def size_bytes(directory: Path) -> int:
+    """Bytes of every file under `directory` (what the next save will need again)."""
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
 
 def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
     """Every rank: write its model and optimizer shards and its RNG state into `directory`."""
-    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(directory / "model"))
-    dcp.save(
-        {"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=str(directory / "optimizer")
-    )
+    _dcp(dcp.save, {"model": get_model_state_dict(model)}, directory / "model")
+    _dcp(dcp.save, {"optimizer": get_optimizer_state_dict(model, optimizer)}, directory / "optimizer")
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
     (directory / "rng").mkdir(exist_ok=True)
-    torch.save(rng, directory / "rng" / f"rank_{dist.get_rank():05d}.pt")
+    # Serialised in memory, then written as bytes: torch.save on a full disk raises a RuntimeError
+    # without the errno; a plain write raises OSError(ENOSPC) naming the file.
+    buffer = io.BytesIO()
+    torch.save(rng, buffer)
+    (directory / "rng" / f"rank_{dist.get_rank():05d}.pt").write_bytes(buffer.getvalue())
 
 
 def finalize(tmp: Path, root: Path, step: int, meta: dict[str, Any]) -> Path:
@@ -171,10 +219,10 @@ def verify(directory: Path) -> dict[str, Any]:
 def load_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
     """Every rank: read the model and optimizer (resharded to this world size) and the RNG."""
     model_state = {"model": get_model_state_dict(model)}
-    dcp.load(model_state, checkpoint_id=str(directory / "model"))
+    _dcp(dcp.load, model_state, directory / "model")
     set_model_state_dict(model, model_state["model"])
     optim_state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
-    dcp.load(optim_state, checkpoint_id=str(directory / "optimizer"))
+    _dcp(dcp.load, optim_state, directory / "optimizer")
     set_optimizer_state_dict(model, optimizer, optim_state["optimizer"])
     rng_file = directory / "rng" / f"rank_{dist.get_rank():05d}.pt"
     if not rng_file.is_file():  # loading on more ranks than saved: reuse rank 0's stream

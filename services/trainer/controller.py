@@ -8,6 +8,8 @@ receive work they can do. One lock serialises commands: the ranks run one thing 
 
 from __future__ import annotations
 
+import errno
+import shutil
 import threading
 import time
 from collections import OrderedDict
@@ -20,12 +22,13 @@ from rollway.common.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    ResourceExhausted,
 )
 from rollway.common.log import get_logger
+from rollway.common.manifest import CheckpointError, describe_os_error
 from rollway.trainer import checkpoint
 from rollway.trainer.batch import num_loss_tokens
 from rollway.trainer.config import STEP_SETTINGS, TRAINING_SETTINGS, TrainerConfig
-from rollway.trainer.manifest import CheckpointError
 from rollway.trainer.micro_batch import SequenceItem
 from rollway.trainer.runtime import RankRuntime
 from rollway.trainer.sharding import DTYPE_NAMES
@@ -80,6 +83,7 @@ class TrainerController:
         self.lock = threading.Lock()
         self.results: OrderedDict[int, StepResult] = OrderedDict()
         self.weight_version = 0
+        self.last_checkpoint_bytes = 0  # size of the last checkpoint saved (the free-space check)
 
     @property
     def engine(self):
@@ -201,8 +205,13 @@ class TrainerController:
                 tmp = checkpoint.temp_dir(root, step)
                 tmp.mkdir()
             except OSError as exc:
+                if exc.errno in DISK_ERRNOS:
+                    raise self._write_failed(root, None, describe_os_error(exc)) from None
                 raise InvalidArgument("path", f"cannot create a checkpoint under {root}: {exc}") from None
-            self._broadcast("save", directory=str(tmp), hf_export=hf_export)
+            self._warn_if_short_of_space(root)
+            errors = self._broadcast("save", directory=str(tmp), hf_export=hf_export)
+            if errors:
+                raise self._write_failed(root, tmp, "; ".join(errors))
             meta = {
                 "global_step": step,
                 "world_size": self.world_size,
@@ -212,9 +221,30 @@ class TrainerController:
                 "settings": {k: v for k, v in to_dict(settings).items() if k in TRAINING_SETTINGS},
                 "hf_checkpoint": self.startup.hf_checkpoint,
             }
-            final = checkpoint.finalize(tmp, root, step, meta)
-        _log().info("checkpoint saved", directory=str(final), global_step=step, hf_export=hf_export)
+            try:
+                final = checkpoint.finalize(tmp, root, step, meta)
+            except OSError as exc:
+                raise self._write_failed(root, tmp, describe_os_error(exc)) from None
+            self.last_checkpoint_bytes = checkpoint.size_bytes(final)
+        _log().info("checkpoint saved", directory=str(final), global_step=step, hf_export=hf_export,
+                    size_bytes=self.last_checkpoint_bytes)  # fmt: skip
         return final, (final / "hf") if hf_export else None, step
+
+    def _warn_if_short_of_space(self, root: Path) -> None:
+        """Warn before a save that will likely not fit: less free space than the last one took."""
+        free = shutil.disk_usage(root).free
+        if self.last_checkpoint_bytes and free < self.last_checkpoint_bytes:
+            _log().warning("less free space than the last checkpoint took", path=str(root), free_bytes=free,
+                           last_checkpoint_bytes=self.last_checkpoint_bytes)  # fmt: skip
+
+    def _write_failed(self, root: Path, tmp: Path | None, error: str) -> ResourceExhausted:
+        """A save that could not write: remove its partial directory, log, and tell the caller at
+        once (not retried: a full disk stays full)."""
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        _log().error("checkpoint write failed", path=str(root), error=error, removed=str(tmp or ""))
+        removed = f"; removed the partial {tmp}" if tmp is not None else ""
+        return ResourceExhausted(f"checkpoint write failed under {root}: {error}{removed}", retry=False)
 
     def load_checkpoint(self, path: str) -> tuple[Path, int, dict[str, Any], list[str]]:
         """Restore model, optimizer, RNG and step from a verified checkpoint.
@@ -250,6 +280,10 @@ class TrainerController:
             raise InvalidArgument("dtype", f"must be one of {', '.join(DTYPE_NAMES)} (got {dtype!r})")
         with self.lock:
             return self._broadcast("checksum", dtype=dtype)
+
+
+# Errors of a disk that cannot take the checkpoint (full, over quota, file too large).
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def to_dict_result(result: StepResult) -> dict[str, Any]:

@@ -158,15 +158,23 @@ class TrainerEngine:
             return None
         return {index: value for part in gathered for index, value in part.items()}
 
-    def save(self, directory: str, hf_export: bool) -> None:
-        """Write this rank's shards (and take part in the HF export) into `directory`."""
+    def save(self, directory: str, hf_export: bool) -> list[str]:
+        """Write this rank's shards (and take part in the HF export) into `directory`; the write
+        errors of every rank (path and errno; empty when all wrote). A rank that cannot write
+        still meets the others here, so a full disk leaves the ranks in step."""
         path = Path(directory)
-        checkpoint.save_shards(self.model, self._require_optimizer(), path)
-        if self.config.lora_rank:
-            lora.save_adapter(self.model, self.config, path / "adapter")
-        if hf_export:
-            export.export_hf(self.model, self.hf_config, self.config.hf_checkpoint, path / "hf")
-        dist.barrier()
+        error = ""
+        try:
+            checkpoint.save_shards(self.model, self._require_optimizer(), path)
+            if self.config.lora_rank:
+                lora.save_adapter(self.model, self.config, path / "adapter")
+            if hf_export:
+                export.export_hf(self.model, self.hf_config, self.config.hf_checkpoint, path / "hf")
+        except Exception as exc:  # noqa: BLE001 - write_error re-raises what is not a write error
+            error = f"rank {self.info.rank}: {checkpoint.write_error(exc, path)}"
+        errors: list[str] = [""] * self.info.world_size
+        dist.all_gather_object(errors, error)
+        return [e for e in errors if e]
 
     def load(self, directory: str, global_step: int) -> None:
         """Read model, optimizer and RNG from a verified checkpoint directory."""

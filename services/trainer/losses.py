@@ -11,7 +11,8 @@ is split:
 
 A reported term whose name ends in _min or _max (the range of a ratio) is instead the smallest or
 largest value over the loss tokens of the global batch (metric_share, then combine_shares and
-reduce_shares across micro-batches and ranks).
+reduce_shares across micro-batches and ranks). A term whose name starts with num_ is a per-token
+indicator and is reported as its sum over the loss tokens of the global batch (a count).
 
 A policy loss plugs in with `@register_loss("policy_loss", per_token_inputs=("advantages",
 "old_log_probs"))`: the listed Sample fields are validated, packed and passed in `extras`.
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from rollway.trainer.config import TrainerConfig
+from rollway.trainer.non_finite import non_finite_tokens
 
 
 @dataclass
@@ -74,8 +76,9 @@ def get_loss(name: str) -> LossSpec:
 
 @register_loss("sft_loss")
 def sft_loss(inputs: LossInputs) -> dict[str, torch.Tensor]:
-    """Negative log-likelihood of the target tokens."""
-    return {"loss": -inputs.log_probs}
+    """Negative log-likelihood of the target tokens. A non-finite log-prob stays in the loss (as
+    Miles' sft_loss_function; the step's non-finite grad_norm then skips the update) and is counted."""
+    return {"loss": -inputs.log_probs, "num_non_finite_tokens": non_finite_tokens(inputs.log_probs)}
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,8 @@ def aggregate(
     per_token: bool,
 ) -> torch.Tensor:
     """This micro-batch's share of the global loss (see the module docstring)."""
-    masked = term * loss_mask
+    # where, not a product alone: a NaN off the loss tokens (a prompt position) times 0 is NaN.
+    masked = torch.where(loss_mask > 0, term * loss_mask, torch.zeros_like(term))
     if per_token:
         return masked.sum() / max(denominators.num_loss_tokens, 1)
     # Each sample lies inside one micro-batch, so its token count is known locally.
@@ -121,6 +125,8 @@ def metric_share(
     per_token: bool,
 ) -> torch.Tensor:
     """This micro-batch's share of the reported train/<name>: aggregate(), or its extreme."""
+    if name.startswith("num_"):
+        return torch.where(loss_mask > 0, term, torch.zeros_like(term)).sum()
     kind = _extreme(name)
     if kind is None:
         return aggregate(term, loss_mask, sample_index, denominators, per_token)

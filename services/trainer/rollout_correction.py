@@ -14,7 +14,10 @@ different policy than the trainer's, weighted or masked by the train/rollout rat
 The pg loss is multiplied by the product of the weights that are on (TIS or MIS, and the
 geometric mask); a masked token keeps its place in the loss's denominators (as Miles' IcePop).
 Bounds are compared in log space, so a sequence ratio that overflows float32 is still masked
-correctly. Metrics (train/<name>, aggregated like the loss; *_min/*_max over all loss tokens):
+correctly. A NaN log-ratio is outside every band: its token (its sample, for sequence-level
+corrections) gets weight 0, as in Miles' and verl's IcePop and as low_var_kl's NaN rule; -inf and
++inf are simply below and above (TIS: clamped). Metric values that are not finite count as 0 (as
+Miles does for its mismatch metrics); policy_loss counts those tokens in num_non_finite_tokens. Metrics (train/<name>, aggregated like the loss; *_min/*_max over all loss tokens):
 tis (mean r), tis_min, tis_max, tis_clipfrac (tokens whose weight differs from r: clipped or
 masked); mis_ratio (r or R), mis_ratio_min, mis_ratio_max, mis_masked_frac, mis_below_frac,
 mis_above_frac; geo_mask_ratio (G), geo_mask_ratio_min, geo_mask_ratio_max,
@@ -49,9 +52,17 @@ def per_sample_totals(values: torch.Tensor, loss_mask: torch.Tensor, sample_inde
     return sums[index].reshape(values.shape), counts[index].reshape(values.shape)
 
 
-def _band(log_ratio: torch.Tensor, low: float, high: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(below, above) indicators of exp(log_ratio) against [low, high], decided in log space."""
-    return (log_ratio < _log(low)).float(), (log_ratio > _log(high)).float()
+def _band(
+    log_ratio: torch.Tensor, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(below, above, outside) indicators of exp(log_ratio) against [low, high], decided in log
+    space; outside also holds NaN, which is neither below nor above."""
+    below, above = log_ratio < _log(low), log_ratio > _log(high)
+    return below.float(), above.float(), (below | above | torch.isnan(log_ratio)).float()
+
+
+def _finite_metrics(metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: torch.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0) for name, v in metrics.items()}
 
 
 def truncated_importance_weights(
@@ -60,14 +71,15 @@ def truncated_importance_weights(
     """TIS (truncate) or IcePop (icepop) token weights and their metrics."""
     ratio = torch.exp(log_ratio)
     if mode == "truncate":
-        weights = ratio.clamp(min=low, max=high)
+        # Miles' clamp keeps NaN, which would make the whole loss NaN: weight 0 instead.
+        weights = torch.where(torch.isnan(ratio), torch.zeros_like(ratio), ratio.clamp(min=low, max=high))
     elif mode == "icepop":
-        below, above = _band(log_ratio, low, high)
-        weights = torch.where((below + above) > 0, torch.zeros_like(ratio), ratio)
+        _, _, outside = _band(log_ratio, low, high)
+        weights = torch.where(outside > 0, torch.zeros_like(ratio), ratio)
     else:
         raise ValueError(f"tis_mode: unknown {mode!r}, expected truncate or icepop")
     metrics = {"tis": ratio, "tis_min": ratio, "tis_max": ratio, "tis_clipfrac": (weights != ratio).float()}
-    return weights, metrics
+    return weights, _finite_metrics(metrics)
 
 
 def masked_importance_weights(
@@ -83,10 +95,9 @@ def masked_importance_weights(
         log_ratio, _ = per_sample_totals(log_ratio, loss_mask, sample_index)
     elif level != "token":
         raise ValueError(f"mis_level: unknown {level!r}, expected token or sequence")
-    below, above = _band(log_ratio, low, high)
-    masked = below + above
+    below, above, masked = _band(log_ratio, low, high)
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    weights = ratio * (1.0 - masked)
+    weights = torch.where(masked > 0, torch.zeros_like(ratio), ratio)
     metrics = {
         "mis_ratio": ratio,
         "mis_ratio_min": ratio,
@@ -95,7 +106,7 @@ def masked_importance_weights(
         "mis_below_frac": below,
         "mis_above_frac": above,
     }
-    return weights, metrics
+    return weights, _finite_metrics(metrics)
 
 
 def geometric_mean_mask(
@@ -104,8 +115,7 @@ def geometric_mean_mask(
     """1 for the tokens of samples whose geometric-mean ratio is inside [low, high], else 0."""
     sums, counts = per_sample_totals(log_ratio, loss_mask, sample_index)
     log_geo = sums / counts.clamp(min=1.0)
-    below, above = _band(log_geo, low, high)
-    masked = below + above
+    below, above, masked = _band(log_geo, low, high)
     geo = torch.exp(log_geo)
     metrics = {
         "geo_mask_ratio": geo,
@@ -115,7 +125,7 @@ def geometric_mean_mask(
         "geo_mask_below_frac": below,
         "geo_mask_above_frac": above,
     }
-    return 1.0 - masked, metrics
+    return 1.0 - masked, _finite_metrics(metrics)
 
 
 def rollout_correction(

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from rollway.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 from rollway.common.log import get_logger
+from rollway.common.manifest import fsync_tree
 from rollway.common.v1 import common_pb2
 from rollway.common.weight_buckets import (
     DEFAULT_BUCKET_SIZE_BYTES,
@@ -41,7 +42,6 @@ from rollway.common.weight_group import (
     WeightGroupError,
 )
 from rollway.common.weights_checksum import dtype_from_name
-from rollway.trainer.manifest import fsync_tree
 from rollway.trainer.sharding import DTYPE_NAMES
 from rollway.trainer.v1 import trainer_pb2
 from rollway.trainer.weight_send import SenderState, SendResult

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from contextlib import ExitStack
 
 import pytest
 from support.stack import coordinator_stub, sft_service_args, start_run, start_services, wait_run
 
+from rollway.coordinator.prompt_ledger import PromptLedger
 from rollway.coordinator.v1 import coordinator_pb2
 
 
@@ -71,3 +73,35 @@ def test_resume_skips_corrupt_checkpoints_and_fails_clearly_when_none_is_usable(
     assert f"{save}: no usable run checkpoint ({save}/rollout_0000006/dataloader.json: not valid JSON" in (
         final.error
     )
+
+
+def test_a_bit_flip_in_the_data_cursor_falls_back_and_trains_no_prompt_twice(
+    tiny_model_dir, demo_data_dir, tmp_path
+):
+    """Issue #24: one bit flipped in dataloader.json (a smaller cursor offset) is still valid JSON; the
+    run checkpoint's manifest catches it and the resume uses the previous checkpoint."""
+    save = tmp_path / "save"
+    final, straight, _ = run(tmp_path, tiny_model_dir, demo_data_dir, "first", save)
+    assert final.state == coordinator_pb2.RUN_STATE_SUCCEEDED, final.error
+    cursor_file = save / "rollout_0000006" / "dataloader.json"
+    text = cursor_file.read_text()
+    match = re.search(r'"offset": (\d+)', text)
+    assert match, text
+    digit = match.end(1) - 1  # the offset's last digit loses its lowest set bit: a smaller offset
+    lowest_bit = int(text[digit]) & -int(text[digit])
+    assert lowest_bit, f"offset {match.group(1)} ends in 0"
+    data = bytearray(cursor_file.read_bytes())
+    data[digit] ^= lowest_bit
+    cursor_file.write_bytes(bytes(data))
+    flipped = json.loads(cursor_file.read_text())  # still valid JSON, two or more prompts back
+    assert re.search(r'"offset": (\d+)', cursor_file.read_text()).group(1) != match.group(1)
+    assert isinstance(flipped, dict)
+
+    final, resumed, logs = run(tmp_path, tiny_model_dir, demo_data_dir, "resumed", save)
+    assert final.state == coordinator_pb2.RUN_STATE_SUCCEEDED, final.error
+    assert f"{cursor_file}: sha256 does not match the manifest (corrupt)" in logs["coordinator"]
+    assert sorted(resumed) == [4, 5]  # from rollout 4, not from the corrupt cursor of rollout 6
+    assert [resumed[s] for s in (4, 5)] == pytest.approx([straight[s] for s in (4, 5)], rel=1e-5)
+    first_prompts = PromptLedger.by_step(tmp_path / "first" / "runs" / "first")
+    resumed_prompts = PromptLedger.by_step(tmp_path / "resumed" / "runs" / "resumed")
+    assert {s: resumed_prompts[s] for s in (4, 5)} == {s: first_prompts[s] for s in (4, 5)}

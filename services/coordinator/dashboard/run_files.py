@@ -27,12 +27,46 @@ LOG_TAIL_LINES = 40
 SERVICE_LOG = re.compile(r"(dataloader|rollout|trainer|coordinator)-\d+-(\d+)\.log")
 
 
-def write_status(run_dir: Path, state: str, error: str = "") -> None:
-    """Record how a run ended, so a finished run's directory tells it (the dashboard's Runs view)."""
+STATUS_RESERVED_BYTES = 4096
+
+
+def reserve_status(run_dir: Path) -> None:
+    """At a run's start: a status.json with no state yet, padded to STATUS_RESERVED_BYTES, so that
+    the run's ending can be recorded even once the disk is full (write_status)."""
     path = Path(run_dir) / STATUS_FILE
+    path.write_bytes(_padded({"state": "", "error": "", "time": time.time()}))
+
+
+def write_status(run_dir: Path, state: str, error: str = "") -> None:
+    """Record how a run ended, so a finished run's directory tells it (the dashboard's Runs view).
+
+    Replaced atomically; when that cannot be written (a full disk: the run may have failed of it),
+    the reserved file is overwritten in place, which needs no new blocks."""
+    path = Path(run_dir) / STATUS_FILE
+    status = {"state": state, "error": error, "time": time.time()}
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"state": state, "error": error, "time": time.time()}))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(status))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        if not path.is_file() or path.stat().st_size < STATUS_RESERVED_BYTES:
+            raise
+        with open(path, "r+b") as f:
+            f.write(_padded(status))
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _padded(status: dict) -> bytes:
+    """The status as JSON, its error cut to fit, padded with spaces to the reserved size."""
+    error = status["error"]
+    while True:
+        text = json.dumps({**status, "error": error}).encode()
+        over = len(text) - STATUS_RESERVED_BYTES
+        if over <= 0:
+            return text.ljust(STATUS_RESERVED_BYTES)
+        error = error[: max(len(error) - over - 3, 0)] + "..."
 
 
 def append_notice(run_dir: Path, line: str) -> None:

@@ -253,3 +253,59 @@ def test_debug_rollout_dump_is_bit_exact(tmp_path):
     assert debug_data.rollout_path(str(tmp_path), 2).name == "rollout_2.pb"
     with pytest.raises(NotFound, match="no dump for rollout 5"):
         debug_data.load_rollout(template, 5)
+
+
+def flip_bit(path: Path, offset: int, bit: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1 << bit
+    path.write_bytes(bytes(data))
+
+
+def test_a_bit_flip_that_still_parses_falls_back_naming_the_file(tmp_path):
+    """Issue #24: the cursor's offset 112 -> 110 is valid JSON; only the manifest catches it."""
+    for rollout_id in (2, 4):
+        write(tmp_path, rollout_id, cursor=json.dumps({"epoch": 0, "offset": 56 * rollout_id // 2}))
+    trainer_manifest = tmp_path / "rollout_0000004" / "trainer" / "iter_0000004" / "manifest.json"
+    trainer_manifest.parent.mkdir(parents=True)
+    trainer_manifest.write_text("{}")
+    write(tmp_path, 4, cursor=json.dumps({"epoch": 0, "offset": 112}))  # rewritten: covers trainer/
+    cursor_file = tmp_path / "rollout_0000004" / "dataloader.json"
+    manifest = json.loads((tmp_path / "rollout_0000004" / "manifest.json").read_text())
+    assert sorted(manifest["files"]) == [
+        "coordinator.json",
+        "dataloader.json",
+        "trainer/iter_0000004/manifest.json",
+    ]
+    offset = cursor_file.read_text().index("112") + 2
+    flip_bit(cursor_file, offset, 1)  # "2" (0x32) -> "0" (0x30)
+    assert json.loads(cursor_file.read_text())["offset"] == 110
+    restored = []
+    resumed = run_state.resume(tmp_path, lambda directory, state, cursor: restored.append(cursor))
+    assert resumed.directory.name == "rollout_0000002"
+    assert json.loads(resumed.cursor) == {"epoch": 0, "offset": 56}
+    assert restored == [resumed.cursor]  # the corrupt cursor never reached the dataloader
+    assert resumed.skipped == [f"{cursor_file}: sha256 does not match the manifest (corrupt)"]
+
+
+def test_every_run_checkpoint_file_is_verified(tmp_path):
+    directory = write(tmp_path, 3)
+    nested = directory / "trainer" / "iter_0000003"
+    nested.mkdir(parents=True)
+    (nested / "manifest.json").write_text('{"files": {}}')
+    (directory / "trainer" / "latest_checkpointed_iteration.txt").write_text("3")
+    write(tmp_path, 3)
+    run_state.read_checkpoint(directory)
+    for name in (
+        "coordinator.json",
+        "trainer/latest_checkpointed_iteration.txt",
+        "trainer/iter_0000003/manifest.json",
+    ):
+        path = directory / name
+        original = path.read_bytes()
+        flip_bit(path, len(original) - 1, 0)
+        with pytest.raises(RunCheckpointError, match=f"^{path}: "):
+            run_state.read_checkpoint(directory)
+        path.write_bytes(original)
+    (directory / "manifest.json").unlink()  # written before this change, or a save stopped before it
+    with pytest.raises(RunCheckpointError, match=f"^{directory / 'manifest.json'}: missing"):
+        run_state.read_checkpoint(directory)

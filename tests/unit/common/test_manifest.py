@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from rollway.common.manifest import CheckpointError, atomic_write_text, verify_manifest, write_manifest
 from rollway.trainer import checkpoint
-from rollway.trainer.manifest import CheckpointError, atomic_write_text, verify_manifest, write_manifest
 
 
 def make_checkpoint(root, step: int) -> None:
