@@ -9,7 +9,8 @@ kill it), one failure at a time (the next fault waits for the replacement and fo
 after it).
 
 Rows: one per kill:
-    service, fault, pid          what was killed (kill -9) or frozen (SIGSTOP)
+    service, fault, pid          what was killed (kill -9) or frozen (SIGSTOP); "disk": the
+                                 checkpoints' disk filled (a tmpfs: ENOSPC) for two steps
     steps_logged                 when (distinct steps in metrics.jsonl)
     replaced_s                   kill -> a new process of that service runs
     next_step_s                  kill -> the run logs a step record it had not before (recovery)
@@ -31,20 +32,24 @@ import os
 import signal
 import tempfile
 from collections import Counter
+from contextlib import ExitStack
 from pathlib import Path
 
 from bench.harness import BenchResult
 from rollway.common.demo_data import write_digit_share_reward
 from rollway.coordinator.prompt_ledger import PromptLedger
-from rollway.deploy.chaos import ChaosRun, random_schedule, run_with_chaos
+from rollway.deploy.chaos import ChaosRun, FillDisk, NoSmallDisk, random_schedule, run_with_chaos, small_disk
 
 SEED = 2024
 RUN_ID = "soak"
+CHECKPOINT_BYTES = 16 << 20  # a tiny-model run checkpoint takes ~12 MiB
 FREEZE_SHARE = 0.3  # of the faults on the trainer, rollout and dataloader
 HUNG_SERVICE_SECONDS = 8.0
 
 
-def write_config(workdir: Path, model: Path, data: Path, num_steps: int, max_restarts: int) -> Path:
+def write_config(
+    workdir: Path, model: Path, data: Path, num_steps: int, max_restarts: int, save: Path | None = None
+) -> Path:
     config = {
         "hf_checkpoint": str(model),
         "prompt_data": [str(data / "rl.parquet")],
@@ -61,7 +66,8 @@ def write_config(workdir: Path, model: Path, data: Path, num_steps: int, max_res
         "max_tokens_per_gpu": 4096,
         "reward": "custom",
         "custom_rm_path": "soak_reward:digit_share",
-        "save": str(workdir / "save"),
+        "save": str(save or workdir / "save"),
+        "on_checkpoint_error": "continue",  # a full disk costs saves, not the run
         "save_interval": 1,
         "save_hf": str(workdir / "hf"),
         "run_dir": str(workdir / "runs"),
@@ -76,12 +82,12 @@ def write_config(workdir: Path, model: Path, data: Path, num_steps: int, max_res
 
 
 def soak_run(
-    root: Path, name: str, model: Path, data: Path, num_steps: int, schedule
+    root: Path, name: str, model: Path, data: Path, num_steps: int, schedule, save: Path | None = None
 ) -> tuple[ChaosRun, Path]:
     workdir = root / name
     workdir.mkdir()
     write_digit_share_reward(workdir, "soak_reward")
-    config = write_config(workdir, model, data, num_steps, max_restarts=len(schedule) + 2)
+    config = write_config(workdir, model, data, num_steps, max_restarts=len(schedule) + 2, save=save)
     run_dir = workdir / "runs" / RUN_ID
     run = run_with_chaos(
         config,
@@ -130,7 +136,7 @@ def kill_rows(run: ChaosRun, run_dir: Path) -> list[dict]:
             {
                 "kill": number,
                 "service": kill.service,
-                "fault": "SIGSTOP" if kill.signum == signal.SIGSTOP else "kill -9",
+                "fault": {signal.SIGSTOP: "SIGSTOP", signal.SIGKILL: "kill -9"}.get(kill.signum, "full disk"),
                 "pid": kill.pid,
                 "steps_logged": kill.steps_logged,
                 "delay_s": round(kill.delay_seconds, 3),
@@ -176,7 +182,16 @@ def run(quick: bool) -> BenchResult:
         data = root / "data"
         make_demo_data(data, seed=0)
         straight, straight_dir = soak_run(root, "straight", model, data, num_steps, [])
-        chaos, chaos_dir = soak_run(root, "chaos", model, data, num_steps, schedule)
+        with ExitStack() as stack:
+            try:  # the checkpoints on a small disk that a fault fills (root only)
+                disk = stack.enter_context(small_disk(root / "disk", num_steps * CHECKPOINT_BYTES * 2))
+                schedule = with_full_disk(schedule, num_steps, disk)
+                disk_fault = "filled for 2 steps"
+            except NoSmallDisk as reason:
+                disk, disk_fault = None, f"not filled: {reason}"
+            chaos, chaos_dir = soak_run(
+                root, "chaos", model, data, num_steps, schedule, save=disk / "save" if disk else None
+            )
         rows = kill_rows(chaos, chaos_dir)
         recoveries = [k.next_step_seconds for k in chaos.kills if k.next_step_seconds is not None]
         summary = {
@@ -185,6 +200,7 @@ def run(quick: bool) -> BenchResult:
             "kills_survived": len(chaos.kills) if chaos.returncode == 0 else 0,  # the run completed
             "coordinator_kills": sum(k.service == "coordinator" for k in chaos.kills),
             "freezes": sum(k.signum == signal.SIGSTOP for k in chaos.kills),
+            "disk": disk_fault,
             "freeze_recovery_max_s": round(
                 max(
                     (k.next_step_seconds or 0.0 for k in chaos.kills if k.signum == signal.SIGSTOP),
@@ -217,6 +233,13 @@ def run(quick: bool) -> BenchResult:
         summary=summary,
         notes=f"GRPO, {num_steps} steps, {len(chaos.kills)} kill -9s and freezes under `rollway run`",
     )
+
+
+def with_full_disk(schedule: list, num_steps: int, disk: Path) -> list:
+    """The schedule with the disk filled at the first step from the middle on that no kill uses."""
+    taken = {kill.after_step for kill in schedule}
+    step = next(s for s in range(num_steps // 2, num_steps - 3) if s not in taken)
+    return sorted([*schedule, FillDisk(step, disk)], key=lambda fault: fault.after_step)
 
 
 def _round(value: float | None):

@@ -74,7 +74,10 @@ class RunRecord:
     def notice(self, line: str) -> None:
         self.notices.append(line)
         log.warning("run notice", notice=line)
-        run_files.append_notice(self.run_dir, line)  # the dashboard's Runs view
+        try:
+            run_files.append_notice(self.run_dir, line)  # the dashboard's Runs view
+        except OSError as exc:  # a full run_dir disk: the notice stays in GetRun and the log
+            log.error("could not record a run notice", error=str(exc))
 
     @property
     def config(self) -> CoordinatorConfig:

@@ -21,6 +21,7 @@ makes progress between kills and recovers from one failure at a time.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -29,6 +30,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +48,46 @@ class Kill:
     after_step: int
     service: str
     signum: int = signal.SIGKILL
+
+
+@dataclass(frozen=True)
+class FillDisk:
+    """Fill the filesystem holding `path` (a real ENOSPC for what the run writes there, e.g. its
+    checkpoints) once the run has logged `after_step` steps; free it once `steps_full` more are."""
+
+    after_step: int
+    path: Path
+    steps_full: int = 2
+    service: str = "disk"
+    signum: int = 0
+
+
+FILLER_NAME = ".chaos-disk-filler"
+
+
+class NoSmallDisk(RuntimeError):
+    """A small disk cannot be mounted here (not root, or mounts are not allowed); says why."""
+
+
+@contextmanager
+def small_disk(path: Path, size_bytes: int) -> Iterator[Path]:
+    """A tmpfs of `size_bytes` mounted at `path`, a real disk that fills up (ENOSPC from the
+    kernel); unmounted on exit. Raises NoSmallDisk where it cannot be mounted."""
+    if os.geteuid() != 0:
+        raise NoSmallDisk("a real full disk needs a tmpfs mount, which needs root")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        raise NoSmallDisk(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
 
 
 @dataclass
@@ -138,7 +181,7 @@ class ChaosHarness(threading.Thread):
         self,
         launcher: subprocess.Popen,
         run_dir: Path,
-        schedule: list[Kill],
+        schedule: list[Kill | FillDisk],
         seed: int,
         deadline_seconds: float = 600.0,
     ):
@@ -154,6 +197,12 @@ class ChaosHarness(threading.Thread):
 
     def run(self) -> None:
         for kill in self.schedule:
+            if isinstance(kill, FillDisk):
+                if not self._wait_steps(kill.after_step):
+                    self.error = f"the run ended before the disk could be filled after step {kill.after_step}"
+                    return
+                self._fill_and_follow(kill)
+                continue
             while steps_logged(self.run_dir) < kill.after_step or self._pid(kill.service) is None:
                 if not self._running():
                     self.error = (
@@ -171,6 +220,40 @@ class ChaosHarness(threading.Thread):
 
     def _pid(self, service: str) -> int | None:
         return service_pid(self.launcher.pid, service)
+
+    def _wait_steps(self, count: int) -> bool:
+        while steps_logged(self.run_dir) < count:
+            if not self._running():
+                return False
+            time.sleep(POLL_SECONDS)
+        return True
+
+    def _fill_and_follow(self, fill: FillDisk) -> None:
+        """Fill the disk, let the run go on full for `steps_full` steps, free it; the record's
+        replaced_seconds is when it was freed, next_step_seconds a step logged after that."""
+        filler = Path(fill.path) / FILLER_NAME
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            chunk = b"\0" * (1 << 20)
+            while True:
+                os.write(fd, chunk)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+        finally:
+            os.close(fd)
+        started = time.monotonic()
+        record = KillRecord("disk", 0, 0, steps_logged(self.run_dir), 0.0, time.time())
+        self.kills.append(record)
+        self._wait_steps(record.steps_logged + fill.steps_full)
+        filler.unlink()
+        record.replaced_seconds = time.monotonic() - started
+        seen = set(metrics_lines(self.run_dir))
+        while not set(metrics_lines(self.run_dir)) - seen:
+            if not self._running():
+                return
+            time.sleep(POLL_SECONDS)
+        record.next_step_seconds = time.monotonic() - started
 
     def _kill_and_follow(self, service: str, pid: int, signum: int, delay: float) -> None:
         os.kill(pid, signum)
@@ -206,7 +289,7 @@ class ChaosRun:
 def run_with_chaos(
     config: Path,
     run_dir: Path,
-    schedule: list[Kill],
+    schedule: list[Kill | FillDisk],
     seed: int,
     *,
     log_path: Path,

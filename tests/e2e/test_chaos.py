@@ -12,10 +12,11 @@ import signal
 from pathlib import Path
 
 import pytest
+from support.small_disk import MIB, small_disk
 
 from rollway.common.demo_data import write_digit_share_reward
 from rollway.coordinator.prompt_ledger import PromptLedger
-from rollway.deploy.chaos import Kill, run_with_chaos
+from rollway.deploy.chaos import FillDisk, Kill, run_with_chaos
 
 pytestmark = pytest.mark.slow
 
@@ -61,9 +62,8 @@ def run_to_end(tmp_path: Path, name: str, model: Path, data: Path, schedule=(), 
     workdir.mkdir()
     write_digit_share_reward(workdir, "chaos_reward")
     run_dir = workdir / "runs"
-    config = write_config(
-        workdir / "run.json", model, data, run_dir, workdir / "save", workdir / "hf", **overrides
-    )
+    save = overrides.pop("save", workdir / "save")
+    config = write_config(workdir / "run.json", model, data, run_dir, save, workdir / "hf", **overrides)
     pythonpath = f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     run = run_with_chaos(
         config,
@@ -103,22 +103,26 @@ def test_a_run_survives_kill_9_of_every_service_with_nothing_lost_or_repeated(
     assert_same_run(chaos_dir, straight_dir)
 
 
-def test_a_run_survives_frozen_services_killing_each_within_the_hang_bound(
+def test_a_run_survives_frozen_services_and_a_full_disk(
     tmp_path, tiny_model_dir, demo_data_dir, straight_dir
 ):
     """SIGSTOP of the trainer, a rollout and the dataloader: each is found hung (it answers
-    nothing) after hung_service_seconds, killed and replaced; the run ends as if nothing happened."""
-    schedule = [Kill(1, "trainer", signal.SIGSTOP), Kill(3, "rollout", signal.SIGSTOP),
-                Kill(5, "dataloader", signal.SIGSTOP)]  # fmt: skip
-    run, frozen_dir, frozen = run_to_end(
-        tmp_path, "frozen", tiny_model_dir, demo_data_dir, schedule, seed=99,
-        hung_service_seconds=HUNG_SERVICE_SECONDS,
-    )  # fmt: skip
+    nothing) after hung_service_seconds, killed and replaced. Then the checkpoints' disk fills up
+    (a real ENOSPC: a small tmpfs) for two steps: with on_checkpoint_error continue the run trains
+    on and saves again once there is room. The run ends as if nothing happened."""
+    with small_disk(tmp_path / "disk", 256 * MIB) as disk:  # ten tiny-model checkpoints fit
+        schedule = [Kill(1, "trainer", signal.SIGSTOP), Kill(3, "rollout", signal.SIGSTOP),
+                    Kill(5, "dataloader", signal.SIGSTOP), FillDisk(7, disk)]  # fmt: skip
+        run, frozen_dir, frozen = run_to_end(
+            tmp_path, "frozen", tiny_model_dir, demo_data_dir, schedule, seed=99,
+            hung_service_seconds=HUNG_SERVICE_SECONDS, save=str(disk / "save"), on_checkpoint_error="continue",
+        )  # fmt: skip
+        saved = sorted(p.name for p in (disk / "save").glob("rollout_*") if (p / "coordinator.json").exists())
     log = (frozen / "launcher.log").read_text()
     assert run.returncode == 0, log[-3000:]
     assert run.error is None, run.error
-    assert [kill.service for kill in run.kills] == ["trainer", "rollout", "dataloader"]
-    for kill in run.kills:
+    assert [kill.service for kill in run.kills] == ["trainer", "rollout", "dataloader", "disk"]
+    for kill in run.kills[:3]:
         # Found hung once silent for the bound (probes every 0.5 s), then replaced: the bound plus
         # a restart, never the minutes of a keepalive or call deadline.
         assert HUNG_SERVICE_SECONDS <= kill.replaced_seconds < HUNG_SERVICE_SECONDS + 30, run.kills
@@ -132,6 +136,10 @@ def test_a_run_survives_frozen_services_killing_each_within_the_hang_bound(
     assert json.loads((frozen_dir / "status.json").read_text())["state"] == "SUCCEEDED"
     result = json.loads((frozen_dir / "result.json").read_text())
     assert [r["service"] for r in result["recoveries"]] == ["trainer", "rollout", "dataloader"]
+    # The full disk cost the saves of the steps it lasted, not the run; the last one was written.
+    full = run.kills[3]
+    assert full.next_step_seconds is not None, run.kills
+    assert 0 < len(saved) < NUM_STEPS and saved[-1] == f"rollout_{NUM_STEPS:07d}", saved
     assert_same_run(frozen_dir, straight_dir)
 
 
