@@ -71,8 +71,9 @@ def parse_launcher_options(argv: list[str]) -> tuple[argparse.Namespace, list[st
     return parser.parse_known_args(argv)
 
 
-def plan(configs: dict[str, object]) -> str:
-    """The batch arithmetic of a run, as text."""
+def plan(configs: dict[str, object], end_of_data: str = "") -> str:
+    """The batch arithmetic of a run, as text; `end_of_data` says how its steps were settled
+    (run_plan.py: num_rollout wins and the data loops, or num_epoch epochs of the data's rows)."""
     c, t = configs["coordinator"], configs["trainer"]
     samples = c.samples_per_rollout
     steps_per_rollout = samples // c.global_batch_size
@@ -88,11 +89,28 @@ def plan(configs: dict[str, object]) -> str:
         f"trainer ranks            {t.world_size} ({per_rank} samples per rank per step)",
         *micro_batch_lines(configs, per_rank),
         cpu_threads_line(configs),
-        f"rollouts                 {c.num_rollout or 'until the data is exhausted'}",
+        f"rollouts                 {c.num_rollout or 'num_epoch epochs (rows not readable here)'}",
+        f"end of data              {end_of_data or _end_of_data(configs)}",
     ]
     if c.num_rollout:
         lines.append(f"optimizer steps total    {c.num_rollout * steps_per_rollout}")
     return "\n".join(lines)
+
+
+def _end_of_data(configs: dict[str, object]) -> str:
+    """How a run's number of steps is settled (run_plan.py), from the data where readable here."""
+    from rollway.coordinator import run_plan
+
+    c, d = configs["coordinator"], configs["dataloader"]
+    shape = run_plan.check_data(d.prompt_data, d.prompt_data_weights, d.input_key, d.label_key)
+    rows = f"{shape.num_rows} rows" if shape.num_rows is not None else "rows not readable here"
+    if c.num_rollout:
+        epochs = (
+            f", {c.num_rollout * c.rollout_batch_size / shape.num_rows:.2f} epochs" if shape.num_rows else ""
+        )
+        return f"num_rollout {c.num_rollout} wins: the data ({rows}) loops over epochs{epochs}"
+    steps = run_plan.num_steps(0, d.num_epoch, c.rollout_batch_size, shape.num_rows)
+    return f"num_epoch {d.num_epoch} x {rows} / rollout_batch_size {c.rollout_batch_size} = {steps} steps"
 
 
 def cpu_threads_line(configs: dict[str, object]) -> str:
@@ -210,6 +228,7 @@ def run(argv: list[str]) -> int:
             restarts += 1
             print(f"restarting the coordinator ({restarts}/{c.max_restarts})", file=sys.stderr, flush=True)
             coordinator_address = group.restart("coordinator", 0)
+            settings["resume"] = True  # the same run id exists now: continue it, explicitly
     finally:
         signal.signal(signal.SIGINT, previous)
         group.stop()

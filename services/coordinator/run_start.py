@@ -37,6 +37,42 @@ class RunRefused(RuntimeError):
     """The run's services cannot serve it together (they disagree, or one refused its Init)."""
 
 
+# StartRun's check that attached services answer: short, so a refusal comes in seconds.
+ATTACHED_CHECK_SECONDS = 3.0
+ADDRESS_SETTINGS = {"dataloader": "dataloader_addr", "rollout": "rollout_addr", "trainer": "trainer_addr"}
+
+
+def attached_services_down(run: RunConfig) -> list[tuple[str, str]]:
+    """(setting, problem) for each service address the run gives that is not SERVING now: found
+    before StartRun answers, instead of a run that fails seconds later."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from rollway.common.client import open_channel
+
+    attached = [(name, address) for name, group in run.addresses().items() for address in group if address]
+
+    def problem(name: str, address: str) -> tuple[str, str] | None:
+        with open_channel(address) as channel:
+            try:
+                reply = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=ATTACHED_CHECK_SECONDS
+                )
+            except grpc.RpcError as exc:
+                return ADDRESS_SETTINGS.get(
+                    name, name
+                ), f"{address}: the {name} does not answer ({exc.code().name})"
+        if reply.status != health_pb2.HealthCheckResponse.SERVING:
+            status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            return ADDRESS_SETTINGS.get(name, name), f"{address}: the {name} is {status}"
+        return None
+
+    if not attached:
+        return []
+    with ThreadPoolExecutor(len(attached)) as pool:
+        found = list(pool.map(lambda pair: problem(*pair), attached))
+    return [p for p in found if p is not None]
+
+
 def start_missing_services(
     run: RunConfig, workdir: Path, run_id: str = ""
 ) -> tuple[dict[str, list[str]], ServiceGroup | None]:
