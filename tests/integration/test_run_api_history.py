@@ -1,0 +1,91 @@
+"""Runs on a real coordinator that starts its own services: the end of data is settled up front
+(num_rollout wins and the data loops; num_rollout 0 runs num_epoch epochs), a finished run's
+history is never replaced, and a restarted coordinator lists and gets earlier runs from disk."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from support.processes import ServiceProcess
+from support.stack import coordinator_stub, start_run
+
+from rollway.coordinator.v1 import coordinator_pb2
+
+pytestmark = pytest.mark.slow
+
+SUCCEEDED = coordinator_pb2.RUN_STATE_SUCCEEDED
+
+
+def sft(model, data, rows: int, **overrides) -> dict:
+    return {
+        "hf_checkpoint": str(model),
+        "prompt_data": [f"{data / 'sft.parquet'}@[0:{rows}]"],
+        "input_key": "messages",
+        "apply_chat_template": True,
+        "loss_type": "sft_loss",
+        "rollout_batch_size": 8,
+        "global_batch_size": 8,
+        "lr": 1e-3,
+        "use_dynamic_batch_size": True,
+        "max_tokens_per_gpu": 4096,
+        **overrides,
+    }
+
+
+def follow(stub, run_id: str) -> list[coordinator_pb2.StreamMetricsResponse]:
+    return list(stub.StreamMetrics(coordinator_pb2.StreamMetricsRequest(run_id=run_id), timeout=300))
+
+
+def test_end_of_data_history_and_a_restarted_coordinator(tmp_path, tiny_model_dir, demo_data_dir):
+    runs_root = tmp_path / "runs"
+    args = ["--runs-root", str(runs_root)]  # and a dashboard, on a free port
+    with ServiceProcess("coordinator", args, tmp_path / "first") as coordinator:
+        stub = coordinator_stub(coordinator)
+        # num_rollout wins: 3 steps of 8 over 16 rows loop into a second epoch (they ended at 2).
+        looping = start_run(stub, "looping", sft(tiny_model_dir, demo_data_dir, 16, num_rollout=3))
+        assert looping.num_steps == 3
+        assert "num_rollout" in looping.end_of_data
+        records = follow(stub, "looping")
+        assert [r.step for r in records] == [0, 1, 2]
+        assert [r.metrics["sft/epoch"] for r in records] == [0.0, 1.0, 1.0]
+        assert records[-1].state == SUCCEEDED  # the stream's last record carries the final state
+        assert all(r.state == coordinator_pb2.RUN_STATE_RUNNING for r in records[:-1])
+        # num_rollout 0: num_epoch epochs, their steps known before the start: 2 * 20 // 8 = 5.
+        epochs = start_run(stub, "epochs", sft(tiny_model_dir, demo_data_dir, 20, num_rollout=0, num_epoch=2))
+        assert epochs.num_steps == 5
+        assert "num_epoch 2 x 20 rows / rollout_batch_size 8 = 5 steps" == epochs.end_of_data
+        assert [r.step for r in follow(stub, "epochs")] == [0, 1, 2, 3, 4]
+        done = stub.GetRun(coordinator_pb2.GetRunRequest(run_id="epochs")).run
+        assert (done.state, done.step, done.num_steps) == (SUCCEEDED, 5, 5)
+        assert done.created_time <= done.started_time <= done.finished_time
+        assert done.seconds_per_step > 0 and done.eta_seconds == 0
+        assert done.dashboard_url.startswith("http://") and done.dashboard_url.endswith("/?run=epochs")
+        assert done.config["coordinator"]["num_rollout"] == 5
+        # A finished run's id is refused; its history stays byte for byte.
+        metrics = (runs_root / "looping" / "metrics.jsonl").read_bytes()
+        for resume in (False, True):
+            with pytest.raises(grpc.RpcError) as caught:
+                start_run(
+                    stub, "looping", sft(tiny_model_dir, demo_data_dir, 16, num_rollout=1, resume=resume)
+                )
+            assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
+            assert ("nothing to resume" if resume else "its history is kept") in caught.value.details()
+        assert (runs_root / "looping" / "metrics.jsonl").read_bytes() == metrics
+        before = {r.run_id: r for r in stub.ListRuns(coordinator_pb2.ListRunsRequest()).runs}
+    with ServiceProcess("coordinator", args, tmp_path / "second") as coordinator:
+        stub = coordinator_stub(coordinator)
+        after = {r.run_id: r for r in stub.ListRuns(coordinator_pb2.ListRunsRequest()).runs}
+        assert set(after) == {"looping", "epochs"}
+        for run_id, run in after.items():
+            assert (run.state, run.step, run.num_steps) == (
+                SUCCEEDED,
+                before[run_id].step,
+                before[run_id].num_steps,
+            )
+            assert run.last_metrics["sft/loss"] == pytest.approx(before[run_id].last_metrics["sft/loss"])
+        got = stub.GetRun(coordinator_pb2.GetRunRequest(run_id="looping")).run
+        assert (got.state, got.step, got.run_dir) == (SUCCEEDED, 3, str(runs_root / "looping"))
+        assert [r.step for r in follow(stub, "looping")] == [0, 1, 2]  # replayed from metrics.jsonl
+        with pytest.raises(grpc.RpcError) as caught:
+            start_run(stub, "looping", sft(tiny_model_dir, demo_data_dir, 16, num_rollout=1))
+        assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
