@@ -217,7 +217,7 @@ def _plan_steps(run: RunConfig, problems: list[tuple[str, str]], check_files: bo
     c, d = run.coordinator, run.dataloader
     uses_data = "dataloader" in run.services_used()
     started = uses_data and not run.addresses()["dataloader"]
-    shape = run_plan.check_data(d.prompt_data, d.prompt_data_weights, d.input_key, d.label_key)
+    shape = run_plan.check_data(d)
     if not started or not check_files:  # an attached dataloader reads its files where it runs
         shape = run_plan.DataShape(shape.num_rows, [p for p in shape.problems if not p[2]])
     found = shape.problems if uses_data else []

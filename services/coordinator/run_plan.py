@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollway.dataloader.sources import SourceSpecError, parse_sources
+from rollway.dataloader.config import DataloaderConfig
 
 # (setting, problem, precondition): precondition problems are about the world (a file missing),
 # not the value; a request with only those is FAILED_PRECONDITION, else INVALID_ARGUMENT.
@@ -31,13 +31,14 @@ class DataShape:
     problems: list[Problem]
 
 
-def check_data(prompt_data: list[str], weights: list[float], input_key: str, label_key: str) -> DataShape:
+def check_data(data: DataloaderConfig) -> DataShape:
     """Every source's file exists and has the columns input_key and label_key name."""
-    if not prompt_data:
+    if not data.prompt_data:
         return DataShape(None, [])
+    input_key, label_key = data.input_key, data.label_key
     try:
-        specs = parse_sources(prompt_data, weights or None)
-    except SourceSpecError as exc:
+        specs = data.sources()
+    except ValueError as exc:  # SourceSpecError: reported by the dataloader's own validation
         return DataShape(None, [("prompt_data", str(exc), False)])
     problems: list[Problem] = []
     total = 0

@@ -13,6 +13,7 @@ from rollway.coordinator.config import CoordinatorServiceConfig
 from rollway.coordinator.config_schema import run_config_schema
 from rollway.coordinator.dashboard import run_files
 from rollway.coordinator.dashboard.server import start_for_coordinator
+from rollway.coordinator.plan_text import plan
 from rollway.coordinator.remote import from_struct
 from rollway.coordinator.run_config import COMPONENTS
 from rollway.coordinator.runs import RunManager, RunRecord
@@ -144,8 +145,6 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
 
 def validation_reply(run) -> coordinator_pb2.ValidateRunResponse:
     """ValidateRun's answer: the steps and batch arithmetic of a valid run."""
-    from rollway.launcher import plan
-
     c = run.coordinator
     configs = {name: run.component(name) for name in COMPONENTS}
     reply = coordinator_pb2.ValidateRunResponse(
