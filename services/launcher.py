@@ -58,6 +58,27 @@ def parse_run_config(
     return dict(zip(classes, parsed, strict=True))
 
 
+def typed(given: dict) -> dict:
+    """The settings with each value as its setting's type: flags arrive as text, and StartRun
+    takes typed JSON (it converts nothing: "1e-3" for a number is refused there)."""
+    import dataclasses
+
+    from rollway.common.config import coerce_setting
+
+    out = {}
+    for key, value in given.items():
+        out[key] = value
+        for cls in component_classes().values():
+            names = {f.name: f.name for f in dataclasses.fields(cls)}
+            names.update(
+                {a.replace("-", "_"): f.name for f in dataclasses.fields(cls) for a in f.metadata["aliases"]}
+            )
+            if key in names:
+                out[key] = coerce_setting(cls, names[key], value)  # parse_run_config has accepted it
+                break
+    return out
+
+
 def parse_launcher_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """Where the run goes (not run settings): --coordinator-addr, --trace-file; and the rest. Where
     its services go (--launcher, --ray-address) are run settings: StartRun takes them too."""
@@ -108,7 +129,11 @@ def run(argv: list[str]) -> int:
                 print(f"dashboard: {dashboard_file.read_text()}/?run={run_id}", flush=True)
         # A coordinator elsewhere writes under its own --runs-root unless the config names a run_dir.
         remote_default = options.coordinator_addr and not c.run_dir
-        settings = {**given, "run_id": run_id, "run_dir": "" if remote_default else str(run_dir.parent)}
+        settings = {
+            **typed(given),
+            "run_id": run_id,
+            "run_dir": "" if remote_default else str(run_dir.parent),
+        }
         print(
             f"run {run_id}: {'(coordinator ' + coordinator_address + ')' if remote_default else run_dir}",
             flush=True,

@@ -85,11 +85,17 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _coerce(name: str, tp: Any, value: Any, bounds: tuple[int, int] | None = None) -> Any:
+def _coerce(
+    name: str, tp: Any, value: Any, bounds: tuple[int, int] | None = None, strict: bool = False
+) -> Any:
     """Convert a YAML or flag value to the field's type, or raise ConfigError naming the field.
     Integers must lie in `bounds` (INT_BOUNDS by default); floats must be finite (NaN and
-    infinities cannot be a learning rate, and protobuf's JSON cannot carry them)."""
+    infinities cannot be a learning rate, and protobuf's JSON cannot carry them). `strict` (the
+    gRPC API, whose values are typed JSON) refuses text for a number or a boolean and a number for
+    text, naming the expected type, instead of converting it as a command-line flag is."""
     inner, optional = _unwrap_optional(tp)
+    if strict and value is not None:
+        _check_json_type(name, inner, value)
     if value is None:
         if optional:
             return None
@@ -106,7 +112,7 @@ def _coerce(name: str, tp: Any, value: Any, bounds: tuple[int, int] | None = Non
             value = [v for v in value.replace(",", " ").split() if v]
         if not isinstance(value, list | tuple):
             raise ConfigError(name, f"must be a list (got {type(value).__name__})")
-        return [_coerce(f"{name}[{i}]", item_tp, v, bounds) for i, v in enumerate(value)]
+        return [_coerce(f"{name}[{i}]", item_tp, v, bounds, strict) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(name, f"must be a mapping (got {type(value).__name__})")
@@ -143,6 +149,28 @@ def _coerce(name: str, tp: Any, value: Any, bounds: tuple[int, int] | None = Non
             raise ConfigError(name, f"must be a string (got {type(value).__name__})")
         return str(value)
     return value
+
+
+# The JSON type a strict value of each Python type must have (a Struct's numbers are all floats).
+_JSON_TYPES = {
+    bool: ("true or false", (bool,)),
+    int: ("an integer", (int, float)),
+    float: ("a number", (int, float)),
+    str: ("a string", (str,)),
+}
+
+
+def _check_json_type(name: str, tp: Any, value: Any) -> None:
+    origin = typing.get_origin(tp)
+    if origin in (list, tuple) and not isinstance(value, list | tuple):
+        raise ConfigError(name, f"must be a list (got {type(value).__name__} {value!r})")
+    if tp not in _JSON_TYPES:
+        return
+    expected, types_ = _JSON_TYPES[tp]
+    if not isinstance(value, types_) or (tp is not bool and isinstance(value, bool)):
+        raise ConfigError(
+            name, f"must be {expected} (got {type(value).__name__} {value!r}; values are not converted)"
+        )
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any], *, base: T | None = None, require: bool = True) -> T:
@@ -187,11 +215,11 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, base: T | None = None, r
     return config
 
 
-def coerce_setting(cls: type, name: str, value: Any) -> Any:
+def coerce_setting(cls: type, name: str, value: Any, *, strict: bool = False) -> Any:
     """`value` converted to the type of field `name` of `cls` (ConfigError naming it otherwise);
     no cross-field validation, so each value of a config can be checked on its own."""
     declared = next(f for f in dataclasses.fields(cls) if f.name == name)
-    value = _coerce(name, _field_types(cls)[name], value, declared.metadata.get("bounds"))
+    value = _coerce(name, _field_types(cls)[name], value, declared.metadata.get("bounds"), strict)
     choices = declared.metadata.get("choices")
     if choices and value not in choices:
         raise ConfigError(name, f"must be one of {', '.join(map(str, choices))} (got {value!r})")

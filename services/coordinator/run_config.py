@@ -148,14 +148,17 @@ def _canonical(cls: type, key: str) -> str:
     return key
 
 
-def parse_run_config(mapping: Mapping[str, Any], *, check_files: bool = False) -> RunConfig:
+def parse_run_config(
+    mapping: Mapping[str, Any], *, check_files: bool = False, strict: bool = False
+) -> RunConfig:
     """Parse a flat run config; RunConfigError lists every problem, each naming its setting.
 
     Nothing hides anything else: a key that is unknown or has a wrong value is reported and left
     out, and the rest is still built and validated (cross-setting checks, the model, the data).
     With `check_files` (StartRun, ValidateRun) a data file the run's own dataloader would read
     must exist here; without it only the files that exist are checked (a config written for
-    another machine still parses)."""
+    another machine still parses). `strict` (the gRPC API) refuses a value of the wrong JSON type
+    ("1e-3" for a number) instead of converting it."""
     given = {str(k).replace("-", "_"): v for k, v in mapping.items()}
     known = set().union(*(_field_names(cls) for cls in COMPONENTS.values()))
     problems: list[tuple[str, str]] = []
@@ -170,7 +173,7 @@ def parse_run_config(mapping: Mapping[str, Any], *, check_files: bool = False) -
         for cls in COMPONENTS.values():
             if key in _field_names(cls):
                 try:
-                    coerce_setting(cls, _canonical(cls, key), value)
+                    coerce_setting(cls, _canonical(cls, key), value, strict=strict)
                 except ConfigError as exc:
                     problems.append((exc.setting, exc.problem))
                     rejected.add(key)

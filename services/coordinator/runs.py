@@ -387,7 +387,7 @@ class RunManager:
         if run_id:
             check_run_id(run_id)
         try:
-            run = parse_run_config(mapping, check_files=True)
+            run = parse_run_config(mapping, check_files=True, strict=True)
         except RunConfigError as exc:
             raise problems_error(
                 [

@@ -211,3 +211,25 @@ def test_the_config_schema_describes_every_setting_and_checks_a_config_offline(
     }
     assert {"lr", "num_rollout"} <= errors
     assert any("nope" in str(e) for e in errors)
+
+
+def test_values_of_the_wrong_json_type_are_refused_naming_the_expected_type(
+    coordinator, tiny_model_dir, demo_data_dir
+):
+    """The API converts nothing ("1e-3", "4" and "yes" were silently coerced): typed JSON only."""
+    stub = coordinator_stub(coordinator[0])
+    config = sft(tiny_model_dir, demo_data_dir, lr="1e-3", rollout_batch_size="4", apply_chat_template="yes")
+    code, _, fields = refusal(lambda: start(stub, config))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert fields == {
+        "config.lr": "must be a number (got str '1e-3'; values are not converted)",
+        "config.rollout_batch_size": "must be an integer (got str '4'; values are not converted)",
+        "config.apply_chat_template": "must be true or false (got str 'yes'; values are not converted)",
+    }
+    # Integers arrive as JSON numbers (doubles): 8.0 is the integer 8.
+    assert (
+        stub.ValidateRun(
+            coordinator_pb2.ValidateRunRequest(config=to_struct(sft(tiny_model_dir, demo_data_dir)))
+        ).num_steps
+        == 2
+    )
