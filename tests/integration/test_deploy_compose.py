@@ -204,7 +204,8 @@ def test_gpu_stack_reads_models_and_data_from_the_host_and_writes_its_outputs_th
     for name in ("dataloader-gpu", "trainer-gpu", "rollout-gpu", "run-gpu", "run-sft-gpu"):
         volumes = services[name]["volumes"]
         assert {"./models:/models:ro", "./datasets:/datasets:ro", "/srv/out:/output"} <= set(volumes), name
-    assert "/srv/out:/output" in services["coordinator"]["volumes"]  # it writes the run's directory
+    # The coordinator writes the run's directory, and counts the data of a num_epoch run up front.
+    assert {"/srv/out:/output", "./datasets:/datasets:ro"} <= set(services["coordinator"]["volumes"])
     mounts = ("/models/", "/datasets/", "/output/")
     for config_name in ("grpo-gpu.yaml", "sft-gpu.yaml"):
         config = yaml.safe_load((ROOT / "deploy" / "configs" / config_name).read_text())
