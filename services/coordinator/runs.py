@@ -400,6 +400,20 @@ class RunManager:
             raise problems_error([(f"config.{setting}", problem, True) for setting, problem in down])
         return run
 
+    def validate(self, mapping: dict, run_id: str = "") -> RunConfig:
+        """ValidateRun: StartRun's checks, the run id's included, and nothing registered."""
+        run = self.admit(mapping, run_id)
+        run_id = run_id or run.coordinator.run_id
+        if run_id:
+            check_run_id(run_id, "config.run_id")
+            with self._lock:
+                self._check_new_id(
+                    run_id,
+                    Path(run.coordinator.run_dir or self.default_run_root) / run_id,
+                    run.coordinator.resume,
+                )
+        return run
+
     def start(self, mapping: dict, run_id: str = "") -> RunRecord:
         run = self.admit(mapping, run_id)
         run_id = check_run_id(run_id or run.coordinator.run_id or new_run_id(), "config.run_id")

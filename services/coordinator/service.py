@@ -109,7 +109,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
         return coordinator_pb2.StartRunResponse(run=self._info(record))
 
     def ValidateRun(self, request, context):
-        run = self.runs.admit(from_struct(request.config), request.run_id)
+        run = self.runs.validate(from_struct(request.config), request.run_id)
         return validation_reply(run)
 
     def GetConfigSchema(self, request, context):

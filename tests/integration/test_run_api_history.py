@@ -9,6 +9,7 @@ import pytest
 from support.processes import ServiceProcess
 from support.stack import coordinator_stub, start_run
 
+from rollway.coordinator.remote import to_struct
 from rollway.coordinator.v1 import coordinator_pb2
 
 pytestmark = pytest.mark.slow
@@ -71,6 +72,13 @@ def test_end_of_data_history_and_a_restarted_coordinator(tmp_path, tiny_model_di
             assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
             assert ("nothing to resume" if resume else "its history is kept") in caught.value.details()
         assert (runs_root / "looping" / "metrics.jsonl").read_bytes() == metrics
+        with pytest.raises(grpc.RpcError) as caught:  # ValidateRun checks the id as StartRun does
+            stub.ValidateRun(
+                coordinator_pb2.ValidateRunRequest(
+                    config=to_struct(sft(tiny_model_dir, demo_data_dir, 16, num_rollout=1)), run_id="looping"
+                )
+            )
+        assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
         before = {r.run_id: r for r in stub.ListRuns(coordinator_pb2.ListRunsRequest()).runs}
     with ServiceProcess("coordinator", args, tmp_path / "second") as coordinator:
         stub = coordinator_stub(coordinator)
