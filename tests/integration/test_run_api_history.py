@@ -90,6 +90,7 @@ def test_end_of_data_history_and_a_restarted_coordinator(tmp_path, tiny_model_di
                 before[run_id].step,
                 before[run_id].num_steps,
             )
+            assert "sft/loss" in run.last_metrics and "sft/loss" in before[run_id].last_metrics
             assert run.last_metrics["sft/loss"] == pytest.approx(before[run_id].last_metrics["sft/loss"])
         got = stub.GetRun(coordinator_pb2.GetRunRequest(run_id="looping")).run
         assert (got.state, got.step, got.run_dir) == (SUCCEEDED, 3, str(runs_root / "looping"))
@@ -97,3 +98,36 @@ def test_end_of_data_history_and_a_restarted_coordinator(tmp_path, tiny_model_di
         with pytest.raises(grpc.RpcError) as caught:
             start_run(stub, "looping", sft(tiny_model_dir, demo_data_dir, 16, num_rollout=1))
         assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+
+def test_the_final_evaluation_reaches_last_metrics(tmp_path, tiny_model_dir, demo_data_dir):
+    """The run's last step does not evaluate (eval_interval 10); the evaluation after it does, and
+    GetRun's last_metrics carries it (it had the last step's metrics only)."""
+    config = {
+        "hf_checkpoint": str(tiny_model_dir),
+        "prompt_data": [str(demo_data_dir / "rl.parquet")],
+        "input_key": "prompt",
+        "label_key": "label",
+        "apply_chat_template": True,
+        "rollout_batch_size": 4,
+        "n_samples_per_prompt": 2,
+        "global_batch_size": 8,
+        "num_rollout": 2,
+        "rollout_max_response_len": 6,
+        "rm_type": "exact_match",
+        "eval_prompt_data": ["add", f"{demo_data_dir / 'eval.parquet'}@[0:8]"],
+        "eval_interval": 10,
+        "use_dynamic_batch_size": True,
+        "max_tokens_per_gpu": 4096,
+    }
+    with ServiceProcess("coordinator", ["--runs-root", str(tmp_path / "runs")], tmp_path) as coordinator:
+        stub = coordinator_stub(coordinator)
+        start_run(stub, "eval", config)
+        records = follow(stub, "eval")
+        info = stub.GetRun(coordinator_pb2.GetRunRequest(run_id="eval")).run
+    assert info.state == SUCCEEDED, info.error
+    assert [r.step for r in records] == [0, 1, 2]  # step 2: the final evaluation's record
+    assert "eval/add" in records[0].metrics and "eval/add" not in records[1].metrics
+    assert "eval/add" in info.last_metrics  # (a proto map answers 0.0 for a missing key)
+    assert info.last_metrics["eval/add"] == records[2].metrics["eval/add"]
+    assert info.last_metrics["train/pg_loss"] == records[1].metrics["train/pg_loss"]
