@@ -138,8 +138,8 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
             finally:
                 watcher.close()
                 _release(record)
-        record.state = "SUCCEEDED"
         record.driver.last_step_metrics.update(_evaluations(final))  # the final eval, for GetRun
+        record.state = "SUCCEEDED"  # after it: GetRun never shows SUCCEEDED without the final eval
         _write_result(record, final)
     except RunStopped:
         record.state = "STOPPED"
