@@ -72,9 +72,6 @@ TOOL_CALL_PARSERS = ("qwen3", "qwen25")  # both: <tool_call>{"name": ..., "argum
 # (remote: rm_url; custom: custom_rm_path). Here so that a run config is checked without them.
 BUILTIN_REWARD_NAMES = ("exact_match", "math", "f1")
 REWARD_NAMES = (*BUILTIN_REWARD_NAMES, "remote", "custom", "none")
-# Those that compare a response with the prompt's label: a prompt without one would be scored
-# against "" (a blank response earning 1), so such a request is refused instead.
-LABELLED_REWARDS = frozenset(BUILTIN_REWARD_NAMES)
 
 
 @dataclass

@@ -31,7 +31,7 @@ from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines.base import ModelInfo, SampleRequest
 from rollway.rollout.episodes import EpisodeSpec, TurnRecord
 from rollway.rollout.prompt_encoding import PromptEncoder, prompt_form
-from rollway.rollout.rewards import LABELLED_REWARDS, NO_REWARD
+from rollway.rollout.rewards import NO_REWARD
 from rollway.rollout.sampling import SamplingParams
 from rollway.rollout.v1 import rollout_pb2
 
@@ -232,12 +232,6 @@ def plan_generation(
     group_indices: list[int] = []
     prompts: list[tuple[int, ...]] = []
     for p, prompt in enumerate(request.prompts):
-        if reward in LABELLED_REWARDS and not prompt.label.strip():
-            raise InvalidArgument(
-                f"prompts[{p}].label",
-                f"is empty, and the reward function {reward!r} compares each response with the label "
-                "(an unlabelled prompt is never rewarded by accident): give a label, or reward 'none'",
-            )
         field, prompt_ids = prompt_token_ids(p, prompt, encoder, info)
         prompts.append(prompt_ids)
         max_new_tokens = _max_new_tokens(field, len(prompt_ids), params.max_new_tokens, config, info)

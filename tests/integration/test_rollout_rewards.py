@@ -172,17 +172,17 @@ def test_bad_custom_reward_stops_the_service_at_start_up(
 
 
 def test_an_unlabelled_prompt_is_never_scored_against_an_empty_label(rollout):
-    """exact_match once scored "" against a whitespace-only response as 1: now the request is refused,
-    naming the prompt; a reward that needs no label (custom, none) still takes it."""
+    """exact_match once scored "" against a whitespace-only response as 1: an unlabelled prompt's
+    samples now get reward 0 and a reward_error saying why; a reward that needs no label takes it."""
     for name in ("exact_match", "math", "f1"):
-        with pytest.raises(grpc.RpcError) as info:
-            _generate(rollout, [_prompt(label="8"), _prompt(label=" ")], reward=name)
-        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert info.value.details().startswith(
-            f"prompts[1].label: is empty, and the reward function '{name}'"
-        )
-    assert len(_generate(rollout, [_prompt(label="")], n=2)) == 2  # --reward custom: no label needed
-    assert len(_generate(rollout, [_prompt(label="")], n=2, reward="none")) == 2
+        samples = _generate(rollout, [_prompt(label="8"), _prompt(label=" ")], reward=name)
+        labelled, unlabelled = samples[:2], samples[2:]
+        assert all("no label" not in s.reward_error for s in labelled)
+        for sample in unlabelled:
+            assert sample.reward == sample.raw_reward == 0.0
+            assert "the prompt has no label: not scored (reward 0)" in sample.reward_error, name
+    for sample in _generate(rollout, [_prompt(label="")], n=2):  # --reward custom: no label needed
+        assert sample.reward == len(sample.response_token_ids) and not sample.reward_error
 
 
 def test_zero_samples_per_prompt_means_the_service_default(rollout):

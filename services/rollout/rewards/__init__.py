@@ -7,7 +7,7 @@ Built in: exact_match, math, f1. Registered when configured: remote (--rm-url) a
 from __future__ import annotations
 
 from rollway.common.config import ConfigError
-from rollway.rollout.config import BUILTIN_REWARD_NAMES, LABELLED_REWARDS, RolloutConfig
+from rollway.rollout.config import BUILTIN_REWARD_NAMES, RolloutConfig
 from rollway.rollout.rewards.custom import load_custom_reward
 from rollway.rollout.rewards.math_reward import math_reward
 from rollway.rollout.rewards.remote import remote_reward
@@ -24,7 +24,7 @@ BUILTIN_REWARDS = {
 
 assert set(BUILTIN_REWARDS) == set(BUILTIN_REWARD_NAMES)  # the names the run config checks
 
-__all__ = ["LABELLED_REWARDS", "NO_REWARD", "RewardFunction", "RewardRunner", "RewardSample", "build_rewards"]
+__all__ = ["NO_REWARD", "RewardFunction", "RewardRunner", "RewardSample", "build_rewards"]
 
 
 def build_rewards(config: RolloutConfig) -> dict[str, RewardFunction]:
