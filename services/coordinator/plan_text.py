@@ -13,6 +13,7 @@ def plan(configs: dict[str, object], end_of_data: str = "") -> str:
     samples = c.samples_per_rollout
     steps_per_rollout = samples // c.global_batch_size
     per_rank = c.global_batch_size // max(t.world_size, 1)
+    num_steps = c.num_rollout or _epoch_steps(configs)
     lines = [
         f"mode                     {'SFT' if c.is_sft else 'RL (' + c.advantage_estimator + ')'}"
         + (" async" if c.async_mode else ""),
@@ -24,12 +25,18 @@ def plan(configs: dict[str, object], end_of_data: str = "") -> str:
         f"trainer ranks            {t.world_size} ({per_rank} samples per rank per step)",
         *micro_batch_lines(configs, per_rank),
         cpu_threads_line(configs),
-        f"rollouts                 {c.num_rollout or 'num_epoch epochs (rows not readable here)'}",
+        f"rollouts                 {num_steps or 'num_epoch epochs (rows not readable here)'}",
         f"end of data              {end_of_data or _end_of_data(configs)}",
     ]
-    if c.num_rollout:
-        lines.append(f"optimizer steps total    {c.num_rollout * steps_per_rollout}")
+    if num_steps:
+        lines.append(f"optimizer steps total    {num_steps * steps_per_rollout}")
     return "\n".join(lines)
+
+
+def _epoch_steps(configs: dict[str, object]) -> int | None:
+    """Steps of a num_rollout 0 run: num_epoch epochs of the data, where it is readable here."""
+    c, d = configs["coordinator"], configs["dataloader"]
+    return run_plan.num_steps(0, d.num_epoch, c.rollout_batch_size, run_plan.check_data(d).num_rows)
 
 
 def _end_of_data(configs: dict[str, object]) -> str:
