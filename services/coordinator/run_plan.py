@@ -84,7 +84,7 @@ def num_steps(num_rollout: int, num_epoch: int, rollout_batch_size: int, num_row
     """Steps the run will take (None: unknown here, the data is not readable by the coordinator)."""
     if num_rollout > 0:
         return num_rollout
-    if num_rows is None:
+    if num_rows is None or rollout_batch_size <= 0:
         return None
     return num_epoch * num_rows // rollout_batch_size
 
@@ -93,8 +93,8 @@ def end_of_data_problems(
     num_rollout: int, num_epoch: int, rollout_batch_size: int, shape: DataShape
 ) -> list[Problem]:
     """num_rollout 0 needs a number of epochs and data the coordinator can count."""
-    if num_rollout > 0 or shape.problems:
-        return []
+    if num_rollout > 0 or shape.problems or rollout_batch_size <= 0:
+        return []  # (a non-positive batch size is reported by the coordinator's validation)
     if num_epoch <= 0:
         return [
             (
