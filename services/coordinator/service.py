@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from rollway.common.config import to_dict
 from rollway.common.log import get_logger
@@ -119,21 +120,35 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
         return coordinator_pb2.GetRunResponse(run=self._info(self.runs.get(request.run_id)))
 
     def StreamMetrics(self, request, context):
+        """Each record as soon as it is written, with the run's state then. The records of the
+        last step (and the final evaluation after it) wait for the run's end, so that the last
+        one carries the final state; a run that ends before its last step (stopped, failed)
+        closes its stream with one record of its last step, without metrics, in the final state."""
         record = self.runs.get(request.run_id)
-        last = None
+        num_steps = run_info(record).num_steps
+        held, last_step = None, None
         for metrics_record in self.runs.follow(request.run_id, request.from_step):
             if not context.is_active():
                 return
-            if last is not None:
-                yield last
+            if held is not None:
+                yield held
             metrics = {k: float(v) for k, v in metrics_record.items() if k not in ("step", "time")}
-            last = coordinator_pb2.StreamMetricsResponse(
-                step=metrics_record["step"], metrics=metrics, time=metrics_record["time"]
+            reply = coordinator_pb2.StreamMetricsResponse(
+                step=metrics_record["step"],
+                metrics=metrics,
+                time=metrics_record["time"],
+                state=STATES[record.state],
             )
-            last.state = STATES[record.state]
-        if last is not None:  # held back until the run's end is known: it carries the final state
-            last.state = STATES[record.state]
-            yield last
+            last_step = reply.step
+            held = reply if num_steps and reply.step >= num_steps - 1 else None
+            if held is None:
+                yield reply
+        final = STATES[record.state]
+        if held is not None:
+            held.state = final
+            yield held
+        elif last_step is not None and final != coordinator_pb2.RUN_STATE_RUNNING:
+            yield coordinator_pb2.StreamMetricsResponse(step=last_step, time=time.time(), state=final)
 
     def StopRun(self, request, context):
         record = self.runs.stop(request.run_id, immediate=request.immediate)

@@ -131,3 +131,21 @@ def test_the_final_evaluation_reaches_last_metrics(tmp_path, tiny_model_dir, dem
     assert "eval/add" in info.last_metrics  # (a proto map answers 0.0 for a missing key)
     assert info.last_metrics["eval/add"] == records[2].metrics["eval/add"]
     assert info.last_metrics["train/pg_loss"] == records[1].metrics["train/pg_loss"]
+
+
+def test_a_stopped_run_closes_its_stream_with_its_final_state(tmp_path, tiny_model_dir, demo_data_dir):
+    with ServiceProcess("coordinator", ["--runs-root", str(tmp_path / "runs")], tmp_path) as coordinator:
+        stub = coordinator_stub(coordinator)
+        start_run(stub, "stopped", sft(tiny_model_dir, demo_data_dir, 16, num_rollout=200))
+        stream = stub.StreamMetrics(coordinator_pb2.StreamMetricsRequest(run_id="stopped"), timeout=300)
+        first = next(stream)  # records come as they are written, not a step late
+        assert (first.step, first.state) == (
+            0,
+            coordinator_pb2.RUN_STATE_RUNNING,
+        ) and "sft/loss" in first.metrics
+        stub.StopRun(coordinator_pb2.StopRunRequest(run_id="stopped"))
+        rest = list(stream)
+    closing = rest[-1]
+    assert closing.state == coordinator_pb2.RUN_STATE_STOPPED
+    assert not closing.metrics and closing.step == (rest[-2].step if len(rest) > 1 else 0)
+    assert all(r.state == coordinator_pb2.RUN_STATE_RUNNING and r.metrics for r in rest[:-1])
