@@ -221,7 +221,9 @@ def _plan_steps(run: RunConfig, problems: list[tuple[str, str]], check_files: bo
     uses_data = "dataloader" in run.services_used()
     started = uses_data and not run.addresses()["dataloader"]
     shape = run_plan.check_data(d)
-    if not started or not check_files:  # an attached dataloader reads its files where it runs
+    if not started:  # an attached dataloader reads its files where it runs, with its own keys
+        shape = run_plan.DataShape(shape.num_rows, [])
+    elif not check_files:  # a config written for another machine: only the files here are checked
         shape = run_plan.DataShape(shape.num_rows, [p for p in shape.problems if not p[2]])
     found = shape.problems if uses_data else []
     if uses_data and (check_files or shape.num_rows is not None or d.num_epoch <= 0):
