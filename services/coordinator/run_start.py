@@ -43,7 +43,7 @@ ADDRESS_SETTINGS = {"dataloader": "dataloader_addr", "rollout": "rollout_addr", 
 
 
 def attached_services_down(run: RunConfig) -> list[tuple[str, str]]:
-    """(setting, problem) for each service address the run gives that is not SERVING now: found
+    """(setting, problem) for each service address the run gives that does not answer now: found
     before StartRun answers, instead of a run that fails seconds later."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -52,18 +52,17 @@ def attached_services_down(run: RunConfig) -> list[tuple[str, str]]:
     attached = [(name, address) for name, group in run.addresses().items() for address in group if address]
 
     def problem(name: str, address: str) -> tuple[str, str] | None:
+        # Only a service that does not answer is down: one that answers NOT_SERVING is starting
+        # (engines loading) or busy, and the run's connect waits for it as before.
+        setting = ADDRESS_SETTINGS.get(name, name)
         with open_channel(address) as channel:
             try:
-                reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2_grpc.HealthStub(channel).Check(
                     health_pb2.HealthCheckRequest(), timeout=ATTACHED_CHECK_SECONDS
                 )
             except grpc.RpcError as exc:
-                return ADDRESS_SETTINGS.get(
-                    name, name
-                ), f"{address}: the {name} does not answer ({exc.code().name})"
-        if reply.status != health_pb2.HealthCheckResponse.SERVING:
-            status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-            return ADDRESS_SETTINGS.get(name, name), f"{address}: the {name} is {status}"
+                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    return setting, f"{address}: the {name} does not answer ({exc.code().name})"
         return None
 
     if not attached:
