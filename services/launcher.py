@@ -190,11 +190,14 @@ def _drive(
 
     stub = coordinator_pb2_grpc.CoordinatorServiceStub(open_channel(address))
     try:
-        stub.StartRun(coordinator_pb2.StartRunRequest(config=to_struct(jsonable(settings)), run_id=run_id))
+        started = stub.StartRun(
+            coordinator_pb2.StartRunRequest(config=to_struct(jsonable(settings)), run_id=run_id)
+        ).run
     except grpc.RpcError as exc:
         print(f"run refused: {exc.details()}", file=sys.stderr)
         return 2
-    progress = ProgressLine(num_steps)
+    # The coordinator's count: a num_epoch run's steps are known once it has read the data.
+    progress = ProgressLine(started.num_steps or num_steps)
     stream = stub.StreamMetrics(coordinator_pb2.StreamMetricsRequest(run_id=run_id), timeout=1e7)
     follower = threading.Thread(
         target=lambda: [progress.update(r.step + 1, dict(r.metrics)) for r in _quiet(stream)], daemon=True
