@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 from rollway.common.config import to_dict
 from rollway.common.log import get_logger
@@ -122,11 +121,11 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
     def StreamMetrics(self, request, context):
         """Each record as soon as it is written, with the run's state then. The records of the
         last step (and the final evaluation after it) wait for the run's end, so that the last
-        one carries the final state; a run that ends before its last step (stopped, failed)
-        closes its stream with one record of its last step, without metrics, in the final state."""
+        one carries the final state. A run that ends before its last step (stopped, failed) just
+        ends the stream: no extra record, as clients count steps by records (GetRun says how)."""
         record = self.runs.get(request.run_id)
         num_steps = run_info(record).num_steps
-        held, last_step = None, None
+        held = None
         for metrics_record in self.runs.follow(request.run_id, request.from_step):
             if not context.is_active():
                 return
@@ -139,16 +138,12 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
                 time=metrics_record["time"],
                 state=STATES[record.state],
             )
-            last_step = reply.step
             held = reply if num_steps and reply.step >= num_steps - 1 else None
             if held is None:
                 yield reply
-        final = STATES[record.state]
         if held is not None:
-            held.state = final
+            held.state = STATES[record.state]
             yield held
-        elif last_step is not None and final != coordinator_pb2.RUN_STATE_RUNNING:
-            yield coordinator_pb2.StreamMetricsResponse(step=last_step, time=time.time(), state=final)
 
     def StopRun(self, request, context):
         record = self.runs.stop(request.run_id, immediate=request.immediate)

@@ -133,7 +133,9 @@ def test_the_final_evaluation_reaches_last_metrics(tmp_path, tiny_model_dir, dem
     assert info.last_metrics["train/pg_loss"] == records[1].metrics["train/pg_loss"]
 
 
-def test_a_stopped_run_closes_its_stream_with_its_final_state(tmp_path, tiny_model_dir, demo_data_dir):
+def test_stream_records_come_as_written_and_a_stopped_run_ends_the_stream(
+    tmp_path, tiny_model_dir, demo_data_dir
+):
     with ServiceProcess("coordinator", ["--runs-root", str(tmp_path / "runs")], tmp_path) as coordinator:
         stub = coordinator_stub(coordinator)
         start_run(stub, "stopped", sft(tiny_model_dir, demo_data_dir, 16, num_rollout=200))
@@ -144,8 +146,8 @@ def test_a_stopped_run_closes_its_stream_with_its_final_state(tmp_path, tiny_mod
             coordinator_pb2.RUN_STATE_RUNNING,
         ) and "sft/loss" in first.metrics
         stub.StopRun(coordinator_pb2.StopRunRequest(run_id="stopped"))
-        rest = list(stream)
-    closing = rest[-1]
-    assert closing.state == coordinator_pb2.RUN_STATE_STOPPED
-    assert not closing.metrics and closing.step == (rest[-2].step if len(rest) > 1 else 0)
-    assert all(r.state == coordinator_pb2.RUN_STATE_RUNNING and r.metrics for r in rest[:-1])
+        rest = list(stream)  # ends with the run: no extra record (clients count steps by records)
+        info = stub.GetRun(coordinator_pb2.GetRunRequest(run_id="stopped")).run
+    assert info.state == coordinator_pb2.RUN_STATE_STOPPED
+    assert [r.step for r in [first, *rest]] == list(range(len(rest) + 1)) and info.step == len(rest) + 1
+    assert all(r.state == coordinator_pb2.RUN_STATE_RUNNING and "sft/loss" in r.metrics for r in rest)
