@@ -219,7 +219,8 @@ def _plan_steps(run: RunConfig, problems: list[tuple[str, str]], check_files: bo
     Appends to `problems`; returns the settings whose problems are preconditions (a missing file)."""
     c, d = run.coordinator, run.dataloader
     uses_data = "dataloader" in run.services_used()
-    started = uses_data and not run.addresses()["dataloader"]
+    # Only a dataloader the coordinator starts here reads the files here (Ray: on the cluster's nodes).
+    started = uses_data and not run.addresses()["dataloader"] and c.launcher == "local"
     shape = run_plan.check_data(d)
     if not started:  # an attached dataloader reads its files where it runs, with its own keys
         shape = run_plan.DataShape(shape.num_rows, [])
