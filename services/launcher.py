@@ -27,6 +27,7 @@ from pathlib import Path
 
 from rollway.common.client import wait_until_serving
 from rollway.common.config import parse_components
+from rollway.coordinator.plan_text import plan
 
 TAIL_LINES = 30
 
@@ -58,6 +59,27 @@ def parse_run_config(
     return dict(zip(classes, parsed, strict=True))
 
 
+def typed(given: dict) -> dict:
+    """The settings with each value as its setting's type: flags arrive as text, and StartRun
+    takes typed JSON (it converts nothing: "1e-3" for a number is refused there)."""
+    import dataclasses
+
+    from rollway.common.config import coerce_setting
+
+    out = {}
+    for key, value in given.items():
+        out[key] = value
+        for cls in component_classes().values():
+            names = {f.name: f.name for f in dataclasses.fields(cls)}
+            names.update(
+                {a.replace("-", "_"): f.name for f in dataclasses.fields(cls) for a in f.metadata["aliases"]}
+            )
+            if key in names:
+                out[key] = coerce_setting(cls, names[key], value)  # parse_run_config has accepted it
+                break
+    return out
+
+
 def parse_launcher_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """Where the run goes (not run settings): --coordinator-addr, --trace-file; and the rest. Where
     its services go (--launcher, --ray-address) are run settings: StartRun takes them too."""
@@ -70,92 +92,6 @@ def parse_launcher_options(argv: list[str]) -> tuple[argparse.Namespace, list[st
     if "-h" in argv or "--help" in argv:  # the run settings' help follows
         print(parser.format_help().split("\n\n", 1)[1])
     return parser.parse_known_args(argv)
-
-
-def plan(configs: dict[str, object]) -> str:
-    """The batch arithmetic of a run, as text."""
-    c, t = configs["coordinator"], configs["trainer"]
-    samples = c.samples_per_rollout
-    steps_per_rollout = samples // c.global_batch_size
-    per_rank = c.global_batch_size // max(t.world_size, 1)
-    lines = [
-        f"mode                     {'SFT' if c.is_sft else 'RL (' + c.advantage_estimator + ')'}"
-        + (" async" if c.async_mode else ""),
-        f"prompts per rollout      {c.rollout_batch_size}",
-        f"samples per prompt       {1 if c.is_sft else c.n_samples_per_prompt}",
-        f"samples per rollout      {samples}",
-        f"global batch size        {c.global_batch_size} samples",
-        f"optimizer steps/rollout  {steps_per_rollout}",
-        f"trainer ranks            {t.world_size} ({per_rank} samples per rank per step)",
-        *micro_batch_lines(configs, per_rank),
-        cpu_threads_line(configs),
-        f"rollouts                 {c.num_rollout or 'until the data is exhausted'}",
-    ]
-    if c.num_rollout:
-        lines.append(f"optimizer steps total    {c.num_rollout * steps_per_rollout}")
-    return "\n".join(lines)
-
-
-def cpu_threads_line(configs: dict[str, object]) -> str:
-    """The torch threads of the services that compute, on CPU on this machine (common/cpu_threads.py)."""
-    from rollway.common.cpu_threads import resolve_cpu_threads, usable_cores
-
-    t, r = configs["trainer"], configs["rollout"]
-    trainer = resolve_cpu_threads(t.cpu_threads, t.world_size)
-    rollout = resolve_cpu_threads(r.cpu_threads)
-    return (
-        f"CPU threads              {trainer} per trainer rank, {rollout} for the CPU rollout engine "
-        f"(on CPU here: {usable_cores()} usable cores)"
-    )
-
-
-def micro_batch_lines(configs: dict[str, object], per_rank: int) -> list[str]:
-    """How one rank's share of a step is cut into micro-batches (trainer/train_plan.py)."""
-    c, t = configs["coordinator"], configs["trainer"]
-    layout = "packed rows" if t.packing else "one padded row per sample"
-    if not t.dynamic_batching:
-        size = t.samples_per_micro_batch
-        count = -(-per_rank // size)
-        return [f"micro-batches            {count} per rank of {size} samples ({layout})"]
-    budget = t.max_tokens_per_gpu
-    # The samples of a prompt hold it once in a packed row (trainer/micro_batch.py) where the
-    # attention kernel can show it to each of them: RL groups then cost prompt + n responses.
-    shared = (
-        not c.is_sft
-        and c.n_samples_per_prompt > 1
-        and t.packing
-        and t.attn_implementation != "flash_attention_2"
-    )
-    if shared:
-        layout += f", the {c.n_samples_per_prompt} samples of a prompt share it"
-    lines = [f"micro-batches            by token budget: up to {budget} tokens each per rank ({layout})"]
-    # The longest sample the data settings allow: SFT conversations are capped by
-    # rollout_max_prompt_len; RL samples by prompt + rollout_max_response_len.
-    max_prompt = configs["dataloader"].rollout_max_prompt_len
-    longest = max_prompt if c.is_sft else (max_prompt + c.rollout_max_response_len if max_prompt else 0)
-    n = c.n_samples_per_prompt
-    group = max_prompt + n * c.rollout_max_response_len
-    if longest and shared and group <= budget:
-        fits = max(budget // group, 1)
-        count = -(-per_rank // (fits * n))
-        lines.append(
-            f"micro-batch layout       groups of {n} samples of up to {group} tokens (prompt once): "
-            f">= {fits} groups ({fits * n} samples) per micro-batch, at most {count} "
-            f"micro-batch{'es' if count > 1 else ''} per rank per step"
-        )
-    elif longest:
-        fits = max(budget // longest, 1)  # packed or padded, a sample costs at most `longest`
-        count = -(-per_rank // fits)
-        lines.append(
-            f"micro-batch layout       samples of up to {longest} tokens: >= {fits} per micro-batch, "
-            f"at most {count} micro-batch{'es' if count > 1 else ''} per rank per step"
-        )
-    else:
-        lines.append(
-            f"micro-batch layout       as many samples as fit {budget} tokens (e.g. {max(budget // 256, 1)} "
-            f"of 256 tokens); set rollout_max_prompt_len to bound the count"
-        )
-    return lines
 
 
 def run(argv: list[str]) -> int:
@@ -194,7 +130,11 @@ def run(argv: list[str]) -> int:
                 print(f"dashboard: {dashboard_file.read_text()}/?run={run_id}", flush=True)
         # A coordinator elsewhere writes under its own --runs-root unless the config names a run_dir.
         remote_default = options.coordinator_addr and not c.run_dir
-        settings = {**given, "run_id": run_id, "run_dir": "" if remote_default else str(run_dir.parent)}
+        settings = {
+            **typed(given),
+            "run_id": run_id,
+            "run_dir": "" if remote_default else str(run_dir.parent),
+        }
         print(
             f"run {run_id}: {'(coordinator ' + coordinator_address + ')' if remote_default else run_dir}",
             flush=True,
@@ -212,6 +152,7 @@ def run(argv: list[str]) -> int:
             restarts += 1
             print(f"restarting the coordinator ({restarts}/{c.max_restarts})", file=sys.stderr, flush=True)
             coordinator_address = group.restart("coordinator", 0)
+            settings["resume"] = True  # the same run id exists now: continue it, explicitly
     finally:
         signal.signal(signal.SIGINT, previous)
         group.stop()
@@ -262,11 +203,14 @@ def _drive(
 
     stub = coordinator_pb2_grpc.CoordinatorServiceStub(open_channel(address))
     try:
-        stub.StartRun(coordinator_pb2.StartRunRequest(config=to_struct(jsonable(settings)), run_id=run_id))
+        started = stub.StartRun(
+            coordinator_pb2.StartRunRequest(config=to_struct(jsonable(settings)), run_id=run_id)
+        ).run
     except grpc.RpcError as exc:
         print(f"run refused: {exc.details()}", file=sys.stderr)
         return 2
-    progress = ProgressLine(num_steps)
+    # The coordinator's count: a num_epoch run's steps are known once it has read the data.
+    progress = ProgressLine(started.num_steps or num_steps)
     stream = stub.StreamMetrics(coordinator_pb2.StreamMetricsRequest(run_id=run_id), timeout=1e7)
     follower = threading.Thread(
         target=lambda: [progress.update(r.step + 1, dict(r.metrics)) for r in _quiet(stream)], daemon=True

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +24,11 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 T = TypeVar("T")
+
+# Integer settings travel in protobuf fields (int32 counts, int64 steps in RunInfo): a value that
+# does not fit would be accepted here and fail later, deep inside a run or a status call. Settings
+# that may be larger (byte counts) declare their own `bounds`.
+INT_BOUNDS = (-(2**31), 2**31 - 1)
 
 
 class ConfigError(ValueError):
@@ -41,6 +47,7 @@ def setting(
     choices: Sequence[Any] | None = None,
     aliases: Sequence[str] = (),
     shared: bool = False,
+    bounds: tuple[int, int] | None = None,
 ):
     """A dataclass field with a one-line doc (the flag's help), optional allowed values and aliases.
 
@@ -52,6 +59,7 @@ def setting(
         "choices": tuple(choices) if choices else None,
         "aliases": tuple(aliases),
         "shared": shared,  # declared once in rollway.common.shared_settings
+        "bounds": bounds,  # an integer setting's range, when not INT_BOUNDS
     }
     if isinstance(default, list | dict | set):
         value = default
@@ -77,9 +85,17 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _coerce(name: str, tp: Any, value: Any) -> Any:
-    """Convert a YAML or flag value to the field's type, or raise ConfigError naming the field."""
+def _coerce(
+    name: str, tp: Any, value: Any, bounds: tuple[int, int] | None = None, strict: bool = False
+) -> Any:
+    """Convert a YAML or flag value to the field's type, or raise ConfigError naming the field.
+    Integers must lie in `bounds` (INT_BOUNDS by default); floats must be finite (NaN and
+    infinities cannot be a learning rate, and protobuf's JSON cannot carry them). `strict` (the
+    gRPC API, whose values are typed JSON) refuses text for a number or a boolean and a number for
+    text, naming the expected type, instead of converting it as a command-line flag is."""
     inner, optional = _unwrap_optional(tp)
+    if strict and value is not None:
+        _check_json_type(name, inner, value)
     if value is None:
         if optional:
             return None
@@ -96,7 +112,7 @@ def _coerce(name: str, tp: Any, value: Any) -> Any:
             value = [v for v in value.replace(",", " ").split() if v]
         if not isinstance(value, list | tuple):
             raise ConfigError(name, f"must be a list (got {type(value).__name__})")
-        return [_coerce(f"{name}[{i}]", item_tp, v) for i, v in enumerate(value)]
+        return [_coerce(f"{name}[{i}]", item_tp, v, bounds, strict) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(name, f"must be a mapping (got {type(value).__name__})")
@@ -110,24 +126,51 @@ def _coerce(name: str, tp: Any, value: Any) -> Any:
     if inner is int:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             raise ConfigError(name, f"must be an integer (got {value!r})")
-        if isinstance(value, float):
-            return int(value)
         try:
-            return int(value)
+            number = int(value)
         except (TypeError, ValueError):
             raise ConfigError(name, f"must be an integer (got {value!r})") from None
+        low, high = bounds or INT_BOUNDS
+        if not low <= number <= high:
+            raise ConfigError(name, f"must be an integer in [{low}, {high}] (got {value!r})")
+        return number
     if inner is float:
         if isinstance(value, bool):
             raise ConfigError(name, f"must be a number (got {value!r})")
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise ConfigError(name, f"must be a number (got {value!r})") from None
+        if not math.isfinite(number):
+            raise ConfigError(name, f"must be a finite number (got {value!r})")
+        return number
     if inner is str:
         if isinstance(value, Mapping | list):
             raise ConfigError(name, f"must be a string (got {type(value).__name__})")
         return str(value)
     return value
+
+
+# The JSON type a strict value of each Python type must have (a Struct's numbers are all floats).
+_JSON_TYPES = {
+    bool: ("true or false", (bool,)),
+    int: ("an integer", (int, float)),
+    float: ("a number", (int, float)),
+    str: ("a string", (str,)),
+}
+
+
+def _check_json_type(name: str, tp: Any, value: Any) -> None:
+    origin = typing.get_origin(tp)
+    if origin in (list, tuple) and not isinstance(value, list | tuple):
+        raise ConfigError(name, f"must be a list (got {type(value).__name__} {value!r})")
+    if tp not in _JSON_TYPES:
+        return
+    expected, types_ = _JSON_TYPES[tp]
+    if not isinstance(value, types_) or (tp is not bool and isinstance(value, bool)):
+        raise ConfigError(
+            name, f"must be {expected} (got {type(value).__name__} {value!r}; values are not converted)"
+        )
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any], *, base: T | None = None, require: bool = True) -> T:
@@ -146,7 +189,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, base: T | None = None, r
             close = difflib.get_close_matches(key, fields, n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
             raise ConfigError(key, f"unknown setting for {cls.__name__}{hint}")
-        values[key] = _coerce(key, types_[key], value)
+        values[key] = _coerce(key, types_[key], value, fields[key].metadata.get("bounds"))
     missing = [
         name
         for name, f in fields.items()
@@ -172,11 +215,12 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, base: T | None = None, r
     return config
 
 
-def coerce_setting(cls: type, name: str, value: Any) -> Any:
+def coerce_setting(cls: type, name: str, value: Any, *, strict: bool = False) -> Any:
     """`value` converted to the type of field `name` of `cls` (ConfigError naming it otherwise);
     no cross-field validation, so each value of a config can be checked on its own."""
-    value = _coerce(name, _field_types(cls)[name], value)
-    choices = next(f for f in dataclasses.fields(cls) if f.name == name).metadata.get("choices")
+    declared = next(f for f in dataclasses.fields(cls) if f.name == name)
+    value = _coerce(name, _field_types(cls)[name], value, declared.metadata.get("bounds"), strict)
+    choices = declared.metadata.get("choices")
     if choices and value not in choices:
         raise ConfigError(name, f"must be one of {', '.join(map(str, choices))} (got {value!r})")
     return value

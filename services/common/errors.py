@@ -9,13 +9,18 @@ import grpc
 
 
 class RollwayError(Exception):
-    """Base class: an error with a gRPC status code and a message meant for the caller."""
+    """Base class: an error with a gRPC status code and a message meant for the caller.
+
+    `violations` are (field, problem) pairs: the interceptor sends them as google.rpc.Status
+    details (BadRequest.FieldViolation, or PreconditionFailure.Violation for
+    FAILED_PRECONDITION), so a client maps each problem to its field without parsing the message."""
 
     code = grpc.StatusCode.UNKNOWN
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, violations: list[tuple[str, str]] | None = None):
         super().__init__(message)
         self.message = message
+        self.violations = list(violations or [])
 
 
 class InvalidArgument(RollwayError):
@@ -23,8 +28,8 @@ class InvalidArgument(RollwayError):
 
     code = grpc.StatusCode.INVALID_ARGUMENT
 
-    def __init__(self, field: str, problem: str):
-        super().__init__(f"{field}: {problem}")
+    def __init__(self, field: str, problem: str, violations: list[tuple[str, str]] | None = None):
+        super().__init__(f"{field}: {problem}", violations)
         self.field = field
 
 
@@ -32,6 +37,19 @@ class FailedPrecondition(RollwayError):
     """The request is valid but the service is not in a state to serve it (e.g. before Init)."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+def problems_error(problems: list[tuple[str, str, bool]]) -> RollwayError:
+    """One error for every problem of a request, each (field, problem, precondition): INVALID_ARGUMENT
+    when any value is wrong, else FAILED_PRECONDITION (the values are fine; the world is not: a
+    file missing, a service down). The message lists them all, "field: problem; field: problem"."""
+    message = "; ".join(f"{field}: {problem}" for field, problem, _ in problems)
+    pairs = [(field, problem) for field, problem, _ in problems]
+    if all(precondition for _, _, precondition in problems):
+        return FailedPrecondition(message, pairs)
+    error = InvalidArgument(problems[0][0], problems[0][1], pairs)
+    error.message = message
+    return error
 
 
 class ResourceExhausted(RollwayError):

@@ -26,6 +26,36 @@ UNAUTHENTICATED_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.heal
 log = get_logger("rollway.server")
 
 
+def status_with_violations(exc: RollwayError) -> grpc.Status:
+    """The error as a google.rpc.Status (grpc-status-details-bin trailer) whose details list each
+    (field, problem): BadRequest.FieldViolation, or PreconditionFailure.Violation (type "STATE")
+    for FAILED_PRECONDITION. The human message stays the status message."""
+    from google.protobuf import any_pb2
+    from google.rpc import code_pb2, error_details_pb2, status_pb2
+    from grpc_status import rpc_status
+
+    if exc.code == grpc.StatusCode.FAILED_PRECONDITION:
+        detail = error_details_pb2.PreconditionFailure(
+            violations=[
+                error_details_pb2.PreconditionFailure.Violation(
+                    type="STATE", subject=field, description=problem
+                )
+                for field, problem in exc.violations
+            ]
+        )
+    else:
+        detail = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(field=field, description=problem)
+                for field, problem in exc.violations
+            ]
+        )
+    packed = any_pb2.Any()
+    packed.Pack(detail)
+    status = status_pb2.Status(code=getattr(code_pb2, exc.code.name), message=exc.message, details=[packed])
+    return rpc_status.to_status(status)
+
+
 def wrap_handler(handler: grpc.RpcMethodHandler, wrap: Callable[[Callable, bool, bool], Callable]):
     """Rebuild a method handler with its behaviour wrapped, keeping its streaming shape."""
     if handler is None:
@@ -75,6 +105,8 @@ def _abort_for(exc: BaseException, context: grpc.ServicerContext, method: str) -
         log.info("rpc refused", code=exc.code.name, error=exc.message)
         if getattr(exc, "trailers", ()):
             context.set_trailing_metadata(exc.trailers)
+        if exc.violations:
+            context.abort_with_status(status_with_violations(exc))
         context.abort(exc.code, exc.message)
     log.exception("rpc failed", exc_type=type(exc).__name__)
     context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}: {exc}"[:500])

@@ -127,8 +127,7 @@ class ReflectionServicer:
             if kind == "file_by_filename":
                 return self._files_response(request, request.file_by_filename)
             if kind == "file_containing_symbol":
-                name = self.files.pool.FindFileContainingSymbol(request.file_containing_symbol).name
-                return self._files_response(request, name)
+                return self._files_response(request, self._file_of(request.file_containing_symbol))
             if kind == "file_containing_extension":
                 ext = request.file_containing_extension
                 message = self.files.pool.FindMessageTypeByName(ext.containing_type)
@@ -146,6 +145,21 @@ class ReflectionServicer:
         except KeyError as exc:
             return _error(request, grpc.StatusCode.NOT_FOUND, f"not found: {exc}")
         return _error(request, grpc.StatusCode.INVALID_ARGUMENT, f"unsupported request: {kind}")
+
+    def _file_of(self, symbol: str) -> str:
+        """The file declaring `symbol`: a service, message, enum, field ... or a method
+        (Service.Method, what `grpcurl describe` asks for), which the pool does not look up."""
+        try:
+            return self.files.pool.FindFileContainingSymbol(symbol).name
+        except KeyError:
+            service_name, _, method = symbol.rpartition(".")
+            try:
+                service = self.files.pool.FindServiceByName(service_name)
+            except KeyError:
+                service = None
+            if service is None or method not in service.methods_by_name:
+                raise KeyError(symbol) from None  # NOT_FOUND naming the symbol asked for
+            return service.file.name
 
     def _files_response(self, request, name: str) -> pb.ServerReflectionResponse:
         if name not in self.files.protos:

@@ -120,6 +120,19 @@ def channel_options(max_message_mb: int, keepalive_seconds: float) -> list[tuple
     ]
 
 
+class ListingHealthServicer(health.HealthServicer):
+    """grpc.health.v1 with List as well (grpcio-health-checking advertises it in the service
+    descriptor, so reflection lists it, but leaves it UNIMPLEMENTED): every service's status."""
+
+    def List(self, request, context):  # noqa: N802 (the gRPC method name)
+        with self._lock:
+            statuses = {
+                name: health_pb2.HealthCheckResponse(status=status)
+                for name, status in self._server_status.items()
+            }
+        return health_pb2.HealthListResponse(statuses=statuses)
+
+
 class RollwayServer:
     """A gRPC server with rollway's health, reflection, interceptors and drain behaviour."""
 
@@ -148,7 +161,7 @@ class RollwayServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        self._health = health.HealthServicer(experimental_non_blocking=True)
+        self._health = ListingHealthServicer(experimental_non_blocking=True)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self._service_names: list[str] = []
         self.add_service(

@@ -25,6 +25,12 @@ class CoordinatorConfig:
     # Run
     run_id: str = setting("", "run id; generated (time-based) when empty")
     run_dir: str = setting("", "directory holding one folder per run (empty: the coordinator's --runs-root)")
+    resume: bool = setting(
+        False,
+        "StartRun with the id of a run that exists and did not succeed continues it (from its newest "
+        "checkpoint under save; the steps it redoes replace their records); without it an existing id "
+        "is refused, so no run's history is ever overwritten",
+    )
     num_rollout: int = setting(
         10, "RL steps (rollouts) to run; for SFT, optimizer steps (0: num_epoch epochs)"
     )
@@ -79,7 +85,9 @@ class CoordinatorConfig:
         "on weights of version >= k + 1 - this, so its samples are at most this many versions old",
     )
     update_weights_interval: int = setting(1, "push weights every N rollouts")
-    update_weight_buffer_size: int = setting(512 * 1024 * 1024, "bytes per weight-sync bucket")
+    update_weight_buffer_size: int = setting(
+        512 * 1024 * 1024, "bytes per weight-sync bucket", bounds=(1, 2**53)
+    )
     update_weight_transport: Literal["distributed", "disk"] = setting("distributed", "weight-sync transport")
     update_weight_timeout: float = setting(300.0, "seconds a weight update may take")
     update_weight_master_addr: str = setting(

@@ -34,6 +34,24 @@ def to_struct(mapping: dict) -> struct_pb2.Struct:
     return struct
 
 
+def from_struct(struct: struct_pb2.Struct) -> dict:
+    """A Struct as plain data, numbers as given: json_format would fail on NaN or an infinity,
+    which a client can send (protobuf's binary form carries them); the run config refuses them
+    with an error naming the setting instead."""
+    return {key: _plain(struct.fields[key]) for key in struct.fields}
+
+
+def _plain(value: struct_pb2.Value):
+    kind = value.WhichOneof("kind")
+    if kind == "struct_value":
+        return from_struct(value.struct_value)
+    if kind == "list_value":
+        return [_plain(v) for v in value.list_value.values]
+    if kind in (None, "null_value"):
+        return None
+    return getattr(value, kind)
+
+
 @dataclass
 class Services:
     """Channels and stubs to the services a run uses (any may be absent in a debug mode)."""

@@ -19,9 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from rollway.common.config import ConfigError, coerce_setting, from_dict
+from rollway.coordinator import run_plan
 from rollway.coordinator.config import CoordinatorConfig
 from rollway.dataloader.config import DataloaderConfig
-from rollway.rollout.config import PROCESS_SETTINGS, RolloutConfig, process_setting_problem
+from rollway.rollout.config import (
+    PROCESS_SETTINGS,
+    REWARD_NAMES,
+    RolloutConfig,
+    process_setting_problem,
+)
 from rollway.trainer.config import TrainerConfig
 
 # Config modules import no torch, so parsing a run config is instant.
@@ -39,10 +45,12 @@ CONTEXT_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_l
 
 
 class RunConfigError(ConfigError):
-    """Every problem of a run config, each as (setting, problem)."""
+    """Every problem of a run config, each as (setting, problem); `preconditions` names the
+    settings whose problem is the world's, not the value's (a data file missing)."""
 
-    def __init__(self, problems: list[tuple[str, str]]):
+    def __init__(self, problems: list[tuple[str, str]], preconditions: set[str] = frozenset()):
         self.problems = problems
+        self.preconditions = set(preconditions)
         super().__init__(problems[0][0], "; ".join(f"{s}: {p}" for s, p in problems[1:]) or problems[0][1])
         self.args = ("; ".join(f"{setting}: {problem}" for setting, problem in problems),)
 
@@ -59,6 +67,9 @@ class RunConfig:
     rollout: RolloutConfig
     trainer: TrainerConfig
     given: dict[str, Any]
+    # How the number of steps (coordinator.num_rollout, resolved) was settled (run_plan.py).
+    end_of_data: str = "num_rollout: the data loops over epochs until then"
+    num_rows: int | None = None  # rows of the training data, where the coordinator can read it
 
     def component(self, name: str):
         return getattr(self, name)
@@ -67,6 +78,8 @@ class RunConfig:
         """The settings a run pushes to service `name` at its Init: the given keys it declares."""
         fields = _field_names(COMPONENTS[name])
         settings = {k: v for k, v in self.given.items() if k in fields}
+        if name == "dataloader":  # the run's step count ends it, never the data (run_plan.py)
+            settings["num_epoch"] = 0
         if name == "trainer":  # the trainer's share of the coordinator's batch arithmetic
             c = self.coordinator
             settings.update(c.trainer_settings)
@@ -135,29 +148,40 @@ def _canonical(cls: type, key: str) -> str:
     return key
 
 
-def parse_run_config(mapping: Mapping[str, Any]) -> RunConfig:
-    """Parse a flat run config; RunConfigError lists every problem, each naming its setting."""
+def parse_run_config(
+    mapping: Mapping[str, Any], *, check_files: bool = False, strict: bool = False
+) -> RunConfig:
+    """Parse a flat run config; RunConfigError lists every problem, each naming its setting.
+
+    Nothing hides anything else: a key that is unknown or has a wrong value is reported and left
+    out, and the rest is still built and validated (cross-setting checks, the model, the data).
+    With `check_files` (StartRun, ValidateRun) a data file the run's own dataloader would read
+    must exist here; without it only the files that exist are checked (a config written for
+    another machine still parses). `strict` (the gRPC API) refuses a value of the wrong JSON type
+    ("1e-3" for a number) instead of converting it."""
     given = {str(k).replace("-", "_"): v for k, v in mapping.items()}
     known = set().union(*(_field_names(cls) for cls in COMPONENTS.values()))
     problems: list[tuple[str, str]] = []
+    rejected: set[str] = set()  # keys left out of the configs built below
     for key in given:
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
             problems.append((key, "unknown setting" + (f"; did you mean {close[0]}?" if close else "")))
+            rejected.add(key)
     # Each value on its own first, so that every wrong value is reported, not only the first.
     for key, value in given.items():
         for cls in COMPONENTS.values():
             if key in _field_names(cls):
                 try:
-                    coerce_setting(cls, _canonical(cls, key), value)
+                    coerce_setting(cls, _canonical(cls, key), value, strict=strict)
                 except ConfigError as exc:
                     problems.append((exc.setting, exc.problem))
+                    rejected.add(key)
                     break
+    given = {k: v for k, v in given.items() if k not in rejected}
     problems += _process_setting_problems(given)
     problems += _batch_arithmetic(given)
     problems += _environment_problems(given)
-    if problems:
-        raise RunConfigError(_unique(problems))
     configs = {}
     attached = _attached(given)
     for name, cls in COMPONENTS.items():
@@ -167,16 +191,13 @@ def parse_run_config(mapping: Mapping[str, Any]) -> RunConfig:
         try:
             configs[name] = from_dict(cls, part, require=False)
         except ConfigError as exc:
-            if name in attached:
-                # An attached service combines these with its own flags and validates the result
-                # itself at Init (INVALID_ARGUMENT naming the setting); the values are checked above.
-                configs[name] = _unvalidated(cls, part)
-            else:
+            # An attached service combines these with its own flags and validates the result
+            # itself at Init (INVALID_ARGUMENT naming the setting); the values are checked above.
+            configs[name] = _unvalidated(cls, part)
+            if name not in attached:
                 problems.append((exc.setting, exc.problem))
-    if problems:
-        raise RunConfigError(_unique(problems))
     run = RunConfig(**configs, given={_canonical_any(k): v for k, v in given.items()})
-    problems = _missing_for_started_services(run)
+    problems += _missing_for_started_services(run)
     if run.coordinator.remote_environment and not run.managed_environment:
         problems.append(
             (
@@ -185,9 +206,52 @@ def parse_run_config(mapping: Mapping[str, Any]) -> RunConfig:
             )
         )
     problems += _model_problems(run, {setting for setting, _ in problems})
+    problems += _reward_problems(run)
+    preconditions = _plan_steps(run, problems, check_files)
     if problems:
-        raise RunConfigError(problems)
+        raise RunConfigError(_unique(problems), preconditions)
     return run
+
+
+def _plan_steps(run: RunConfig, problems: list[tuple[str, str]], check_files: bool) -> set[str]:
+    """Check the training data (files, columns) and settle the run's number of steps up front
+    (run_plan.py: num_rollout wins and the data loops; num_rollout 0 runs num_epoch epochs).
+    Appends to `problems`; returns the settings whose problems are preconditions (a missing file)."""
+    c, d = run.coordinator, run.dataloader
+    uses_data = "dataloader" in run.services_used()
+    # Only a dataloader the coordinator starts here reads the files here (Ray: on the cluster's nodes).
+    started = uses_data and not run.addresses()["dataloader"] and c.launcher == "local"
+    shape = run_plan.check_data(d)
+    if not started:  # an attached dataloader reads its files where it runs, with its own keys
+        shape = run_plan.DataShape(shape.num_rows, [])
+    elif not check_files:  # a config written for another machine: only the files here are checked
+        shape = run_plan.DataShape(shape.num_rows, [p for p in shape.problems if not p[2]])
+    found = shape.problems if uses_data else []
+    if uses_data and (check_files or shape.num_rows is not None or d.num_epoch <= 0):
+        found += run_plan.end_of_data_problems(c.num_rollout, d.num_epoch, c.rollout_batch_size, shape)
+    problems += [(setting, problem) for setting, problem, _ in found]
+    run.num_rows = shape.num_rows
+    if uses_data and c.num_rollout == 0 and not found:
+        c.num_rollout = run_plan.num_steps(0, d.num_epoch, c.rollout_batch_size, shape.num_rows)
+        run.end_of_data = (
+            f"num_epoch {d.num_epoch} x {shape.num_rows} rows / rollout_batch_size {c.rollout_batch_size} "
+            f"= {c.num_rollout} steps"
+        )
+    return {setting for setting, _, precondition in found if precondition}
+
+
+def _reward_problems(run: RunConfig) -> list[tuple[str, str]]:
+    """rm_type names a reward function the rollout service can have."""
+    c = run.coordinator
+    if "rollout" not in run.services_used() or run.rollout.environment != "none":
+        return []  # no generation, or episodes rewarded by their environment
+    if c.rm_type and c.rm_type not in REWARD_NAMES:
+        close = difflib.get_close_matches(c.rm_type, REWARD_NAMES, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        return [
+            ("rm_type", f"unknown reward function {c.rm_type!r} (known: {', '.join(REWARD_NAMES)}){hint}")
+        ]
+    return []  # an unlabelled prompt is refused by the rollout service's Generate (label needed)
 
 
 def _process_setting_problems(given: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -40,6 +40,41 @@ class RunRefused(RuntimeError):
     """The run's services cannot serve it together (they disagree, or one refused its Init)."""
 
 
+# StartRun's check that attached services answer: short, so a refusal comes in seconds.
+ATTACHED_CHECK_SECONDS = 3.0
+ADDRESS_SETTINGS = {"dataloader": "dataloader_addr", "rollout": "rollout_addr", "trainer": "trainer_addr"}
+
+
+def attached_services_down(run: RunConfig) -> list[tuple[str, str]]:
+    """(setting, problem) for each service address the run gives that does not answer now: found
+    before StartRun answers, instead of a run that fails seconds later."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from rollway.common.client import open_channel
+
+    attached = [(name, address) for name, group in run.addresses().items() for address in group if address]
+
+    def problem(name: str, address: str) -> tuple[str, str] | None:
+        # Only a service that does not answer is down: one that answers NOT_SERVING is starting
+        # (engines loading) or busy, and the run's connect waits for it as before.
+        setting = ADDRESS_SETTINGS.get(name, name)
+        with open_channel(address) as channel:
+            try:
+                health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=ATTACHED_CHECK_SECONDS
+                )
+            except grpc.RpcError as exc:
+                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    return setting, f"{address}: the {name} does not answer ({exc.code().name})"
+        return None
+
+    if not attached:
+        return []
+    with ThreadPoolExecutor(len(attached)) as pool:
+        found = list(pool.map(lambda pair: problem(*pair), attached))
+    return [p for p in found if p is not None]
+
+
 def start_missing_services(
     run: RunConfig, workdir: Path, run_id: str = ""
 ) -> tuple[dict[str, list[str]], ServiceGroup | None]:

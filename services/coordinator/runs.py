@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollway.common.config import to_dict
-from rollway.common.errors import AlreadyExists, InvalidArgument, NotFound
+from rollway.common.errors import AlreadyExists, InvalidArgument, NotFound, problems_error
 from rollway.common.log import bind_run_context, get_logger
 from rollway.common.v1 import common_pb2
 from rollway.coordinator.config import CoordinatorConfig
@@ -34,7 +34,14 @@ from rollway.coordinator.metrics import MetricsSink
 from rollway.coordinator.remote import Services
 from rollway.coordinator.run import Run, RunStopped
 from rollway.coordinator.run_config import COMPONENTS, RunConfig, RunConfigError, parse_run_config
-from rollway.coordinator.run_start import connect, end_run, init_services, start_missing_services
+from rollway.coordinator.run_history import PastRun, is_run_dir, read_run, read_runs
+from rollway.coordinator.run_start import (
+    attached_services_down,
+    connect,
+    end_run,
+    init_services,
+    start_missing_services,
+)
 from rollway.coordinator.run_state import CheckpointWriteError
 from rollway.deploy.supervisor import CannotRestart, DeadService, HealthWatch, LocalServiceGroup, ServiceGroup
 
@@ -49,10 +56,10 @@ DEAD_GRACE_SECONDS = 3.0
 
 @dataclass
 class RunRecord:
-    """A run known to this coordinator."""
+    """A run known to this coordinator: one it drives (`run`), or one read from disk (`past`)."""
 
     run_id: str
-    run: RunConfig
+    run: RunConfig | None
     run_dir: Path
     state: str = "STARTING"  # STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED
     error: str = ""
@@ -69,6 +76,9 @@ class RunRecord:
     restart_streak: int = 0  # restarts since the run last completed a step (the backoff doubles)
     driver_at_restart: Run | None = None  # the driver when the last restart was made
     recoveries: list[dict] = field(default_factory=list)  # one per restart: service, index, seconds
+    started: float = 0.0  # when it first ran a step's services (RUNNING)
+    ended: float = 0.0
+    past: PastRun | None = None  # a run this coordinator does not drive, as its directory tells
     notices: list[str] = field(default_factory=list)  # what the run survived, a line each (RunInfo)
 
     def notice(self, line: str) -> None:
@@ -90,6 +100,13 @@ class RunRecord:
     @property
     def finished(self) -> bool:
         return self.state in ("SUCCEEDED", "FAILED", "STOPPED")
+
+    @classmethod
+    def from_disk(cls, past: PastRun) -> RunRecord:
+        return cls(
+            run_id=past.run_id, run=None, run_dir=past.run_dir, state=past.state, error=past.error,
+            created=past.created, ended=past.finished, num_restarts=past.num_restarts, past=past,
+        )  # fmt: skip
 
 
 def new_run_id() -> str:
@@ -135,7 +152,8 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
             finally:
                 watcher.close()
                 _release(record)
-        record.state = "SUCCEEDED"
+        record.driver.last_step_metrics.update(_evaluations(final))  # the final eval, for GetRun
+        record.state = "SUCCEEDED"  # after it: GetRun never shows SUCCEEDED without the final eval
         _write_result(record, final)
     except RunStopped:
         record.state = "STOPPED"
@@ -152,6 +170,7 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
             if record.group is not None:
                 record.group.stop()
         finally:  # every ending is recorded, also one whose services would not stop cleanly
+            record.ended = time.time()
             run_files.write_status(record.run_dir, record.state, record.error)  # for the dashboard
         log.info("run ended", state=record.state, num_restarts=record.num_restarts)
 
@@ -191,6 +210,7 @@ def _attempt(record: RunRecord, *, progress: bool) -> dict[str, float]:
         previous.sink.close()
     _report_restarts(record)
     record.state = "RUNNING"
+    record.started = record.started or time.time()
     return record.driver.execute()
 
 
@@ -300,6 +320,11 @@ def _release(record: RunRecord) -> None:
         record.services = None
 
 
+def _evaluations(final: dict[str, float]) -> dict[str, float]:
+    """The final evaluation's metrics among a run's final ones (logged after its last step)."""
+    return {k: v for k, v in final.items() if k.startswith(("eval/", "passrate/"))}
+
+
 def _write_result(record: RunRecord, final: dict[str, float]) -> None:
     (record.run_dir / "result.json").write_text(
         json.dumps(
@@ -395,39 +420,94 @@ def describe_error(exc: BaseException) -> str:
 
 
 class RunManager:
-    """Runs of this coordinator process, by id."""
+    """Runs of this coordinator process, by id, and the runs found under its runs root at start
+    (a restarted coordinator lists and gets them: their directories are the source of truth).
+
+    Run ids: an id names one history. StartRun with the id of a run that exists (running, finished
+    or on disk) is refused with ALREADY_EXISTS, unless the config says `resume: true` and that run
+    did not succeed: then it continues from its newest checkpoint (the launcher does so when it
+    restarts a crashed coordinator). A succeeded run's files are never touched again."""
 
     def __init__(self, default_run_root: str = "runs"):
         self.default_run_root = default_run_root
-        self._runs: dict[str, RunRecord] = {}
+        self._runs: dict[str, RunRecord] = {
+            past.run_id: RunRecord.from_disk(past) for past in read_runs(Path(default_run_root))
+        }
         self._lock = threading.Lock()
 
-    def start(self, mapping: dict, run_id: str = "") -> RunRecord:
+    def admit(self, mapping: dict, run_id: str = "") -> RunConfig:
+        """The run config, checked as StartRun checks it, without starting anything (a
+        RollwayError listing every problem otherwise)."""
         if run_id:
             check_run_id(run_id)
         try:
-            run = parse_run_config(mapping)
+            run = parse_run_config(mapping, check_files=True, strict=True)
         except RunConfigError as exc:
-            (first, problem), *others = exc.problems
-            rest = "".join(f"; config.{setting}: {other}" for setting, other in others)
-            raise InvalidArgument(f"config.{first}", problem + rest) from None
+            raise problems_error(
+                [
+                    (f"config.{setting}", problem, setting in exc.preconditions)
+                    for setting, problem in exc.problems
+                ]
+            ) from None
+        down = attached_services_down(run)
+        if down:
+            raise problems_error([(f"config.{setting}", problem, True) for setting, problem in down])
+        return run
+
+    def validate(self, mapping: dict, run_id: str = "") -> RunConfig:
+        """ValidateRun: StartRun's checks, the run id's included, and nothing registered."""
+        run = self.admit(mapping, run_id)
+        run_id = run_id or run.coordinator.run_id
+        if run_id:
+            check_run_id(run_id, "config.run_id")
+            with self._lock:
+                self._check_new_id(
+                    run_id,
+                    Path(run.coordinator.run_dir or self.default_run_root) / run_id,
+                    run.coordinator.resume,
+                )
+        return run
+
+    def start(self, mapping: dict, run_id: str = "") -> RunRecord:
+        run = self.admit(mapping, run_id)
         run_id = check_run_id(run_id or run.coordinator.run_id or new_run_id(), "config.run_id")
         run_dir = Path(run.coordinator.run_dir or self.default_run_root) / run_id
         with self._lock:
-            if run_id in self._runs and not self._runs[run_id].finished:
-                raise AlreadyExists(f"run {run_id} is already running")
+            self._check_new_id(run_id, run_dir, run.coordinator.resume)
             record = RunRecord(run_id=run_id, run=run, run_dir=run_dir)
             self._runs[run_id] = record
         run_dir.mkdir(parents=True, exist_ok=True)
         run_files.reserve_status(run_dir)
         resolved = {name: to_dict(run.component(name)) for name in COMPONENTS}
+        plan = {
+            "num_steps": run.coordinator.num_rollout,
+            "end_of_data": run.end_of_data,
+            "created": record.created,
+        }
         (run_dir / "config.json").write_text(
-            json.dumps({"given": run.given, **resolved}, indent=1, default=str)
+            json.dumps({"given": run.given, **resolved, "plan": plan}, indent=1, default=str)
         )
+        (run_dir / run_files.STATUS_FILE).unlink(missing_ok=True)  # a resumed run is going on again
         record.thread = threading.Thread(target=execute, args=(record,), name=f"run-{run_id}", daemon=True)
         record.thread.start()
         log.info("run started", run_id=run_id, run_dir=str(run_dir))
         return record
+
+    def _check_new_id(self, run_id: str, run_dir: Path, resume: bool) -> None:
+        known = self._runs.get(run_id)
+        if known is not None and not known.finished:
+            raise AlreadyExists(f"run {run_id} is already running")
+        if known is None and is_run_dir(run_dir):
+            known = RunRecord.from_disk(read_run(run_dir))
+        if known is None:
+            return
+        if not resume:
+            raise AlreadyExists(
+                f"run {run_id} exists ({known.state}, in {known.run_dir}); its history is kept: choose "
+                "another run_id, or give resume: true to continue a run that did not succeed"
+            )
+        if known.state == "SUCCEEDED":
+            raise AlreadyExists(f"run {run_id} succeeded: there is nothing to resume; choose another run_id")
 
     def get(self, run_id: str) -> RunRecord:
         with self._lock:

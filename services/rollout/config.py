@@ -68,6 +68,12 @@ ENVIRONMENT_NAMES = ("none", "calculator", "remote", "custom")
 TOOL_CALL_PARSERS = ("qwen3", "qwen25")  # both: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
 
 
+# Reward functions by name (rewards/__init__.py builds them): built in, and registered by settings
+# (remote: rm_url; custom: custom_rm_path). Here so that a run config is checked without them.
+BUILTIN_REWARD_NAMES = ("exact_match", "math", "f1")
+REWARD_NAMES = (*BUILTIN_REWARD_NAMES, "remote", "custom", "none")
+
+
 @dataclass
 class RolloutConfig:
     """Rollout settings: engine, model, sampling defaults, rewards, limits."""

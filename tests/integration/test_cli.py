@@ -45,6 +45,25 @@ def test_plan_prints_the_batch_arithmetic(tmp_path):
     assert lines["CPU threads"].startswith("3 per trainer rank, 3 for the CPU rollout engine")
 
 
+def test_plan_says_how_the_run_ends_before_it_starts(tmp_path, demo_data_dir):
+    """num_rollout wins and the data loops; num_rollout 0 runs num_epoch epochs, counted from the data."""
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"hf_checkpoint: /models/qwen\nprompt_data: ['{demo_data_dir / 'sft.parquet'}@[0:100]']\n"
+        "input_key: messages\napply_chat_template: true\nloss_type: sft_loss\n"
+        "rollout_batch_size: 8\nglobal_batch_size: 8\nnum_rollout: 0\nnum_epoch: 3\n"
+    )
+    lines = {
+        line[:25].strip(): line[25:].strip() for line in rollway("plan", str(config)).stdout.splitlines()
+    }
+    assert lines["rollouts"] == "37"  # 3 x 100 // 8
+    assert lines["end of data"] == "num_epoch 3 x 100 rows / rollout_batch_size 8 = 37 steps"
+    result = rollway("plan", str(config), "--num-rollout", "50")
+    lines = {line[:25].strip(): line[25:].strip() for line in result.stdout.splitlines()}
+    assert lines["rollouts"] == "50"
+    assert lines["end of data"] == "num_rollout 50 wins: the data (100 rows) loops over epochs, 4.00 epochs"
+
+
 def test_plan_defaults_to_micro_batches_by_token_budget_and_shows_their_layout(tmp_path):
     """A config that says nothing about batching gets the fast path: dynamic batch size."""
     config = tmp_path / "run.yaml"

@@ -192,7 +192,57 @@ def test_compose_file_wires_every_service_by_name():
     assert services["trainer"]["expose"] == ["50051", "29600"]
     assert "--update-weight-master-port 29600" in " ".join(services["grpo"]["command"])
     gpu = services["trainer-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]
-    assert gpu["capabilities"] == ["gpu"] and services["trainer-gpu"]["profiles"] == ["gpu"]
+    assert gpu["capabilities"] == ["gpu"] and services["trainer-gpu"]["profiles"] == ["gpu", "gpu-sft"]
+
+
+def test_gpu_stack_reads_models_and_data_from_the_host_and_writes_its_outputs_there():
+    """Bind mounts for what a GPU box has on disk, and for what a run leaves (never only on the
+    named volume that `down -v` deletes); every path of the GPU run configs lies under them."""
+    from rollway.coordinator.run_config import parse_run_config
+
+    services = interpolate(load_compose(), {"ROLLWAY_OUTPUT_DIR": "/srv/out"})["services"]
+    for name in ("dataloader-gpu", "trainer-gpu", "rollout-gpu", "run-gpu", "run-sft-gpu"):
+        volumes = services[name]["volumes"]
+        assert {"./models:/models:ro", "./datasets:/datasets:ro", "/srv/out:/output"} <= set(volumes), name
+    # The coordinator writes the run's directory, and counts the data of a num_epoch run up front.
+    assert {"/srv/out:/output", "./datasets:/datasets:ro"} <= set(services["coordinator"]["volumes"])
+    mounts = ("/models/", "/datasets/", "/output/")
+    for config_name in ("grpo-gpu.yaml", "sft-gpu.yaml"):
+        config = yaml.safe_load((ROOT / "deploy" / "configs" / config_name).read_text())
+        paths = [
+            config["hf_checkpoint"],
+            *config["prompt_data"],
+            config["run_dir"],
+            config["save"],
+            config["save_hf"],
+        ]
+        paths += config.get("eval_prompt_data", [])[1::2]
+        assert all(path.startswith(mounts) for path in paths), (config_name, paths)
+        attached = {"trainer_addr": "trainer-gpu:50051", "dataloader_addr": "dataloader-gpu:50053"}
+        if config["loss_type"] != "sft_loss":
+            attached["rollout_addr"] = ["rollout-gpu:50052"]
+        parse_run_config({**config, **attached})  # valid, as the job container sends it (files: on the box)
+    assert "down -v` deletes the rollway-data volume" in COMPOSE_FILE.read_text()
+
+
+def test_dashboard_published_restart_policies_and_sglang_pinned_with_torch():
+    services = interpolate(load_compose(), {})["services"]
+    coordinator = services["coordinator"]
+    command = coordinator["command"]
+    assert command[command.index("--dashboard-host") + 1] == "0.0.0.0"
+    port = command[command.index("--dashboard-port") + 1]
+    assert f"127.0.0.1:{port}:{port}" in coordinator["ports"]
+    jobs = {"demo-setup", "sft", "grpo", "run-gpu", "run-sft-gpu"}
+    for name, service in services.items():
+        if name in ("otel-collector", "jaeger"):
+            continue
+        # Jobs run once (a finished run's id is refused anyway); long-lived services come back.
+        assert service["restart"] == ("no" if name in jobs else "unless-stopped"), name
+    args = services["trainer-gpu"]["build"]["args"]
+    assert (args["SGLANG_VERSION"], args["TORCH_VERSION"]) == ("0.5.20", "2.13.0")
+    assert "${" not in json.dumps(
+        load_compose()["services"]["trainer-gpu"]["build"]["args"]["SGLANG_VERSION"]
+    )
 
 
 def test_cpu_profile_defaults_are_those_of_make_run():

@@ -80,11 +80,13 @@ def test_rollway_run_attached_to_a_refusing_trainer_fails_in_seconds_naming_it(
             timeout=120,
         )
         elapsed = time.monotonic() - started
-    assert result.returncode == 1, result.stdout + result.stderr
-    # Named by the connect or by the supervision's health checks, whichever notices first.
-    assert "run attach FAILED: " in result.stdout and f"{trainer} is unreachable" in result.stdout, (
-        result.stdout
+    # StartRun checks the attached services' health before it registers the run: refused at once
+    # (FAILED_PRECONDITION naming the setting), not a run that fails seconds later.
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"run refused: config.trainer_addr: {trainer}: the trainer does not answer" in result.stderr, (
+        result.stdout + result.stderr
     )
+    assert not (tmp_path / "runs" / "attach" / "config.json").exists()
     assert elapsed < 60, f"failed after {elapsed:.1f}s"
     print(f"rollway run --trainer-addr {trainer} failed after {elapsed:.1f}s")
 

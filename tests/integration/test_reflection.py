@@ -120,6 +120,35 @@ def test_reflection_answers_an_unknown_symbol_with_not_found(services):
     assert "rollway.nope.v1.Nothing" in reply.error_response.error_message
 
 
+@pytest.mark.parametrize(("name", "service", "method"), SERVICES)
+def test_reflection_resolves_a_method_symbol_as_grpcurl_describe_asks(services, name, service, method):
+    (reply,) = reflect_v1(
+        services[name].address,
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol=f"{service}.{method}"),
+    )
+    assert not reply.HasField("error_response"), reply.error_response.error_message
+    first = descriptor_pb2.FileDescriptorProto.FromString(
+        reply.file_descriptor_response.file_descriptor_proto[0]
+    )
+    declared = {f"{first.package}.{s.name}": [m.name for m in s.method] for s in first.service}
+    assert method in declared[service]
+    (missing,) = reflect_v1(
+        services[name].address,
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol=f"{service}.NoSuchMethod"),
+    )
+    assert missing.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
+
+
+def test_health_list_answers_every_service_status(services):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    for name, service, _ in SERVICES:
+        with grpc.insecure_channel(services[name].address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).List(health_pb2.HealthListRequest(), timeout=10)
+        assert reply.statuses[service].status == health_pb2.HealthCheckResponse.SERVING
+        assert reply.statuses[""].status == health_pb2.HealthCheckResponse.SERVING
+
+
 def _buf() -> str:
     if BUF.exists():
         return str(BUF)

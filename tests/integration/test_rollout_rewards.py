@@ -3,6 +3,7 @@ name, a slow reward (timeout) and a failing one, a group reward, and start-up ch
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -12,6 +13,7 @@ from support.processes import ServiceProcess
 
 from rollway.common.client import open_channel
 from rollway.common.v1 import common_pb2
+from rollway.rollout.config import RolloutConfig
 from rollway.rollout.rewards import RewardSample
 from rollway.rollout.rewards.text_match import exact_match, f1
 from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
@@ -167,3 +169,27 @@ def test_bad_custom_reward_stops_the_service_at_start_up(
         service.start()
     assert message in str(info.value)
     assert time.monotonic() - start < 30
+
+
+def test_an_unlabelled_prompt_is_never_scored_against_an_empty_label(rollout):
+    """exact_match once scored "" against a whitespace-only response as 1: an unlabelled prompt's
+    samples now get reward 0 and a reward_error saying why; a reward that needs no label takes it."""
+    for name in ("exact_match", "math", "f1"):
+        samples = _generate(rollout, [_prompt(label="8"), _prompt(label=" ")], reward=name)
+        labelled, unlabelled = samples[:2], samples[2:]
+        assert all("no label" not in s.reward_error for s in labelled)
+        for sample in unlabelled:
+            assert sample.reward == sample.raw_reward == 0.0
+            assert "the prompt has no label: not scored (reward 0)" in sample.reward_error, name
+    for sample in _generate(rollout, [_prompt(label="")], n=2):  # --reward custom: no label needed
+        assert sample.reward == len(sample.response_token_ids) and not sample.reward_error
+
+
+def test_zero_samples_per_prompt_means_the_service_default(rollout):
+    """proto3 cannot tell 0 from absent: both mean --n-samples-per-prompt (documented in the proto)."""
+    default = next(f.default for f in dataclasses.fields(RolloutConfig) if f.name == "n_samples_per_prompt")
+    assert len(_generate(rollout, [_prompt(), _prompt()], n=0)) == 2 * default  # not 0 samples
+    assert len(_generate(rollout, [_prompt(), _prompt()], n=3)) == 6
+    with pytest.raises(grpc.RpcError) as refused:
+        _generate(rollout, [_prompt()], n=-1)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -45,7 +45,8 @@ class DashboardRuns:
     def records(self) -> dict:
         if self.manager is None:
             return {}
-        return {record.run_id: record for record in self.manager.list()}
+        # Runs this coordinator drives; those it read from disk are shown from their files below.
+        return {record.run_id: record for record in self.manager.list() if record.run is not None}
 
     def run_ids(self) -> list[str]:
         return list(dict.fromkeys([*self.records(), *self._dirs()]))

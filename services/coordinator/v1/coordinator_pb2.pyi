@@ -24,7 +24,7 @@ RUN_STATE_FAILED: RunState
 RUN_STATE_STOPPED: RunState
 
 class RunInfo(_message.Message):
-    __slots__ = ("run_id", "state", "step", "num_steps", "run_dir", "error", "last_metrics", "checkpoint_dir", "hf_export_dir", "service_addresses", "num_restarts", "notices")
+    __slots__ = ("run_id", "state", "step", "num_steps", "run_dir", "error", "last_metrics", "checkpoint_dir", "hf_export_dir", "service_addresses", "num_restarts", "dashboard_url", "created_time", "started_time", "finished_time", "seconds_per_step", "eta_seconds", "config", "end_of_data", "notices")
     class LastMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,14 @@ class RunInfo(_message.Message):
     HF_EXPORT_DIR_FIELD_NUMBER: _ClassVar[int]
     SERVICE_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     NUM_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    DASHBOARD_URL_FIELD_NUMBER: _ClassVar[int]
+    CREATED_TIME_FIELD_NUMBER: _ClassVar[int]
+    STARTED_TIME_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_TIME_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    ETA_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    END_OF_DATA_FIELD_NUMBER: _ClassVar[int]
     NOTICES_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     state: RunState
@@ -62,8 +70,16 @@ class RunInfo(_message.Message):
     hf_export_dir: str
     service_addresses: _containers.ScalarMap[str, str]
     num_restarts: int
+    dashboard_url: str
+    created_time: float
+    started_time: float
+    finished_time: float
+    seconds_per_step: float
+    eta_seconds: float
+    config: _struct_pb2.Struct
+    end_of_data: str
     notices: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., step: _Optional[int] = ..., num_steps: _Optional[int] = ..., run_dir: _Optional[str] = ..., error: _Optional[str] = ..., last_metrics: _Optional[_Mapping[str, float]] = ..., checkpoint_dir: _Optional[str] = ..., hf_export_dir: _Optional[str] = ..., service_addresses: _Optional[_Mapping[str, str]] = ..., num_restarts: _Optional[int] = ..., notices: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., step: _Optional[int] = ..., num_steps: _Optional[int] = ..., run_dir: _Optional[str] = ..., error: _Optional[str] = ..., last_metrics: _Optional[_Mapping[str, float]] = ..., checkpoint_dir: _Optional[str] = ..., hf_export_dir: _Optional[str] = ..., service_addresses: _Optional[_Mapping[str, str]] = ..., num_restarts: _Optional[int] = ..., dashboard_url: _Optional[str] = ..., created_time: _Optional[float] = ..., started_time: _Optional[float] = ..., finished_time: _Optional[float] = ..., seconds_per_step: _Optional[float] = ..., eta_seconds: _Optional[float] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., end_of_data: _Optional[str] = ..., notices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StartRunRequest(_message.Message):
     __slots__ = ("config", "run_id")
@@ -100,7 +116,7 @@ class StreamMetricsRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., from_step: _Optional[int] = ...) -> None: ...
 
 class StreamMetricsResponse(_message.Message):
-    __slots__ = ("step", "metrics", "time")
+    __slots__ = ("step", "metrics", "time", "state")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -111,10 +127,50 @@ class StreamMetricsResponse(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     step: int
     metrics: _containers.ScalarMap[str, float]
     time: float
-    def __init__(self, step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., time: _Optional[float] = ...) -> None: ...
+    state: RunState
+    def __init__(self, step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., time: _Optional[float] = ..., state: _Optional[_Union[RunState, str]] = ...) -> None: ...
+
+class ValidateRunRequest(_message.Message):
+    __slots__ = ("config", "run_id")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    config: _struct_pb2.Struct
+    run_id: str
+    def __init__(self, config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class ValidateRunResponse(_message.Message):
+    __slots__ = ("num_steps", "end_of_data", "num_epochs", "num_rows", "samples_per_rollout", "optimizer_steps_per_rollout", "plan", "config")
+    NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    END_OF_DATA_FIELD_NUMBER: _ClassVar[int]
+    NUM_EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_STEPS_PER_ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    num_steps: int
+    end_of_data: str
+    num_epochs: float
+    num_rows: int
+    samples_per_rollout: int
+    optimizer_steps_per_rollout: int
+    plan: str
+    config: _struct_pb2.Struct
+    def __init__(self, num_steps: _Optional[int] = ..., end_of_data: _Optional[str] = ..., num_epochs: _Optional[float] = ..., num_rows: _Optional[int] = ..., samples_per_rollout: _Optional[int] = ..., optimizer_steps_per_rollout: _Optional[int] = ..., plan: _Optional[str] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class GetConfigSchemaRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetConfigSchemaResponse(_message.Message):
+    __slots__ = ("json_schema",)
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    json_schema: str
+    def __init__(self, json_schema: _Optional[str] = ...) -> None: ...
 
 class StopRunRequest(_message.Message):
     __slots__ = ("run_id", "immediate")

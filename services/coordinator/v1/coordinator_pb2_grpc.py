@@ -40,6 +40,16 @@ class CoordinatorServiceStub:
                 request_serializer=rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.StartRunRequest.SerializeToString,
                 response_deserializer=rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.StartRunResponse.FromString,
                 _registered_method=True)
+        self.ValidateRun = channel.unary_unary(
+                '/rollway.coordinator.v1.CoordinatorService/ValidateRun',
+                request_serializer=rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.ValidateRunRequest.SerializeToString,
+                response_deserializer=rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.ValidateRunResponse.FromString,
+                _registered_method=True)
+        self.GetConfigSchema = channel.unary_unary(
+                '/rollway.coordinator.v1.CoordinatorService/GetConfigSchema',
+                request_serializer=rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.GetConfigSchemaRequest.SerializeToString,
+                response_deserializer=rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.GetConfigSchemaResponse.FromString,
+                _registered_method=True)
         self.GetRun = channel.unary_unary(
                 '/rollway.coordinator.v1.CoordinatorService/GetRun',
                 request_serializer=rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.GetRunRequest.SerializeToString,
@@ -67,9 +77,32 @@ class CoordinatorServiceServicer:
     """
 
     def StartRun(self, request, context):
-        """Validates a run configuration (the flat YAML of `rollway run`, same keys, every error at once
-        in INVALID_ARGUMENT, each naming its setting) and starts the run. With no service addresses
+        """Validates a run configuration (the flat YAML of `rollway run`, same keys) and starts the run.
+        Every problem is reported at once, before anything is registered: INVALID_ARGUMENT when a
+        value is wrong, FAILED_PRECONDITION when only the world is (a data file missing, an attached
+        service down). The message lists "config.SETTING: problem; ..." and the google.rpc.Status
+        details carry one BadRequest.FieldViolation (or PreconditionFailure.Violation) per problem,
+        field "config.SETTING". Values must have the setting's JSON type (a number for a number, not
+        "1e-3"; integers within the range the error names; floats finite). With no service addresses
         in the config the coordinator starts the services the run needs and stops them at its end.
+        An existing run id (running, finished, or on disk) is refused with ALREADY_EXISTS, unless the
+        config says resume: true and that run did not succeed: then it continues from its checkpoint.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ValidateRun(self, request, context):
+        """The same checks as StartRun, and the plan of the run (steps, epochs, batch arithmetic),
+        without starting or registering anything. Answers in well under a second.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetConfigSchema(self, request, context):
+        """Every run setting as a JSON Schema (type, default, allowed values, range, description),
+        generated from the declarations StartRun validates with.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -98,7 +131,8 @@ class CoordinatorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListRuns(self, request, context):
-        """Lists known runs.
+        """Lists known runs: those this coordinator started and those under its runs root on disk
+        (a restarted coordinator lists the runs of its predecessor).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -111,6 +145,16 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.StartRun,
                     request_deserializer=rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.StartRunRequest.FromString,
                     response_serializer=rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.StartRunResponse.SerializeToString,
+            ),
+            'ValidateRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.ValidateRun,
+                    request_deserializer=rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.ValidateRunRequest.FromString,
+                    response_serializer=rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.ValidateRunResponse.SerializeToString,
+            ),
+            'GetConfigSchema': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConfigSchema,
+                    request_deserializer=rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.GetConfigSchemaRequest.FromString,
+                    response_serializer=rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.GetConfigSchemaResponse.SerializeToString,
             ),
             'GetRun': grpc.unary_unary_rpc_method_handler(
                     servicer.GetRun,
@@ -161,6 +205,60 @@ class CoordinatorService:
             '/rollway.coordinator.v1.CoordinatorService/StartRun',
             rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.StartRunRequest.SerializeToString,
             rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.StartRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ValidateRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollway.coordinator.v1.CoordinatorService/ValidateRun',
+            rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.ValidateRunRequest.SerializeToString,
+            rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.ValidateRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConfigSchema(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollway.coordinator.v1.CoordinatorService/GetConfigSchema',
+            rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.GetConfigSchemaRequest.SerializeToString,
+            rollway_dot_coordinator_dot_v1_dot_coordinator__pb2.GetConfigSchemaResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,7 +7,7 @@ Built in: exact_match, math, f1. Registered when configured: remote (--rm-url) a
 from __future__ import annotations
 
 from rollway.common.config import ConfigError
-from rollway.rollout.config import RolloutConfig
+from rollway.rollout.config import BUILTIN_REWARD_NAMES, RolloutConfig
 from rollway.rollout.rewards.custom import load_custom_reward
 from rollway.rollout.rewards.math_reward import math_reward
 from rollway.rollout.rewards.remote import remote_reward
@@ -21,6 +21,8 @@ BUILTIN_REWARDS = {
     "math": RewardFunction("math", math_reward),
     "f1": RewardFunction("f1", f1),
 }
+
+assert set(BUILTIN_REWARDS) == set(BUILTIN_REWARD_NAMES)  # the names the run config checks
 
 __all__ = ["NO_REWARD", "RewardFunction", "RewardRunner", "RewardSample", "build_rewards"]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from rollway.rollout.rewards.text_match import require_label
 from rollway.rollout.rewards.types import RewardSample
 
 # math-verify warns on every call that its own timeout is off; the runner enforces ours.
@@ -20,6 +21,7 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 def math_reward(sample: RewardSample) -> float:
     from math_verify import parse, verify
 
+    require_label(sample)
     gold = parse(sample.label, parsing_timeout=None) or parse(f"${sample.label}$", parsing_timeout=None)
     if not gold:
         raise ValueError(f"math: cannot parse the label {sample.label!r}")

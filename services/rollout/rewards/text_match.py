@@ -56,7 +56,18 @@ def _normalise(text: str) -> str:
     return " ".join(text.casefold().split()).rstrip(".").strip()
 
 
+def require_label(sample: RewardSample) -> None:
+    """A reward that compares the response with the label does not score an unlabelled prompt:
+    against "" a blank response would match (reward 1). The sample gets reward 0 and this error
+    (reward_error), and the service counts it (num_reward_errors)."""
+    if not sample.label.strip():
+        raise ValueError(
+            "the prompt has no label: not scored (reward 0); give the data a label_key or use reward none"
+        )
+
+
 def exact_match(sample: RewardSample) -> float:
+    require_label(sample)
     candidate = last_boxed(sample.response)
     candidate = sample.response if candidate is None else candidate
     label_number = parse_number(sample.label)
@@ -72,6 +83,7 @@ def _f1_tokens(text: str) -> list[str]:
 
 
 def f1(sample: RewardSample) -> float:
+    require_label(sample)
     prediction, truth = _f1_tokens(sample.response), _f1_tokens(sample.label)
     common = collections.Counter(prediction) & collections.Counter(truth)
     overlap = sum(common.values())

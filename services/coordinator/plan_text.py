@@ -1,0 +1,115 @@
+"""`rollway plan`'s text and ValidateRun's plan: the batch arithmetic of a run, its micro-batches,
+CPU threads and how its number of steps is settled (run_plan.py)."""
+
+from __future__ import annotations
+
+from rollway.coordinator import run_plan
+
+
+def plan(configs: dict[str, object], end_of_data: str = "") -> str:
+    """The batch arithmetic of a run, as text; `end_of_data` says how its steps were settled
+    (run_plan.py: num_rollout wins and the data loops, or num_epoch epochs of the data's rows)."""
+    c, t = configs["coordinator"], configs["trainer"]
+    samples = c.samples_per_rollout
+    steps_per_rollout = samples // c.global_batch_size
+    per_rank = c.global_batch_size // max(t.world_size, 1)
+    num_steps = c.num_rollout or _epoch_steps(configs)
+    lines = [
+        f"mode                     {'SFT' if c.is_sft else 'RL (' + c.advantage_estimator + ')'}"
+        + (" async" if c.async_mode else ""),
+        f"prompts per rollout      {c.rollout_batch_size}",
+        f"samples per prompt       {1 if c.is_sft else c.n_samples_per_prompt}",
+        f"samples per rollout      {samples}",
+        f"global batch size        {c.global_batch_size} samples",
+        f"optimizer steps/rollout  {steps_per_rollout}",
+        f"trainer ranks            {t.world_size} ({per_rank} samples per rank per step)",
+        *micro_batch_lines(configs, per_rank),
+        cpu_threads_line(configs),
+        f"rollouts                 {num_steps or 'num_epoch epochs (rows not readable here)'}",
+        f"end of data              {end_of_data or _end_of_data(configs)}",
+    ]
+    if num_steps:
+        lines.append(f"optimizer steps total    {num_steps * steps_per_rollout}")
+    return "\n".join(lines)
+
+
+def _epoch_steps(configs: dict[str, object]) -> int | None:
+    """Steps of a num_rollout 0 run: num_epoch epochs of the data, where it is readable here."""
+    c, d = configs["coordinator"], configs["dataloader"]
+    return run_plan.num_steps(0, d.num_epoch, c.rollout_batch_size, run_plan.check_data(d).num_rows)
+
+
+def _end_of_data(configs: dict[str, object]) -> str:
+    """How a run's number of steps is settled (run_plan.py), from the data where readable here."""
+    c, d = configs["coordinator"], configs["dataloader"]
+    shape = run_plan.check_data(d)
+    rows = f"{shape.num_rows} rows" if shape.num_rows is not None else "rows not readable here"
+    if c.num_rollout:
+        epochs = (
+            f", {c.num_rollout * c.rollout_batch_size / shape.num_rows:.2f} epochs" if shape.num_rows else ""
+        )
+        return f"num_rollout {c.num_rollout} wins: the data ({rows}) loops over epochs{epochs}"
+    steps = run_plan.num_steps(0, d.num_epoch, c.rollout_batch_size, shape.num_rows)
+    return f"num_epoch {d.num_epoch} x {rows} / rollout_batch_size {c.rollout_batch_size} = {steps} steps"
+
+
+def cpu_threads_line(configs: dict[str, object]) -> str:
+    """The torch threads of the services that compute, on CPU on this machine (common/cpu_threads.py)."""
+    from rollway.common.cpu_threads import resolve_cpu_threads, usable_cores
+
+    t, r = configs["trainer"], configs["rollout"]
+    trainer = resolve_cpu_threads(t.cpu_threads, t.world_size)
+    rollout = resolve_cpu_threads(r.cpu_threads)
+    return (
+        f"CPU threads              {trainer} per trainer rank, {rollout} for the CPU rollout engine "
+        f"(on CPU here: {usable_cores()} usable cores)"
+    )
+
+
+def micro_batch_lines(configs: dict[str, object], per_rank: int) -> list[str]:
+    """How one rank's share of a step is cut into micro-batches (trainer/train_plan.py)."""
+    c, t = configs["coordinator"], configs["trainer"]
+    layout = "packed rows" if t.packing else "one padded row per sample"
+    if not t.dynamic_batching:
+        size = t.samples_per_micro_batch
+        count = -(-per_rank // size)
+        return [f"micro-batches            {count} per rank of {size} samples ({layout})"]
+    budget = t.max_tokens_per_gpu
+    # The samples of a prompt hold it once in a packed row (trainer/micro_batch.py) where the
+    # attention kernel can show it to each of them: RL groups then cost prompt + n responses.
+    shared = (
+        not c.is_sft
+        and c.n_samples_per_prompt > 1
+        and t.packing
+        and t.attn_implementation != "flash_attention_2"
+    )
+    if shared:
+        layout += f", the {c.n_samples_per_prompt} samples of a prompt share it"
+    lines = [f"micro-batches            by token budget: up to {budget} tokens each per rank ({layout})"]
+    # The longest sample the data settings allow: SFT conversations are capped by
+    # rollout_max_prompt_len; RL samples by prompt + rollout_max_response_len.
+    max_prompt = configs["dataloader"].rollout_max_prompt_len
+    longest = max_prompt if c.is_sft else (max_prompt + c.rollout_max_response_len if max_prompt else 0)
+    n = c.n_samples_per_prompt
+    group = max_prompt + n * c.rollout_max_response_len
+    if longest and shared and group <= budget:
+        fits = max(budget // group, 1)
+        count = -(-per_rank // (fits * n))
+        lines.append(
+            f"micro-batch layout       groups of {n} samples of up to {group} tokens (prompt once): "
+            f">= {fits} groups ({fits * n} samples) per micro-batch, at most {count} "
+            f"micro-batch{'es' if count > 1 else ''} per rank per step"
+        )
+    elif longest:
+        fits = max(budget // longest, 1)  # packed or padded, a sample costs at most `longest`
+        count = -(-per_rank // fits)
+        lines.append(
+            f"micro-batch layout       samples of up to {longest} tokens: >= {fits} per micro-batch, "
+            f"at most {count} micro-batch{'es' if count > 1 else ''} per rank per step"
+        )
+    else:
+        lines.append(
+            f"micro-batch layout       as many samples as fit {budget} tokens (e.g. {max(budget // 256, 1)} "
+            f"of 256 tokens); set rollout_max_prompt_len to bound the count"
+        )
+    return lines
