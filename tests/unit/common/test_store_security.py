@@ -89,13 +89,14 @@ class Host:
         code = textwrap.dedent(
             f"""
             import sys, torch
+            from rollway.common.process_exit import exit_without_teardown
             from rollway.common.weight_group import GroupSpec, WeightGroup, WeightGroupError
             spec = GroupSpec("g-run", {RUN_ADDRESS!r}, {port}, 2, 0, "gloo", {TIMEOUT}, True)
             try:
                 group = WeightGroup(spec, rank=0, auth_token={token!r})
             except WeightGroupError as exc:
                 print("error:", exc, flush=True)
-                sys.exit(3)
+                exit_without_teardown(3)  # gloo's threads may abort an interpreter teardown
             print("joined", flush=True)
             group.wait(group.broadcast(torch.arange(1.0, 5.0)))
             sys.stdin.readline()
