@@ -148,6 +148,22 @@ def _canonical(cls: type, key: str) -> str:
     return key
 
 
+def _validated(cls: type, part: dict) -> tuple[Any, list[tuple[str, str]]]:
+    """The component built from `part`, and every problem its validation finds, not only the
+    first: a setting found wrong is put back to its default and the rest validated again."""
+    problems: list[tuple[str, str]] = []
+    remaining = dict(part)
+    while True:
+        try:
+            built = from_dict(cls, remaining, require=False)
+            return (built if not problems else None), problems
+        except ConfigError as exc:
+            problems.append((exc.setting, exc.problem))
+            if exc.setting not in remaining:  # not a given value (a default's combination): stop here
+                return None, problems
+            del remaining[exc.setting]
+
+
 def parse_run_config(
     mapping: Mapping[str, Any], *, check_files: bool = False, strict: bool = False
 ) -> RunConfig:
@@ -188,14 +204,12 @@ def parse_run_config(
         part = {_canonical(cls, k): v for k, v in given.items() if k in _field_names(cls)}
         if name == "rollout" and given.get("remote_environment"):
             part["environment_url"] = STARTED_BY_COORDINATOR  # its address, once started
-        try:
-            configs[name] = from_dict(cls, part, require=False)
-        except ConfigError as exc:
-            # An attached service combines these with its own flags and validates the result
-            # itself at Init (INVALID_ARGUMENT naming the setting); the values are checked above.
-            configs[name] = _unvalidated(cls, part)
-            if name not in attached:
-                problems.append((exc.setting, exc.problem))
+        built, found = _validated(cls, part)
+        # An attached service combines these with its own flags and validates the result itself
+        # at Init (INVALID_ARGUMENT naming the setting); the values are checked above.
+        configs[name] = built if built is not None else _unvalidated(cls, part)
+        if name not in attached:
+            problems += found
     run = RunConfig(**configs, given={_canonical_any(k): v for k, v in given.items()})
     problems += _missing_for_started_services(run)
     if run.coordinator.remote_environment and not run.managed_environment:

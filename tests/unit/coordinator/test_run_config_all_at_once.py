@@ -55,3 +55,24 @@ def test_a_missing_data_file_is_a_precondition_and_a_missing_column_is_not(
         {**base, "label_key": "", "prompt_data": [str(tmp_path / "gone.jsonl")], "num_rollout": 4}
     )
     assert run.coordinator.num_rollout == 4
+
+
+def test_every_problem_a_components_validation_finds_is_reported_not_only_its_first(
+    tiny_model_dir, demo_data_dir
+):
+    config = {
+        "hf_checkpoint": str(tiny_model_dir),
+        "prompt_data": [str(demo_data_dir / "rl.parquet")],
+        "input_key": "prompt",
+        "label_key": "label",
+        # Three values the coordinator's validate() refuses, one after the other.
+        "max_restarts": -1,
+        "hung_service_seconds": -1.0,
+        "dashboard_rollout_groups": -2,
+    }
+    with pytest.raises(RunConfigError) as refused:
+        parse_run_config(config)
+    problems = dict(refused.value.problems)
+    assert problems["max_restarts"] == "must not be negative"
+    assert problems["hung_service_seconds"].startswith("must not be negative")
+    assert problems["dashboard_rollout_groups"] == "must not be negative"
