@@ -17,7 +17,8 @@ call goes quiet. So a service is hung when
 
 Threshold: hung_service_seconds when set; otherwise 10x the median of the call's recent
 durations (the service reports them), at least MIN_HUNG_SECONDS, so a 0.6B model's 15 s step and
-a toy's 0.1 s step both get a bound that a normal step never reaches.
+a toy's 0.1 s step both get a bound that a normal step never reaches (FIRST_CALL_HUNG_SECONDS for
+a kind of call none of which has completed yet).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from rollway.common.v1 import progress_pb2, progress_pb2_grpc
 from rollway.deploy.supervisor import DeadService
 
 MIN_HUNG_SECONDS = 60.0
+# A kind of call that never completed yet has no usual duration: its first one (a big model's
+# first step, with warm-up) may be long with no beat inside one micro-batch, so it gets longer.
+FIRST_CALL_HUNG_SECONDS = 600.0
 DURATION_FACTOR = 10.0
 PROBE_SECONDS = 2.0  # a GetProgress answers from counters: two seconds is an eternity for it
 
@@ -109,9 +113,11 @@ class HangWatch:
         if self.hung_service_seconds > 0:
             return self.hung_service_seconds
         medians = progress.median_seconds if progress is not None else {}
+        if method and method not in medians:
+            return FIRST_CALL_HUNG_SECONDS
         if method:
-            typical = medians.get(method, 0.0)
-        else:  # frozen: sized by its slowest kind of call
+            typical = medians[method]
+        else:  # frozen (it answers nothing): sized by its slowest kind of call
             typical = max(medians.values(), default=0.0)
         return max(MIN_HUNG_SECONDS, DURATION_FACTOR * typical)
 

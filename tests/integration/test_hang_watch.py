@@ -18,7 +18,7 @@ from support.waiting import wait_until
 
 from rollway.common.client import open_channel
 from rollway.common.v1 import progress_pb2, progress_pb2_grpc
-from rollway.coordinator.hang_watch import MIN_HUNG_SECONDS, HangWatch
+from rollway.coordinator.hang_watch import FIRST_CALL_HUNG_SECONDS, MIN_HUNG_SECONDS, HangWatch
 
 BOUND = 1.5  # hung_service_seconds of these tests
 
@@ -116,5 +116,6 @@ def test_the_automatic_bound_is_ten_times_the_usual_duration_and_at_least_a_minu
     assert watch._threshold(few, "TrainStep") == MIN_HUNG_SECONDS
     assert watch._threshold(many, "TrainStep") == 150.0
     assert watch._threshold(many) == 300.0  # frozen: sized by its slowest kind of call
-    assert watch._threshold(None, "Generate") == MIN_HUNG_SECONDS  # no call completed yet
+    assert watch._threshold(few, "Generate") == FIRST_CALL_HUNG_SECONDS  # none completed yet
+    assert watch._threshold(None) == MIN_HUNG_SECONDS  # frozen before any call completed
     assert HangWatch({}, hung_service_seconds=7.0)._threshold(many, "TrainStep") == 7.0
