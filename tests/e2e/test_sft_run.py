@@ -111,7 +111,8 @@ def _run_to_end(
                 ServiceProcess("coordinator", ["--runs-root", str(workdir / "runs")], workdir)
             )
             stub = coordinator_stub(coordinator)
-            start_run(stub, name, config)  # resumes from the latest complete checkpoint under `save`
+            # The same run id again, with resume: continues from the latest complete checkpoint.
+            start_run(stub, name, {**config, "resume": True})
         final = wait_run(stub, name)
         assert final.state == SUCCEEDED, final.error
         determinism = [
