@@ -43,7 +43,11 @@ def is_run_dir(path: Path) -> bool:
 def read_run(run_dir: Path) -> PastRun:
     """The run in `run_dir`, as far as its files tell."""
     config = run_files.read_json(run_dir / "config.json")
+    # A status.json with no state is the one reserved at the start (run_files.reserve_status):
+    # the run was going on.
     status = run_files.read_json(run_dir / run_files.STATUS_FILE)
+    if not status.get("state"):
+        status = {}
     result = run_files.read_json(run_dir / "result.json")
     steps = [r for r in _records(run_dir) if "perf/step_time" in r]  # training steps, not eval-only
     last = dict(steps[-1]) if steps else {}

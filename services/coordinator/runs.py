@@ -477,7 +477,6 @@ class RunManager:
             record = RunRecord(run_id=run_id, run=run, run_dir=run_dir)
             self._runs[run_id] = record
         run_dir.mkdir(parents=True, exist_ok=True)
-        run_files.reserve_status(run_dir)
         resolved = {name: to_dict(run.component(name)) for name in COMPONENTS}
         plan = {
             "num_steps": run.coordinator.num_rollout,
@@ -487,7 +486,8 @@ class RunManager:
         (run_dir / "config.json").write_text(
             json.dumps({"given": run.given, **resolved, "plan": plan}, indent=1, default=str)
         )
-        (run_dir / run_files.STATUS_FILE).unlink(missing_ok=True)  # a resumed run is going on again
+        # No state yet (a resumed run is going on again), and room kept for its ending on a full disk.
+        run_files.reserve_status(run_dir)
         record.thread = threading.Thread(target=execute, args=(record,), name=f"run-{run_id}", daemon=True)
         record.thread.start()
         log.info("run started", run_id=run_id, run_dir=str(run_dir))
