@@ -55,6 +55,7 @@ RL_ADAM_BETA2 = 0.95
 def sft_config(workdir: Path, model_dir: Path, data_dir: Path, steps: int, seed: int) -> dict:
     return {
         "run_id": "sft",
+        "resume": True,  # each chunk extends the one run "sft" to more steps
         "run_dir": str(workdir / "runs"),
         "hf_checkpoint": str(model_dir),
         "loss_type": "sft_loss",

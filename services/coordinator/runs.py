@@ -109,6 +109,12 @@ class RunRecord:
         )  # fmt: skip
 
 
+def _steps_done(record: RunRecord) -> int:
+    if record.past is not None:
+        return record.past.step
+    return record.driver.state.next_rollout_id if record.driver is not None else 0
+
+
 def new_run_id() -> str:
     return time.strftime("run-%Y%m%d-%H%M%S-", time.gmtime()) + f"{time.time_ns() % 1_000_000:06d}"
 
@@ -465,6 +471,7 @@ class RunManager:
                     run_id,
                     Path(run.coordinator.run_dir or self.default_run_root) / run_id,
                     run.coordinator.resume,
+                    run.coordinator.num_rollout,
                 )
         return run
 
@@ -473,7 +480,7 @@ class RunManager:
         run_id = check_run_id(run_id or run.coordinator.run_id or new_run_id(), "config.run_id")
         run_dir = Path(run.coordinator.run_dir or self.default_run_root) / run_id
         with self._lock:
-            self._check_new_id(run_id, run_dir, run.coordinator.resume)
+            self._check_new_id(run_id, run_dir, run.coordinator.resume, run.coordinator.num_rollout)
             record = RunRecord(run_id=run_id, run=run, run_dir=run_dir)
             self._runs[run_id] = record
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -493,7 +500,7 @@ class RunManager:
         log.info("run started", run_id=run_id, run_dir=str(run_dir))
         return record
 
-    def _check_new_id(self, run_id: str, run_dir: Path, resume: bool) -> None:
+    def _check_new_id(self, run_id: str, run_dir: Path, resume: bool, num_rollout: int) -> None:
         known = self._runs.get(run_id)
         if known is not None and not known.finished:
             raise AlreadyExists(f"run {run_id} is already running")
@@ -506,8 +513,13 @@ class RunManager:
                 f"run {run_id} exists ({known.state}, in {known.run_dir}); its history is kept: choose "
                 "another run_id, or give resume: true to continue a run that did not succeed"
             )
-        if known.state == "SUCCEEDED":
-            raise AlreadyExists(f"run {run_id} succeeded: there is nothing to resume; choose another run_id")
+        # A run that succeeded may be extended (more steps: its history is kept, new steps follow
+        # it, as the demo's SFT chunks do), never redone.
+        if known.state == "SUCCEEDED" and num_rollout <= _steps_done(known):
+            raise AlreadyExists(
+                f"run {run_id} succeeded after {_steps_done(known)} steps: there is nothing to resume "
+                f"with num_rollout {num_rollout}; extend it with more steps, or choose another run_id"
+            )
 
     def get(self, run_id: str) -> RunRecord:
         with self._lock:
