@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 
+from rollway.common import progress
 from rollway.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
@@ -108,6 +109,7 @@ class SGLangReceiver:
                     version,
                     load_format=LOAD_FORMAT,
                 )
+                progress.beat()  # a bucket reached every server (the coordinator's hang watch)
             committed = version
         finally:
             self.engine.end_weight_update(committed)

@@ -67,14 +67,9 @@ def read_stream(request_iterator, header_type: str) -> tuple[object, list]:
 
 
 # The long calls whose progress the coordinator watches (a hang is told from a slow step by it).
-WATCHED_CALLS = (
-    "TrainStep",
-    "ComputeLogProbs",
-    "SaveCheckpoint",
-    "LoadCheckpoint",
-    "InitWeightGroup",
-    "PushWeights",
-)
+# Not InitWeightGroup: a rendezvous waits for its peers (an SGLang server starting takes a minute),
+# under its own deadline; a frozen trainer is still found, as it answers nothing.
+WATCHED_CALLS = ("TrainStep", "ComputeLogProbs", "SaveCheckpoint", "LoadCheckpoint", "PushWeights")
 
 
 class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
