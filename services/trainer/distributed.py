@@ -91,8 +91,8 @@ def _gloo_listens_towards(store: dist.TCPStore, rank: int) -> None:
     Left alone, gloo listens on the address the machine's host name resolves to, often its
     external one, even for a run on loopback. `dist.init_process_group` takes no gloo device, so
     this goes through gloo's own setting, GLOO_SOCKET_IFNAME (kept when the user set it)."""
-    if _USER_GLOO_IFNAME is not None:
-        return
+    if _USER_GLOO_IFNAME is not None or not isinstance(store, dist.TCPStore):
+        return  # the user's choice; or a FileStore (tests on one machine): no address to follow
     local = store.host if rank == 0 else address_towards(store.host, store.port)
     interface = interface_of(local)
     if interface is not None:
