@@ -169,6 +169,9 @@ def _count_coordinator_restarts(run_dir: Path, restarts: int) -> None:
     path.write_text(json.dumps(result, indent=1))
 
 
+# How long the metrics stream may take to end after the run has (its last records come then).
+STREAM_END_SECONDS = 15.0
+
 # _drive's status when a process this launcher started (the coordinator) died: it may be restarted.
 COORDINATOR_CRASHED = -1
 
@@ -229,6 +232,9 @@ def _drive(
                 print(line, file=sys.stderr, flush=True)
             notices_shown = len(info.notices)
             if info.state not in (coordinator_pb2.RUN_STATE_STARTING, coordinator_pb2.RUN_STATE_RUNNING):
+                # The stream ends by itself with the run, its last step's records last (they wait
+                # for the final state): let it print them before it is cancelled.
+                follower.join(STREAM_END_SECONDS)
                 break
             if interrupted.is_set():
                 print("stopping the run (Ctrl-C)", file=sys.stderr)
