@@ -186,12 +186,22 @@ def hover_token(browser, position: int):
 
 
 def check_rollouts_view(browser, url: str, run_dir: Path, step: int) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import Select
 
     open_view(browser, url, "rollouts")
-    wait_until(lambda: step in [int(o.text) for o in Select(browser.find_element("id", "step-select")).options],
+    # Read through JS: a live run re-renders the list as steps arrive (a WebElement may go stale).
+    wait_until(lambda: str(step) in js(browser, "[...document.querySelectorAll('#step-select option')].map(o => o.value)"),
                30.0, f"step {step} in the list")  # fmt: skip
-    Select(browser.find_element("id", "step-select")).select_by_value(str(step))
+
+    def select_step() -> bool:
+        try:
+            Select(browser.find_element("id", "step-select")).select_by_value(str(step))
+            return True
+        except StaleElementReferenceException:
+            return False  # re-rendered under us: find it again
+
+    wait_until(select_step, 10.0, f"step {step} selected")
     wait_until(
         lambda: js(browser, "document.querySelector('#groups').dataset.step") == str(step), 10.0, "the step"
     )
