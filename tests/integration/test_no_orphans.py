@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from support.processes import ServiceProcess, alive, descendants, wait_all_gone
+from support.processes import ServiceProcess, alive, descendants, read_until, wait_all_gone
 
 from rollway.common.client import ClientConfig, open_channel
 
@@ -20,26 +20,6 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="re
 
 TESTS_DIR = str(Path(__file__).resolve().parents[1])
 EXIT_WITHIN_S = 15.0  # a service drains for up to 3 s, then the interpreter (torch) exits
-
-
-def read_until(proc: subprocess.Popen, marker: str, timeout: float = 180.0) -> list[str]:
-    import threading
-
-    lines: list[str] = []
-    found = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith(marker):
-                found.set()
-                return
-
-    threading.Thread(target=read, daemon=True).start()
-    if not found.wait(timeout):
-        proc.kill()
-        raise AssertionError(f"no {marker!r} within {timeout:.0f}s:\n{''.join(lines)}")
-    return lines
 
 
 def serving(address: str) -> bool:

@@ -13,10 +13,9 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 
 import psutil
-from support.processes import alive, descendants
+from support.processes import alive, descendants, read_until
 
 RUN_ADDRESS = "127.0.0.1"
 TOKEN = "run-sockets-token"
@@ -35,22 +34,6 @@ def listening(pid: int) -> set[tuple[str, int]]:
 def _unmapped(address: str) -> str:
     ip = ipaddress.ip_address(address)
     return str(ip.ipv4_mapped) if ip.version == 6 and ip.ipv4_mapped else address
-
-
-def read_until(proc: subprocess.Popen, marker: str, timeout: float) -> list[str]:
-    """Lines of `proc`'s output up to one starting with `marker`; the rest keeps being read."""
-    lines: list[str] = []
-    found = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith(marker):
-                found.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    assert found.wait(timeout), f"no {marker!r} within {timeout:.0f}s:\n{''.join(lines)}"
-    return lines
 
 
 def test_every_listening_socket_of_a_run_is_on_the_runs_address(tmp_path, tiny_model_dir, demo_data_dir):

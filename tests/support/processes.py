@@ -3,13 +3,15 @@ at process trees through /proc (Linux): what a launcher started, and whether it 
 
 from __future__ import annotations
 
+import subprocess
+import threading
 import time
 from pathlib import Path
 
 from rollway.deploy.chaos import descendants
 from rollway.deploy.local_processes import ServiceProcess
 
-__all__ = ["ServiceProcess", "alive", "descendants", "wait_all_gone"]
+__all__ = ["ServiceProcess", "alive", "descendants", "read_until", "wait_all_gone"]
 
 
 def alive(pid: int) -> bool:
@@ -29,3 +31,22 @@ def wait_all_gone(pids, timeout: float) -> list[int]:
             return []
         time.sleep(0.05)
     return [pid for pid in pids if alive(pid)]
+
+
+def read_until(proc: subprocess.Popen, marker: str, timeout: float = 180.0) -> list[str]:
+    """Lines of `proc`'s output up to one starting with `marker`; the rest keeps being read (so
+    the pipe never fills). Past `timeout` the process is killed and the test fails with its output."""
+    lines: list[str] = []
+    found = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(marker):
+                found.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not found.wait(timeout):
+        proc.kill()
+        raise AssertionError(f"no {marker!r} within {timeout:.0f}s:\n{''.join(lines)}")
+    return lines
