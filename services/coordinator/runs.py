@@ -276,7 +276,6 @@ def _restart_environment(record: RunRecord, dead: DeadService, health: HealthWat
     if health is not None:
         health.restarted(dead.name, dead.index)
     _count_restart(record, dead, started)
-    _report_restarts(record)
     return True
 
 
@@ -303,6 +302,7 @@ def _count_restart(record: RunRecord, dead: DeadService, started: float) -> None
         }
     )
     log.info("service restarted", **record.recoveries[-1], restart=record.num_restarts)
+    _report_restarts(record)  # before the notice: every step logged after it reports the restart
     record.notice(
         f"recovered: {str(dead).splitlines()[0]}; restarted in {record.recoveries[-1]['restart_seconds']:.1f}s "
         f"(restart {record.num_restarts}/{record.config.max_restarts})"
