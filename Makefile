@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_PIN)"
-	$(PY) -m pip install --quiet -e ".[ml,ray,dev]"
+	$(PY) -m pip install --quiet -e ".[ml,ray,dev,ecosystem]"
 	touch $(STAMP)
 
 # Headless chromium and its driver (Debian's packages) for the dashboard's browser tests, where
