@@ -130,4 +130,16 @@ def rollout_metrics(
     if len(by_source) > 1:
         for source, values in by_source.items():
             metrics[f"rollout/raw_reward/{source}"] = float(np.mean(values))
+    metrics.update(environment_metrics(samples))
     return metrics
+
+
+def environment_metrics(samples: Sequence[common_pb2.Sample]) -> dict[str, float]:
+    """rollout/env/<name>: the mean of each metric environments reported (Sample.metrics), over the
+    samples that report it (an episode that failed before scoring reports none, and does not
+    count as a zero)."""
+    values: dict[str, list[float]] = {}
+    for s in samples:
+        for name, value in s.metrics.items():
+            values.setdefault(name, []).append(value)
+    return {f"rollout/env/{name}": float(np.mean(v)) for name, v in sorted(values.items())}

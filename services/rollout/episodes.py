@@ -84,6 +84,7 @@ class EpisodeOutcome:
     turns: list[TurnRecord]
     reward: float
     failure: str = ""  # why the environment failed (finish reason "failed")
+    metrics: dict[str, float] = field(default_factory=dict)  # the steps' metrics, last value wins
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class _Episode:
     log_probs: list[float] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     turns: list[TurnRecord] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
     turn_start: int = 0  # where the current model turn's tokens begin (a continued turn spans an abort)
     num_model_turns: int = 0
     phase: str = "env"  # "env" (reset or step running), "turn" (engine generating), "done"
@@ -313,18 +315,22 @@ class EpisodeEngine:
         try:
             step = ep.env.step(ModelTurn(self.codec.decode(ids), ids, result.finish_reason))
             observation = self.codec.observation_ids(step) if not step.done else ()
+            metrics = {str(name): float(value) for name, value in step.metrics.items()}
         except Exception as exc:
             self._env_failed(ep, "step", exc)
             return
         if self._timed_out_meanwhile(ep):
             return
-        self._apply_step(ep, step, observation)
+        self._apply_step(ep, step, observation, metrics)
 
-    def _apply_step(self, ep: _Episode, step: Step, observation: tuple[int, ...]) -> None:
+    def _apply_step(
+        self, ep: _Episode, step: Step, observation: tuple[int, ...], metrics: dict[str, float]
+    ) -> None:
         for turn in reversed(ep.turns):  # the reward belongs to the (last part of the) model turn
             if turn.role == MODEL:
                 turn.reward += float(step.reward)
                 break
+        ep.metrics.update(metrics)
         if step.done:
             self._finish(ep, "stop")
             return
@@ -414,6 +420,7 @@ class EpisodeEngine:
                 turns=list(ep.turns),
                 reward=sum(t.reward for t in ep.turns),
                 failure=failure,
+                metrics=dict(ep.metrics),
             ),
         )
         ep.batch.finish(result)

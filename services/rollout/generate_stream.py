@@ -272,6 +272,7 @@ class GenerateStream:
             reward=outcome.reward,
             raw_reward=outcome.reward,
             reward_error=outcome.failure,
+            metrics=outcome.metrics,
             turns=[
                 common_pb2.Turn(
                     role=t.role, num_tokens=t.num_tokens, weight_version=t.weight_version, reward=t.reward

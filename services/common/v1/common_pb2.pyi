@@ -42,7 +42,14 @@ class Turn(_message.Message):
     def __init__(self, role: _Optional[str] = ..., num_tokens: _Optional[int] = ..., weight_version: _Optional[int] = ..., reward: _Optional[float] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("group_index", "index", "prompt_token_ids", "response_token_ids", "loss_mask", "reward", "raw_reward", "rollout_log_probs", "advantages", "finish_reason", "weight_version", "source", "label", "metadata", "response_text", "reward_error", "ref_log_probs", "old_log_probs", "turns")
+    __slots__ = ("group_index", "index", "prompt_token_ids", "response_token_ids", "loss_mask", "reward", "raw_reward", "rollout_log_probs", "advantages", "finish_reason", "weight_version", "source", "label", "metadata", "response_text", "reward_error", "ref_log_probs", "old_log_probs", "turns", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     GROUP_INDEX_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +69,7 @@ class Sample(_message.Message):
     REF_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
     OLD_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     group_index: int
     index: int
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -81,7 +89,8 @@ class Sample(_message.Message):
     ref_log_probs: _containers.RepeatedScalarFieldContainer[float]
     old_log_probs: _containers.RepeatedScalarFieldContainer[float]
     turns: _containers.RepeatedCompositeFieldContainer[Turn]
-    def __init__(self, group_index: _Optional[int] = ..., index: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., raw_reward: _Optional[float] = ..., rollout_log_probs: _Optional[_Iterable[float]] = ..., advantages: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., weight_version: _Optional[int] = ..., source: _Optional[str] = ..., label: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., response_text: _Optional[str] = ..., reward_error: _Optional[str] = ..., ref_log_probs: _Optional[_Iterable[float]] = ..., old_log_probs: _Optional[_Iterable[float]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ...) -> None: ...
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, group_index: _Optional[int] = ..., index: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., raw_reward: _Optional[float] = ..., rollout_log_probs: _Optional[_Iterable[float]] = ..., advantages: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., weight_version: _Optional[int] = ..., source: _Optional[str] = ..., label: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., response_text: _Optional[str] = ..., reward_error: _Optional[str] = ..., ref_log_probs: _Optional[_Iterable[float]] = ..., old_log_probs: _Optional[_Iterable[float]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "max_new_tokens", "stop_token_ids", "stop", "seed")

@@ -48,6 +48,10 @@ class Step:
     messages: list[dict[str, str]] = field(default_factory=list)  # or rendered by the chat template
     reward: float = 0.0  # this turn's reward; the sample's reward is the episode's sum
     done: bool = False
+    # Named metrics of the episode (e.g. the parts of a reward); a later step's value of a name
+    # replaces an earlier one. They reach the sample (Sample.metrics) and the run's metrics as the
+    # mean over the rollout's samples that report them, rollout/env/<name>.
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class Environment(ABC):

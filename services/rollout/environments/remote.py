@@ -76,6 +76,7 @@ class RemoteEnvironment(Environment):
             messages=[{"role": m.role, "content": m.content} for m in reply.messages],
             reward=reply.reward,
             done=reply.done,
+            metrics=dict(reply.metrics),
         )
 
     def close(self) -> None:

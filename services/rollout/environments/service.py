@@ -98,6 +98,7 @@ class EnvironmentService(environment_pb2_grpc.EnvironmentServiceServicer):
             messages=[rollout_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in step.messages],
             reward=step.reward,
             done=step.done,
+            metrics=step.metrics,
         )
 
     def Close(self, request, context):

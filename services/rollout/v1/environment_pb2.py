@@ -26,25 +26,29 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from rollway.rollout.v1 import rollout_pb2 as rollway_dot_rollout_dot_v1_dot_rollout__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$rollway/rollout/v1/environment.proto\x12\x12rollway.rollout.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a rollway/rollout/v1/rollout.proto\"\x86\x01\n\x0cResetRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\r\n\x05label\x18\x03 \x01(\t\x12)\n\x08metadata\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x18\n\x10prompt_token_ids\x18\x05 \x03(\x05\"\x0f\n\rResetResponse\"Y\n\x0bStepRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\"t\n\x0cStepResponse\x12\x13\n\x0bobservation\x18\x01 \x01(\t\x12\x31\n\x08messages\x18\x02 \x03(\x0b\x32\x1f.rollway.rollout.v1.ChatMessage\x12\x0e\n\x06reward\x18\x03 \x01(\x02\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\"\"\n\x0c\x43loseRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\"\x0f\n\rCloseResponse2\xfb\x01\n\x12\x45nvironmentService\x12L\n\x05Reset\x12 .rollway.rollout.v1.ResetRequest\x1a!.rollway.rollout.v1.ResetResponse\x12I\n\x04Step\x12\x1f.rollway.rollout.v1.StepRequest\x1a .rollway.rollout.v1.StepResponse\x12L\n\x05\x43lose\x12 .rollway.rollout.v1.CloseRequest\x1a!.rollway.rollout.v1.CloseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$rollway/rollout/v1/environment.proto\x12\x12rollway.rollout.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a rollway/rollout/v1/rollout.proto\"\x86\x01\n\x0cResetRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\r\n\x05label\x18\x03 \x01(\t\x12)\n\x08metadata\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x18\n\x10prompt_token_ids\x18\x05 \x03(\x05\"\x0f\n\rResetResponse\"Y\n\x0bStepRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\"\xe4\x01\n\x0cStepResponse\x12\x13\n\x0bobservation\x18\x01 \x01(\t\x12\x31\n\x08messages\x18\x02 \x03(\x0b\x32\x1f.rollway.rollout.v1.ChatMessage\x12\x0e\n\x06reward\x18\x03 \x01(\x02\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12>\n\x07metrics\x18\x05 \x03(\x0b\x32-.rollway.rollout.v1.StepResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"\"\n\x0c\x43loseRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\"\x0f\n\rCloseResponse2\xfb\x01\n\x12\x45nvironmentService\x12L\n\x05Reset\x12 .rollway.rollout.v1.ResetRequest\x1a!.rollway.rollout.v1.ResetResponse\x12I\n\x04Step\x12\x1f.rollway.rollout.v1.StepRequest\x1a .rollway.rollout.v1.StepResponse\x12L\n\x05\x43lose\x12 .rollway.rollout.v1.CloseRequest\x1a!.rollway.rollout.v1.CloseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rollway.rollout.v1.environment_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_STEPRESPONSE_METRICSENTRY']._loaded_options = None
+  _globals['_STEPRESPONSE_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_RESETREQUEST']._serialized_start=125
   _globals['_RESETREQUEST']._serialized_end=259
   _globals['_RESETRESPONSE']._serialized_start=261
   _globals['_RESETRESPONSE']._serialized_end=276
   _globals['_STEPREQUEST']._serialized_start=278
   _globals['_STEPREQUEST']._serialized_end=367
-  _globals['_STEPRESPONSE']._serialized_start=369
-  _globals['_STEPRESPONSE']._serialized_end=485
-  _globals['_CLOSEREQUEST']._serialized_start=487
-  _globals['_CLOSEREQUEST']._serialized_end=521
-  _globals['_CLOSERESPONSE']._serialized_start=523
-  _globals['_CLOSERESPONSE']._serialized_end=538
-  _globals['_ENVIRONMENTSERVICE']._serialized_start=541
-  _globals['_ENVIRONMENTSERVICE']._serialized_end=792
+  _globals['_STEPRESPONSE']._serialized_start=370
+  _globals['_STEPRESPONSE']._serialized_end=598
+  _globals['_STEPRESPONSE_METRICSENTRY']._serialized_start=552
+  _globals['_STEPRESPONSE_METRICSENTRY']._serialized_end=598
+  _globals['_CLOSEREQUEST']._serialized_start=600
+  _globals['_CLOSEREQUEST']._serialized_end=634
+  _globals['_CLOSERESPONSE']._serialized_start=636
+  _globals['_CLOSERESPONSE']._serialized_end=651
+  _globals['_ENVIRONMENTSERVICE']._serialized_start=654
+  _globals['_ENVIRONMENTSERVICE']._serialized_end=905
 # @@protoc_insertion_point(module_scope)

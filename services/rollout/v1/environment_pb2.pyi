@@ -39,16 +39,25 @@ class StepRequest(_message.Message):
     def __init__(self, episode_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class StepResponse(_message.Message):
-    __slots__ = ("observation", "messages", "reward", "done")
+    __slots__ = ("observation", "messages", "reward", "done", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     observation: str
     messages: _containers.RepeatedCompositeFieldContainer[_rollout_pb2.ChatMessage]
     reward: float
     done: bool
-    def __init__(self, observation: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_rollout_pb2.ChatMessage, _Mapping]]] = ..., reward: _Optional[float] = ..., done: _Optional[bool] = ...) -> None: ...
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, observation: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_rollout_pb2.ChatMessage, _Mapping]]] = ..., reward: _Optional[float] = ..., done: _Optional[bool] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class CloseRequest(_message.Message):
     __slots__ = ("episode_id",)

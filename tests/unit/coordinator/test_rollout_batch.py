@@ -87,3 +87,14 @@ def test_pass_at_k():
     assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
     assert pass_at_k(4, 1, 4) == 1.0
     assert pass_at_k(4, 2, 2) == pytest.approx(1 - (2 / 4) * (1 / 3))
+
+
+def test_environment_metrics_are_averaged_over_the_samples_that_report_them():
+    samples = [sample(0, 0, 1.0), sample(0, 1, 0.0), sample(1, 2, 1.0)]
+    samples[0].metrics.update({"correct": 1.0, "num_turns": 2.0})
+    samples[1].metrics.update({"correct": 0.0, "num_turns": 4.0})
+    samples[2].metrics.update({"correct": 1.0})  # reports no num_turns: not counted as 0
+    metrics = rollout_metrics(samples)
+    assert metrics["rollout/env/correct"] == pytest.approx(2 / 3)
+    assert metrics["rollout/env/num_turns"] == pytest.approx(3.0)
+    assert not any(k.startswith("rollout/env/") for k in rollout_metrics([sample(0, 0, 1.0)]))

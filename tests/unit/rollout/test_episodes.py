@@ -55,7 +55,8 @@ class CountingEnvironment(Environment):
             assert self.released.wait(30)
         if k == self.fail_at:
             raise RuntimeError(f"broken at step {k}")
-        return Step(observation=f" obs {k}.", reward=0.25, done=k == self.turns)
+        metrics = {"steps": float(k)} | ({"first": 1.0} if k == 1 else {})
+        return Step(observation=f" obs {k}.", reward=0.25, done=k == self.turns, metrics=metrics)
 
     def close(self) -> None:
         type(self).closed += 1
@@ -140,6 +141,8 @@ def test_multi_turn_masks_and_log_probs_equal_a_teacher_forced_pass(engine, toke
     assert sum(t.num_tokens for t in out.turns) == len(result.token_ids) == len(out.loss_mask)
     assert len(result.log_probs) == len(result.token_ids)
     assert out.reward == pytest.approx(0.75)
+    # Each step's metrics: a later value of a name replaces an earlier one, others are kept.
+    assert out.metrics == {"steps": 3.0, "first": 1.0}
     # Environment tokens are the observation tokenised alone (token-in/token-out), mask 0, log-prob 0.
     pos = 0
     for k, turn in enumerate(out.turns):
