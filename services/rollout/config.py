@@ -64,7 +64,7 @@ ENGINE_SETTINGS = frozenset(
 )
 RESERVED_REWARDS = ("none",)
 # Environments of multi-turn episodes (environments/__init__.py builds them); "none": single turn.
-ENVIRONMENT_NAMES = ("none", "calculator", "remote", "custom")
+ENVIRONMENT_NAMES = ("none", "calculator", "remote", "custom", "verifiers")
 TOOL_CALL_PARSERS = ("qwen3", "qwen25")  # both: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
 
 
@@ -131,12 +131,18 @@ class RolloutConfig:
     environment: str = setting(
         "none",
         "environment that runs each sample as a multi-turn episode: none (single turn), calculator, "
-        "remote (--environment-url) or custom (--custom-generate-function-path)",
+        "remote (--environment-url), custom (--custom-generate-function-path) or verifiers "
+        "(--verifiers-taskset)",
         choices=ENVIRONMENT_NAMES,
     )
     environment_url: str = setting("", "host:port of an Environment gRPC service (--environment remote)")
     custom_generate_function_path: str = setting(
         "", "module:attr of an Environment class (or factory) run for each sample (--environment custom)"
+    )
+    verifiers_taskset: str = setting(
+        "",
+        "module:attr of a verifiers Taskset, Env or a function returning one (--environment verifiers; "
+        "PyPI verifiers==0.4.0)",
     )
     generate_max_turns: int = setting(16, "most model turns of an episode (then FINISH_REASON_MAX_TURNS)")
     generate_max_total_tokens: int = setting(
@@ -145,7 +151,7 @@ class RolloutConfig:
     generate_turn_timeout: float = setting(300.0, "seconds one model turn may take (then TURN_TIMEOUT)")
     generate_episode_timeout: float = setting(1800.0, "seconds one episode may take (then EPISODE_TIMEOUT)")
     environment_step_timeout: float = setting(
-        60.0, "seconds one call to a remote environment may take (then the sample FAILED)"
+        60.0, "seconds one call to a remote or verifiers environment may take (then the sample FAILED)"
     )
     generate_tool_call_parser: str = setting(
         "qwen3",
@@ -252,3 +258,9 @@ class RolloutConfig:
                 "custom_generate_function_path",
                 f"must be module:attr (got {self.custom_generate_function_path!r})",
             )
+        if self.environment == "verifiers" and not self.verifiers_taskset:
+            raise ConfigError(
+                "verifiers_taskset", "the 'verifiers' environment needs module:attr of a Taskset"
+            )
+        if self.verifiers_taskset and ":" not in self.verifiers_taskset:
+            raise ConfigError("verifiers_taskset", f"must be module:attr (got {self.verifiers_taskset!r})")

@@ -3,6 +3,7 @@
     calculator  the built-in calculator tool (calculator.py)
     remote      an Environment gRPC service in its own process (remote.py, --environment-url)
     custom      the user's Environment class (or factory), --custom-generate-function-path module:attr
+    verifiers   a `verifiers` taskset run unmodified, --verifiers-taskset module:attr (verifiers_env.py)
     none        single-turn generation (no episode)
 
 `environment_factory` returns a callable that builds one Environment per episode; bad settings
@@ -61,4 +62,14 @@ def environment_factory(name: str, config: RolloutConfig) -> EnvironmentFactory 
                 "the 'custom' environment needs module:attr of an Environment",
             )
         return _custom(config.custom_generate_function_path)
+    if name == "verifiers":
+        if not config.verifiers_taskset:
+            raise ConfigError(
+                "verifiers_taskset", "the 'verifiers' environment needs module:attr of a Taskset"
+            )
+        from rollway.rollout.environments.verifiers_env import VerifiersEnvironments
+
+        return VerifiersEnvironments(
+            config.verifiers_taskset, config.generate_tool_call_parser, config.environment_step_timeout
+        ).new_episode
     raise ConfigError("environment", f"unknown environment {name!r}")
