@@ -72,6 +72,7 @@ def test_episodes_run_against_an_environment_in_another_process(rollout):
         assert s.finish_reason == common_pb2.FINISH_REASON_STOP
         assert [t.role for t in s.turns] == ["model", "environment", "model"]
         assert s.reward == pytest.approx(1.0)
+        assert dict(s.metrics) == {"steps": 2.0}  # the last step's value, across the process boundary
         assert len(s.loss_mask) == len(s.response_token_ids) == len(s.rollout_log_probs)
         env_tokens = s.turns[1].num_tokens
         start = s.turns[0].num_tokens

@@ -10,7 +10,7 @@ from rollway.rollout.environments.base import Environment, EpisodeStart, ModelTu
 
 
 class ScriptedEnvironment(Environment):
-    """Step k answers " obs k." with reward 0.5, done after metadata["turns"] steps. With
+    """Step k answers " obs k." with reward 0.5 and metric steps = k, done after metadata["turns"] steps. With
     metadata["stuck_marker"]: the first step touches that file and then never answers (until the
     process is killed; at most 120 s)."""
 
@@ -24,4 +24,9 @@ class ScriptedEnvironment(Environment):
         if self.marker:
             Path(self.marker).touch()
             threading.Event().wait(120)
-        return Step(observation=f" obs {self.k}.", reward=0.5, done=self.k >= self.turns)
+        return Step(
+            observation=f" obs {self.k}.",
+            reward=0.5,
+            done=self.k >= self.turns,
+            metrics={"steps": float(self.k)},
+        )

@@ -155,6 +155,8 @@ def test_an_unknown_or_unusable_environment_is_invalid_argument():
         ({"environment": "remote"}, "environment_url"),
         ({"environment": "custom"}, "custom_generate_function_path"),
         ({"custom_generate_function_path": "no_colon"}, "custom_generate_function_path"),
+        ({"environment": "verifiers"}, "verifiers_taskset"),
+        ({"verifiers_taskset": "no_colon"}, "verifiers_taskset"),
         ({"generate_max_turns": 0}, "generate_max_turns"),
         ({"generate_turn_timeout": 0}, "generate_turn_timeout"),
         ({"generate_max_total_tokens": -1}, "generate_max_total_tokens"),
