@@ -85,4 +85,6 @@ def test_readme_verifiers_example_runs_grpo_and_its_reward_rises(
         parts = r["rollout/env/correct"] + 0.5 * r["rollout/env/starts_with_digit"]
         assert r["rollout/raw_reward"] == pytest.approx(parts, abs=1e-6)
         assert r["rollout/env/num_tool_calls"] == 0.0 and r["rollout/reward_errors"] == 0.0
+        # The trainer scores exactly the sampled tokens: its log-probs equal the engine's.
+        assert r["train/train_rollout_logprob_abs_diff"] < 1e-4
     assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.1, rewards
