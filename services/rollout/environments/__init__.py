@@ -3,6 +3,7 @@
     calculator  the built-in calculator tool (calculator.py)
     remote      an Environment gRPC service in its own process (remote.py, --environment-url)
     custom      the user's Environment class (or factory), --custom-generate-function-path module:attr
+    openenv     a Meta-PyTorch OpenEnv environment server (openenv.py, --openenv-url, --openenv-turns)
     none        single-turn generation (no episode)
 
 `environment_factory` returns a callable that builds one Environment per episode; bad settings
@@ -61,4 +62,11 @@ def environment_factory(name: str, config: RolloutConfig) -> EnvironmentFactory 
                 "the 'custom' environment needs module:attr of an Environment",
             )
         return _custom(config.custom_generate_function_path)
+    if name == "openenv":
+        if not config.openenv_url:
+            raise ConfigError("openenv_url", "the 'openenv' environment needs --openenv-url http://host:port")
+        from rollway.rollout.environments.openenv import OpenEnvEpisodes, load_turns
+
+        turns = load_turns(config.openenv_turns)
+        return OpenEnvEpisodes(config.openenv_url, config.environment_step_timeout, turns).new_episode
     raise ConfigError("environment", f"unknown environment {name!r}")
