@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from support.openenv_envs import WRONG_REWARD
 from support.processes import ServiceProcess
 from support.waiting import wait_until
 from transformers import AutoTokenizer
@@ -97,11 +98,11 @@ def test_episodes_run_against_an_openenv_server(rollout, tiny_model_dir):
                 model_texts.append(tokenizer.decode(list(ids), skip_special_tokens=True))
             position += turn.num_tokens
         assert position == len(s.response_token_ids)
-        # The reward is the environment's: 1 for the turn that answered 7, else 0; it ended there
-        # or after three tries.
+        # The reward is the environment's: 1 for the turn that answered 7, -0.25 for each other;
+        # the episode ended there or after three tries.
         verdicts = [_correct(text, "7") for text in model_texts]
         assert not any(verdicts[:-1]) and (verdicts[-1] or len(model_texts) == 3)
-        assert s.reward == pytest.approx(1.0 if verdicts[-1] else 0.0)
+        assert s.reward == pytest.approx(sum(1.0 if v else WRONG_REWARD for v in verdicts))
 
 
 def _start(label: str, metadata: dict | None = None) -> EpisodeStart:
@@ -120,7 +121,9 @@ def test_concurrent_episodes_each_have_their_own_environment(server):
         # Every episode first answers its neighbour's label, then its own: only its own is right.
         first = list(threads.map(lambda i: episodes[i].step(_turn(f"{(i + 1) % 8}")), range(8)))
         second = list(threads.map(lambda i: episodes[i].step(_turn(f"it is {i}")), range(8)))
-    assert [(s.observation, s.reward, s.done) for s in first] == [(" Wrong, try again.", 0.0, False)] * 8
+    assert [(s.observation, s.reward, s.done) for s in first] == [
+        (" Wrong, try again.", WRONG_REWARD, False)
+    ] * 8
     assert [(s.observation, s.reward, s.done) for s in second] == [(" Correct.", 1.0, True)] * 8
     for episode in episodes:
         episode.close()

@@ -20,10 +20,12 @@ class VerdictObservation(Observation):
     message: str  # the text appended after the model's turn
 
 
+WRONG_REWARD = -0.25  # so that an episode's reward tells how many answers it took
+
+
 class AdditionEnvironment(Environment):
     """reset(label) holds the sum; each answer gets " Correct." (reward 1, done) or " Wrong, try
-    again." (reward 0), done after `max_tries` answers (metadata). The observation also names the
-    session (`session:<id>` in metadata) so a test can see that episodes do not share one. With
+    again." (reward WRONG_REWARD), done after `max_tries` answers (metadata; default 2). With
     metadata["stuck_marker"]: a step touches that file and never answers (until killed; 120 s)."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
@@ -50,7 +52,7 @@ class AdditionEnvironment(Environment):
         if numbers and numbers[-1] == self.label:
             return VerdictObservation(message=" Correct.", done=True, reward=1.0)
         done = self._state.step_count >= self.max_tries
-        return VerdictObservation(message=" Wrong, try again.", done=done, reward=0.0)
+        return VerdictObservation(message=" Wrong, try again.", done=done, reward=WRONG_REWARD)
 
     @property
     def state(self) -> State:
