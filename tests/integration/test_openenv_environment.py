@@ -22,7 +22,7 @@ from transformers import AutoTokenizer
 from rollway.common.client import open_channel
 from rollway.common.v1 import common_pb2
 from rollway.rollout.environments.base import EnvironmentFailed, EpisodeStart, ModelTurn
-from rollway.rollout.environments.openenv import OpenEnvEpisodes, OpenEnvTurns
+from rollway.rollout.environments.openenv import OpenEnvEpisodes, OpenEnvTurns, load_turns
 from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
 pytestmark = pytest.mark.slow
@@ -164,3 +164,32 @@ def test_a_killed_openenv_server_fails_its_samples_at_once(rollout, server, tmp_
         assert s.finish_reason == common_pb2.FINISH_REASON_FAILED
         assert "openenv environment" in s.reward_error and "step" in s.reward_error
         assert s.turns[0].role == "model" and len(s.response_token_ids) == s.turns[0].num_tokens
+
+
+def _readme_example() -> str:
+    readme = (Path(TESTS_DIR).parent / "README.md").read_text()
+    [block] = re.findall(r"```python\n(# my_openenv\.py.*?)```", readme, re.S)
+    return block
+
+
+def test_the_readme_example_runs_at_the_pinned_version(tmp_path, monkeypatch):
+    readme = (Path(TESTS_DIR).parent / "README.md").read_text()
+    pinned = re.search(r'"(openenv-core==[\d.]+)"', (Path(TESTS_DIR).parent / "pyproject.toml").read_text())
+    assert f"tested with `{pinned.group(1)}`" in readme
+    (tmp_path / "my_openenv.py").write_text(_readme_example())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = {"PYTHONPATH": str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    args = ["--openenv-app", "my_openenv:app"]
+    module = "rollway.rollout.environments.openenv_server"
+    with ServiceProcess("openenv", args, tmp_path, module=module, env=env, wait_serving=False) as svc:
+        pool = OpenEnvEpisodes(svc.address, 30.0, load_turns("my_openenv:GuessTurns"))
+        episode = pool.new_episode()
+        episode.reset(_start("42"))
+        first, second = episode.step(_turn("41")), episode.step(_turn("it is 42"))
+        episode.close()
+    assert (first.messages, first.reward, first.done) == (
+        [{"role": "user", "content": "Wrong. Again:"}],
+        0.0,
+        False,
+    )
+    assert (second.messages, second.reward, second.done) == ([], 1.0, True)
