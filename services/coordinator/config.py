@@ -173,6 +173,12 @@ class CoordinatorConfig:
         "health-checks, restarts (max_restarts) and stops with the run: calculator, or module:attr "
         "of an Environment class (or factory)",
     )
+    openenv_app: str = setting(
+        "",
+        "environment: openenv with no openenv_url: module:attr of the OpenEnv app (create_app) the "
+        "coordinator serves in its own process (rollway.rollout.environments.openenv_server), "
+        "health-checks (/health), restarts (max_restarts) and stops with the run",
+    )
     trainer_addr: str = setting("", "address of a running trainer")
     rollout_addr: list[str] = setting([], "addresses of running rollout services")
     dataloader_addr: str = setting("", "address of a running dataloader")
@@ -261,6 +267,8 @@ class CoordinatorConfig:
             raise ConfigError("ray_address", "needs launcher ray")
         if self.remote_environment:
             self._validate_remote_environment()
+        if self.openenv_app:
+            self._validate_openenv_app()
 
     def _validate_remote_environment(self) -> None:
         if self.launcher == "ray":
@@ -275,6 +283,21 @@ class CoordinatorConfig:
             raise ConfigError(
                 "remote_environment",
                 f"must be calculator or module:attr of an Environment (got {self.remote_environment!r})",
+            )
+
+    def _validate_openenv_app(self) -> None:
+        if self.launcher == "ray":
+            raise ConfigError(
+                "openenv_app",
+                "is started as a local process, not with launcher ray: serve the OpenEnv app yourself "
+                "(python -m rollway.rollout.environments.openenv_server) and give openenv_url",
+            )
+        if self.remote_environment:
+            raise ConfigError("openenv_app", "give remote_environment or openenv_app, not both")
+        module, _, attr = self.openenv_app.partition(":")
+        if not (module and attr):
+            raise ConfigError(
+                "openenv_app", f"must be module:attr of an OpenEnv app (got {self.openenv_app!r})"
             )
 
     @property

@@ -40,6 +40,7 @@ COMPONENTS: dict[str, type] = {
 SERVICES = ("dataloader", "rollout", "trainer")
 # The environment_url of a run whose environment service the coordinator starts, until it has.
 STARTED_BY_COORDINATOR = "(started by the coordinator: remote_environment)"
+OPENENV_SERVER_MODULE = "rollway.rollout.environments.openenv_server"
 # Where config.json gives a model's context length (transformers' names across architectures).
 CONTEXT_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
@@ -115,11 +116,22 @@ class RunConfig:
 
     @property
     def managed_environment(self) -> bool:
-        """The coordinator starts, watches and restarts the run's Environment service."""
-        return bool(self.coordinator.remote_environment) and "rollout" in self.services_used()
+        """The coordinator starts, watches and restarts the run's Environment service (or the
+        OpenEnv server of openenv_app)."""
+        c = self.coordinator
+        return bool(c.remote_environment or c.openenv_app) and "rollout" in self.services_used()
+
+    @property
+    def environment_module(self) -> str | None:
+        """The module of the managed environment's process, where not the Environment service:
+        an OpenEnv server speaks HTTP (health: GET /health), not gRPC."""
+        return OPENENV_SERVER_MODULE if self.coordinator.openenv_app else None
 
     def environment_args(self) -> list[str]:
-        """Flags of `python -m rollway.rollout.environments` serving remote_environment."""
+        """Flags of `python -m rollway.rollout.environments` serving remote_environment (or of
+        the OpenEnv server serving openenv_app)."""
+        if self.coordinator.openenv_app:
+            return ["--openenv-app", self.coordinator.openenv_app]
         served = self.coordinator.remote_environment
         args = ["--generate-tool-call-parser", self.rollout.generate_tool_call_parser]
         if served == "calculator":
@@ -128,7 +140,10 @@ class RunConfig:
 
     def use_environment(self, address: str) -> None:
         """The address of the Environment service the coordinator started: the rollout services
-        get it as environment_url at their (next) Init."""
+        get it as environment_url (openenv_url) at their (next) Init."""
+        if self.coordinator.openenv_app:
+            self.given["openenv_url"] = self.rollout.openenv_url = f"http://{address}"
+            return
         self.given["environment_url"] = address
         self.rollout.environment_url = address
 
@@ -204,6 +219,8 @@ def parse_run_config(
         part = {_canonical(cls, k): v for k, v in given.items() if k in _field_names(cls)}
         if name == "rollout" and given.get("remote_environment"):
             part["environment_url"] = STARTED_BY_COORDINATOR  # its address, once started
+        if name == "rollout" and given.get("openenv_app"):
+            part["openenv_url"] = STARTED_BY_COORDINATOR
         built, found = _validated(cls, part)
         # An attached service combines these with its own flags and validates the result itself
         # at Init (INVALID_ARGUMENT naming the setting); the values are checked above.
@@ -212,10 +229,10 @@ def parse_run_config(
             problems += found
     run = RunConfig(**configs, given={_canonical_any(k): v for k, v in given.items()})
     problems += _missing_for_started_services(run)
-    if run.coordinator.remote_environment and not run.managed_environment:
+    if (run.coordinator.remote_environment or run.coordinator.openenv_app) and not run.managed_environment:
         problems.append(
             (
-                "remote_environment",
+                "openenv_app" if run.coordinator.openenv_app else "remote_environment",
                 "the run uses no rollout service (sft or debug_train_only): no environment",
             )
         )
@@ -278,6 +295,8 @@ def _environment_problems(given: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Where the 'remote' environment comes from: environment_url (a service the user runs) or
     remote_environment (one the coordinator starts), exactly one. The values are known to coerce."""
     environment = given.get("environment", "none")
+    if given.get("openenv_app") or environment == "openenv":
+        return _openenv_problems(given, environment)
     if given.get("remote_environment"):
         if environment != "remote":
             return [
@@ -301,6 +320,31 @@ def _environment_problems(given: Mapping[str, Any]) -> list[tuple[str, str]]:
                 "environment_url",
                 "the 'remote' environment needs environment_url (host:port of a running Environment "
                 "service) or remote_environment (calculator or module:attr: the coordinator starts one)",
+            )
+        ]
+    return []
+
+
+def _openenv_problems(given: Mapping[str, Any], environment: str) -> list[tuple[str, str]]:
+    """Where the 'openenv' environment comes from: openenv_url (a server the user runs) or
+    openenv_app (one the coordinator serves), exactly one."""
+    if given.get("openenv_app"):
+        if environment != "openenv":
+            return [
+                (
+                    "openenv_app",
+                    f"serves the 'openenv' environment, but the run's environment is {environment!r}: "
+                    "set environment: openenv",
+                )
+            ]
+        if given.get("openenv_url"):
+            return [("openenv_url", "give either openenv_url (a server you run) or openenv_app, not both")]
+    elif not given.get("openenv_url") and not given.get("rollout_addr"):
+        return [
+            (
+                "openenv_url",
+                "the 'openenv' environment needs openenv_url (http://host:port of a running OpenEnv "
+                "server) or openenv_app (module:attr of an OpenEnv app: the coordinator serves it)",
             )
         ]
     return []

@@ -4,6 +4,7 @@
                                      in parallel) or RayServiceGroup.start (actors; launcher: ray)
     remote_environment? ──> its Environment service too (a local process serving it); its address
                             is the rollout services' environment_url
+    openenv_app? ──> an OpenEnv server process (openenv_server.py) instead: openenv_url
     Services.connect (health SERVING; an unreachable address fails in seconds, naming it)
     Init on every service at once, each with its part of the run config (run_config.py)
     agreement: model, vocabulary, temperature, estimator ──> a mismatch refuses the run, naming both
@@ -91,7 +92,10 @@ def start_missing_services(
         group = RayServiceGroup(run, workdir, name=run_id or workdir.parent.name, ray_address=c.ray_address)
     else:
         environment = {"environment": run.environment_args()} if run.managed_environment else {}
-        group = LocalServiceGroup(workdir, args=environment)
+        module = run.environment_module
+        group = LocalServiceGroup(
+            workdir, args=environment, http_services={"environment": module} if module else None
+        )
     log.info("starting services", services=sorted(missing), launcher=c.launcher)
     addresses.update(group.start(missing))
     if run.managed_environment:

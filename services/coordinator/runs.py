@@ -359,9 +359,13 @@ class _Watcher:
             for name, addresses in record.addresses.items()
             if record.group is None or name not in record.group.addresses or name == "environment"
         }
-        self.health = HealthWatch(watched) if any(watched.values()) else None
+        # An OpenEnv server (openenv_app) answers HTTP: GET /health, and no GetProgress (its calls
+        # are bounded by the rollout's environment_step_timeout; a frozen one fails /health).
+        http = frozenset({"environment"}) if record.run.environment_module else frozenset()
+        self.health = HealthWatch(watched, http=http) if any(watched.values()) else None
         # Every service, started or attached: a hung one is found by its progress (hang_watch.py).
-        self.hang = HangWatch(record.addresses, record.config.hung_service_seconds)
+        progress = {name: addresses for name, addresses in record.addresses.items() if name not in http}
+        self.hang = HangWatch(progress, record.config.hung_service_seconds)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name=f"watch-{record.run_id}", daemon=True)
         self._thread.start()

@@ -2,7 +2,8 @@
 
     group = LocalServiceGroup(workdir)          local processes on loopback ports (bare: each is
     group.start({"trainer": 1, "rollout": 2})   configured by the run's Init; an "environment" is
-                                                served with its flags from `args`), started in parallel
+                                                served with its flags from `args`, by an HTTP server
+                                                where `http_services` names its module), in parallel
     group.addresses   {"trainer": [A], "rollout": [B, C]}
     group.dead()      the first service found dead, with the tail of its log (None while all live)
     group.restart("rollout", 1)                 a new process in place of a dead one: its address
@@ -17,13 +18,15 @@ RayServiceGroup (ray_services.py) is the same interface over Ray actors. A group
 restart a service raises CannotRestart, and the run fails naming the dead service.
 
 HealthWatch watches services the coordinator did not start (attached by address): a service that
-stops answering its health checks for a few seconds is reported dead the same way.
+stops answering its health checks for a few seconds is reported dead the same way. Its `http`
+services (an OpenEnv server) are checked by GET /health instead of grpc.health.v1.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -93,10 +96,18 @@ class LocalServiceGroup(ServiceGroup):
     """Services as child processes of this one, started bare on free loopback ports."""
 
     def __init__(
-        self, workdir: Path, *, args: dict[str, list[str]] | None = None, startup_timeout: float = 120.0
+        self,
+        workdir: Path,
+        *,
+        args: dict[str, list[str]] | None = None,
+        http_services: dict[str, str] | None = None,
+        startup_timeout: float = 120.0,
     ):
+        """`http_services`: the module serving each service that is an HTTP server, not a gRPC one
+        (it writes its port file once it serves, so its start is not waited on over gRPC)."""
         self.workdir = Path(workdir)
         self.args = args or {}
+        self.http_services = http_services or {}
         self.startup_timeout = startup_timeout
         self.processes: dict[str, list[ServiceProcess]] = {}
         self.addresses: dict[str, list[str]] = {}
@@ -109,7 +120,8 @@ class LocalServiceGroup(ServiceGroup):
             self.workdir,
             env=trace_file_environment(),
             startup_timeout=self.startup_timeout,
-            module=SERVICE_MODULES.get(name),
+            module=self.http_services.get(name) or SERVICE_MODULES.get(name),
+            wait_serving=name not in self.http_services,
         )
 
     def start(self, counts: dict[str, int]) -> dict[str, list[str]]:
@@ -183,10 +195,12 @@ class HealthWatch:
         addresses: dict[str, list[str]],
         client_config: ClientConfig | None = None,
         grace_seconds: float = 5.0,
+        http: frozenset[str] = frozenset(),
     ):
         from grpc_health.v1 import health_pb2_grpc
 
         self.grace_seconds = grace_seconds
+        self.http = http
         self._channels: list[grpc.Channel] = []
         self._targets = []
         for name, group in addresses.items():
@@ -216,14 +230,19 @@ class HealthWatch:
         now = time.monotonic()
         for name, index, address, stub in self._targets:
             try:
-                stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                if name in self.http:
+                    with urllib.request.urlopen(f"http://{address}/health", timeout=1.0) as reply:
+                        reply.read()
+                else:
+                    stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
                 self._last_ok[(name, index)] = now
-            except grpc.RpcError as exc:
+            except (grpc.RpcError, OSError) as exc:  # urllib's errors are OSErrors
                 silent = now - self._last_ok[(name, index)]
                 if silent > self.grace_seconds:
+                    why = exc.code().name if isinstance(exc, grpc.RpcError) else type(exc).__name__
                     return DeadService(
                         name,
                         index,
-                        f"at {address} is unreachable: no health check answered for {silent:.0f}s ({exc.code().name})",
+                        f"at {address} is unreachable: no health check answered for {silent:.0f}s ({why})",
                     )
         return None

@@ -64,7 +64,7 @@ ENGINE_SETTINGS = frozenset(
 )
 RESERVED_REWARDS = ("none",)
 # Environments of multi-turn episodes (environments/__init__.py builds them); "none": single turn.
-ENVIRONMENT_NAMES = ("none", "calculator", "remote", "custom", "verifiers")
+ENVIRONMENT_NAMES = ("none", "calculator", "remote", "custom", "verifiers", "openenv")
 TOOL_CALL_PARSERS = ("qwen3", "qwen25")  # both: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
 
 
@@ -131,11 +131,19 @@ class RolloutConfig:
     environment: str = setting(
         "none",
         "environment that runs each sample as a multi-turn episode: none (single turn), calculator, "
-        "remote (--environment-url), custom (--custom-generate-function-path) or verifiers "
-        "(--verifiers-taskset)",
+        "remote (--environment-url), custom (--custom-generate-function-path), verifiers "
+        "(--verifiers-taskset) or openenv (--openenv-url)",
         choices=ENVIRONMENT_NAMES,
     )
     environment_url: str = setting("", "host:port of an Environment gRPC service (--environment remote)")
+    openenv_url: str = setting(
+        "", "http://host:port of an OpenEnv environment server (--environment openenv)"
+    )
+    openenv_turns: str = setting(
+        "",
+        "module:attr of an OpenEnvTurns (environments/openenv.py): the model's turn as the OpenEnv "
+        "Action, its StepResult as the text appended (default: both a `message` string field)",
+    )
     custom_generate_function_path: str = setting(
         "", "module:attr of an Environment class (or factory) run for each sample (--environment custom)"
     )
@@ -253,6 +261,10 @@ class RolloutConfig:
                 "custom_generate_function_path",
                 "the 'custom' environment needs module:attr of an Environment",
             )
+        if self.environment == "openenv" and not self.openenv_url:
+            raise ConfigError("openenv_url", "the 'openenv' environment needs --openenv-url http://host:port")
+        if self.openenv_turns and ":" not in self.openenv_turns:
+            raise ConfigError("openenv_turns", f"must be module:attr (got {self.openenv_turns!r})")
         if self.custom_generate_function_path and ":" not in self.custom_generate_function_path:
             raise ConfigError(
                 "custom_generate_function_path",

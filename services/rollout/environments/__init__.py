@@ -4,6 +4,7 @@
     remote      an Environment gRPC service in its own process (remote.py, --environment-url)
     custom      the user's Environment class (or factory), --custom-generate-function-path module:attr
     verifiers   a `verifiers` taskset run unmodified, --verifiers-taskset module:attr (verifiers_env.py)
+    openenv     a Meta-PyTorch OpenEnv environment server (openenv.py, --openenv-url, --openenv-turns)
     none        single-turn generation (no episode)
 
 `environment_factory` returns a callable that builds one Environment per episode; bad settings
@@ -72,4 +73,11 @@ def environment_factory(name: str, config: RolloutConfig) -> EnvironmentFactory 
         return VerifiersEnvironments(
             config.verifiers_taskset, config.generate_tool_call_parser, config.environment_step_timeout
         ).new_episode
+    if name == "openenv":
+        if not config.openenv_url:
+            raise ConfigError("openenv_url", "the 'openenv' environment needs --openenv-url http://host:port")
+        from rollway.rollout.environments.openenv import OpenEnvEpisodes, load_turns
+
+        turns = load_turns(config.openenv_turns)
+        return OpenEnvEpisodes(config.openenv_url, config.environment_step_timeout, turns).new_episode
     raise ConfigError("environment", f"unknown environment {name!r}")

@@ -93,3 +93,44 @@ def test_a_run_with_its_own_environment_url_starts_no_environment(model_dir):
 def test_contradictory_environment_settings_are_refused_naming_them(model_dir, extra, setting, named):
     found = problems(grpo(model_dir, **extra))
     assert setting in found and named in found[setting], found
+
+
+def test_a_managed_openenv_app_is_served_by_the_openenv_server(model_dir):
+    run = parse_run_config(grpo(model_dir, environment="openenv", openenv_app="my_env.server:app"))
+    assert run.managed_environment
+    assert run.addresses()["environment"] == []
+    assert run.environment_module == "rollway.rollout.environments.openenv_server"
+    assert run.environment_args() == ["--openenv-app", "my_env.server:app"]
+    assert run.rollout.openenv_url == STARTED_BY_COORDINATOR
+    assert "openenv_url" not in run.service_settings("rollout")
+    run.use_environment("127.0.0.1:4321")
+    assert run.service_settings("rollout")["openenv_url"] == "http://127.0.0.1:4321"
+    assert "environment_url" not in run.service_settings("rollout")
+
+
+@pytest.mark.parametrize(
+    ("extra", "setting", "named"),
+    [
+        ({"environment": "openenv"}, "openenv_url", "or openenv_app (module:attr of an OpenEnv app"),
+        ({"openenv_app": "m:app"}, "openenv_app", "set environment: openenv"),
+        (
+            {"environment": "openenv", "openenv_app": "m:app", "openenv_url": "http://h:1"},
+            "openenv_url",
+            "not both",
+        ),
+        ({"environment": "openenv", "openenv_app": "m"}, "openenv_app", "must be module:attr"),
+        (
+            {"environment": "openenv", "openenv_app": "m:app", "launcher": "ray"},
+            "openenv_app",
+            "launcher ray",
+        ),
+        (
+            {"environment": "openenv", "openenv_url": "http://h:1", "openenv_turns": "m"},
+            "openenv_turns",
+            "must be module:attr",
+        ),
+    ],
+)
+def test_contradictory_openenv_settings_are_refused_naming_them(model_dir, extra, setting, named):
+    found = problems(grpo(model_dir, **extra))
+    assert setting in found and named in found[setting], found
