@@ -202,8 +202,12 @@ class EpisodeEngine:
                     label=spec.label,
                     metadata=dict(spec.metadata),
                     prompt_token_ids=request.prompt_token_ids,
+                    resumed=bool(spec.prefix_token_ids),
                 )
             )
+            prompt = ep.env.episode_prompt_token_ids()
+            if prompt:  # the environment chose the prompt (an agent's first request): it is recorded
+                ep.request = replace(ep.request, prompt_token_ids=tuple(prompt))
             self._restore_prefix(ep)
         except Exception as exc:  # the environment's own code: any failure fails the sample
             self._env_failed(ep, "reset", exc)
@@ -311,7 +315,14 @@ class EpisodeEngine:
             return
         ids = tuple(ep.tokens[ep.turn_start :])
         try:
-            step = ep.env.step(ModelTurn(self.codec.decode(ids), ids, result.finish_reason))
+            turn = ModelTurn(
+                self.codec.decode(ids),
+                ids,
+                result.finish_reason,
+                log_probs=tuple(ep.log_probs[ep.turn_start :]),
+                weight_version=result.weight_version,
+            )
+            step = ep.env.step(turn)
             observation = self.codec.observation_ids(step) if not step.done else ()
         except Exception as exc:
             self._env_failed(ep, "step", exc)

@@ -18,6 +18,7 @@ from rollway.common.run_host import RunHost, run_scoped_servicer
 from rollway.common.server import RollwayServer, ServerConfig
 from rollway.common.v1 import common_pb2
 from rollway.common.weights_checksum import dtype_from_name
+from rollway.rollout.agents.hub import AgentHub
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines import create_engine
 from rollway.rollout.engines.base import MEMORY_TAGS, Engine, EngineError
@@ -67,6 +68,7 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
         tokenizer,
         generate_queue: GenerateQueue,
         auth_token: str = "",
+        host: str = "127.0.0.1",
     ):
         self.config = config
         # Service-wide (it outlives runs): running and queued Generate calls (generate_queue.py).
@@ -76,7 +78,10 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
         self.weights = WeightReceiver(engine, auth_token)
         self.gate = GenerationGate()
         self.runner = RewardRunner(config.num_reward_workers, config.reward_timeout)
-        self.environments = EnvironmentRegistry(config)
+        decode = lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)  # noqa: E731
+        # Agent episodes (--environment agent): their HTTP endpoint starts with the first one.
+        self.agents = AgentHub(config, self.prompts, host, auth_token, decode)
+        self.environments = EnvironmentRegistry(config, self.agents)
         self.episodes = EpisodeEngine(
             engine,
             TextCodec(
@@ -242,7 +247,9 @@ def serve(server_config: ServerConfig, config: RolloutConfig) -> None:
     threads = GenerateQueue.num_threads(generate_queue.max_running, generate_queue.max_queued)
     server_config = dataclasses.replace(server_config, max_workers=max(server_config.max_workers, threads))
     server = RollwayServer("rollout", server_config, WATCHED_CALLS)
-    engines = EngineKeeper(_build, lambda *args: RolloutService(*args, generate_queue, server.auth_token))
+    engines = EngineKeeper(
+        _build, lambda *args: RolloutService(*args, generate_queue, server.auth_token, server_config.host)
+    )
     host = RunHost("rollout", engines.build, close_servicer)
     if config.hf_checkpoint:
         try:
@@ -298,7 +305,10 @@ def serve(server_config: ServerConfig, config: RolloutConfig) -> None:
             sys.exit(f"rollout: engine {config.rollout_engine} failed to start: {exc}")
         engines.adopt(engine, config)
         host.adopt(
-            RolloutService(config, engine, rewards, tokenizer, generate_queue, server.auth_token), config
+            RolloutService(
+                config, engine, rewards, tokenizer, generate_queue, server.auth_token, server_config.host
+            ),
+            config,
         )
     server.set_serving()
     server.wait_for_termination()

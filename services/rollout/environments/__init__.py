@@ -3,6 +3,7 @@
     calculator  the built-in calculator tool (calculator.py)
     remote      an Environment gRPC service in its own process (remote.py, --environment-url)
     custom      the user's Environment class (or factory), --custom-generate-function-path module:attr
+    agent       the user's agent (--agent-function-path) against the OpenAI-compatible endpoint (agents/)
     none        single-turn generation (no episode)
 
 `environment_factory` returns a callable that builds one Environment per episode; bad settings
@@ -40,8 +41,9 @@ def _custom(path: str) -> EnvironmentFactory:
     return factory
 
 
-def environment_factory(name: str, config: RolloutConfig) -> EnvironmentFactory | None:
-    """What builds one environment per episode for `name` (None: single turn)."""
+def environment_factory(name: str, config: RolloutConfig, agents=None) -> EnvironmentFactory | None:
+    """What builds one environment per episode for `name` (None: single turn); `agents`: the run's
+    AgentHub (agents/hub.py), which the 'agent' environment needs."""
     if name == NO_ENVIRONMENT:
         return None
     if name == "calculator":
@@ -61,4 +63,10 @@ def environment_factory(name: str, config: RolloutConfig) -> EnvironmentFactory 
                 "the 'custom' environment needs module:attr of an Environment",
             )
         return _custom(config.custom_generate_function_path)
+    if name == "agent":
+        if not config.agent_function_path:
+            raise ConfigError("agent_function_path", "the 'agent' environment needs module:attr of an agent")
+        if agents is None:
+            raise ConfigError("environment", "the 'agent' environment runs only inside the rollout service")
+        return agents.environment_factory()
     raise ConfigError("environment", f"unknown environment {name!r}")

@@ -29,6 +29,8 @@ class EpisodeStart:
     label: str
     metadata: dict[str, Any]
     prompt_token_ids: tuple[int, ...]
+    # A continuation (partial rollout): the finished model turns are replayed through step() next.
+    resumed: bool = False
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class ModelTurn:
     text: str
     token_ids: tuple[int, ...]
     finish_reason: str  # "stop" (end of turn) or "length" (--rollout-max-response-len)
+    log_probs: tuple[float, ...] = ()  # rollout log-probs of token_ids (empty in a replay)
+    weight_version: int = 0  # the weights that generated the turn's last part
 
 
 @dataclass
@@ -60,6 +64,11 @@ class Environment(ABC):
     @abstractmethod
     def step(self, turn: ModelTurn) -> Step:
         """Answer the model's turn."""
+
+    def episode_prompt_token_ids(self) -> tuple[int, ...] | None:
+        """Optional: the prompt this episode really starts from, when the environment decides it
+        during reset (an agent's first request); None keeps the sample's prompt."""
+        return None
 
     def close(self) -> None:  # noqa: B027 (optional hook)
         """The episode is over (finished, aborted, failed or timed out)."""
