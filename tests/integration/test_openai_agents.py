@@ -1,19 +1,21 @@
 """Agents written against the real `openai` client run episodes through a real rollout service's
 OpenAI-compatible endpoint: a tool call over several turns (the sample is exactly the recorded
 requests: token ids, masks, log-probs, weight versions), the README's example agent, streaming,
-the completions API, a rewritten history refused, a failing agent, and 64 concurrent async agents
-with nothing lost or mixed up."""
+the completions API, a rewritten history refused, a failing agent, 64 concurrent async agents
+with nothing lost or mixed up, and an episode whose turns straddle a weight update."""
 
 from __future__ import annotations
 
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from support.processes import ServiceProcess
 from support.tool_calling_model import ANSWER, QUESTION, make_tool_calling_model
+from support.waiting import wait_until
 
 from rollway.common.client import open_channel
 from rollway.common.v1 import common_pb2
@@ -198,3 +200,43 @@ def test_64_concurrent_async_agents_lose_nothing_and_mix_nothing(tiny_model_dir,
         env_ids = list(s.response_token_ids[s.turns[0].num_tokens :][:env])
         assert f"again {marker}" in tokenizer.decode(env_ids)
         assert list(s.loss_mask) == [1] * s.turns[0].num_tokens + [0] * env + [1] * s.turns[2].num_tokens
+
+
+def test_an_episode_goes_on_across_a_weight_update(tiny_model_dir, tmp_path):
+    from rollway.coordinator.remote import Services
+    from rollway.coordinator.weight_sync import WeightSyncSettings, init_weight_group, sync_weights
+
+    trainer = ServiceProcess(
+        "trainer", ["--hf-checkpoint", str(tiny_model_dir), "--dtype", "float32"], tmp_path
+    )
+    rollout = _agent_service(tiny_model_dir, tmp_path, "support.openai_agents:weight_update_agent")
+    with trainer, rollout:
+        services = Services.connect(trainer=trainer.address, rollouts=[rollout.address])
+        settings = WeightSyncSettings(bucket_size_bytes=256 * 1024, timeout_seconds=30.0, max_attempts=1)
+        init_weight_group(services, settings)
+        between, go, record = tmp_path / "between", tmp_path / "go", tmp_path / "versions.json"
+        prompt = rollout_pb2.Prompt(text="hello")
+        prompt.metadata.update({"between_turns": str(between), "go": str(go), "record": str(record)})
+        request = rollout_pb2.GenerateRequest(
+            prompts=[prompt],
+            n_samples_per_prompt=1,
+            sampling_params=common_pb2.SamplingParams(
+                temperature=1.0, max_new_tokens=8, seed=5, stop_token_ids=list(range(3, 300))
+            ),
+        )
+        with ThreadPoolExecutor(1) as pool:  # the Generate call runs while this thread updates weights
+            pending = pool.submit(
+                lambda: [r.sample for r in services.rollouts[0].Generate(request, timeout=120)]
+            )
+            wait_until(between.exists, 60, "the agent's first turn")
+            # The agent waits between its turns while the trainer pushes version 1 (no pause: the
+            # episode is not generating; its next turn is submitted after the update).
+            sync_weights(services, 1, settings, pause=False)
+            go.write_text("")
+            [sample] = pending.result(timeout=120)
+        services.close()
+    assert sample.finish_reason == STOP and sample.reward == 1.0
+    assert [t.role for t in sample.turns] == ["model", "environment", "model"]
+    assert [t.weight_version for t in sample.turns if t.role == "model"] == [0, 1]
+    assert json.loads(record.read_text()) == [0, 1]
+    assert sample.weight_version == 0  # a sample carries the version of its oldest tokens

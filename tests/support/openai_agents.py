@@ -5,6 +5,7 @@ metadata["record"], for the test to compare with the sample."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import openai
@@ -126,3 +127,21 @@ def failing_agent(base_url: str, task) -> float:
 def by_metadata(base_url: str, task) -> float:
     """One service, several agents: metadata["agent"] names the one to run."""
     return globals()[task.metadata["agent"]](base_url, task)
+
+
+def weight_update_agent(base_url: str, task) -> float:
+    """Two turns with a pause between them (until the test's "go" file exists): the test updates the
+    weights meanwhile. Records each turn's weight version as the responses gave them."""
+    client = OpenAI(base_url=base_url, api_key=task.api_key, max_retries=0)
+    messages = [{"role": "user", "content": task.prompt}]
+    first = client.chat.completions.create(model="policy", messages=messages)
+    Path(task.metadata["between_turns"]).write_text("")
+    go, deadline = Path(task.metadata["go"]), time.monotonic() + 60
+    while not go.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the test never said go")
+        time.sleep(0.02)
+    messages += [_message(first), {"role": "user", "content": "and now?"}]
+    second = client.chat.completions.create(model="policy", messages=messages)
+    _write(task, [c.model_extra["rollway"]["weight_version"] for c in (first, second)])
+    return 1.0
