@@ -310,18 +310,19 @@ class EpisodeEngine:
         if result.finish_reason == FINISH_ABORT:
             self._finish(ep, FINISH_ABORT)
             return
+        ids = tuple(ep.tokens[ep.turn_start :])
+        turn = ModelTurn(
+            self.codec.decode(ids),
+            ids,
+            result.finish_reason,
+            log_probs=tuple(ep.log_probs[ep.turn_start :]),
+            weight_version=result.weight_version,
+        )
         if result.finish_reason == FINISH_LENGTH:
+            self._tell_cut(ep, turn)
             self._finish(ep, FINISH_MAX_TOKENS if ep.turn_limited_by_total else FINISH_LENGTH)
             return
-        ids = tuple(ep.tokens[ep.turn_start :])
         try:
-            turn = ModelTurn(
-                self.codec.decode(ids),
-                ids,
-                result.finish_reason,
-                log_probs=tuple(ep.log_probs[ep.turn_start :]),
-                weight_version=result.weight_version,
-            )
             step = ep.env.step(turn)
             observation = self.codec.observation_ids(step) if not step.done else ()
         except Exception as exc:
@@ -356,6 +357,12 @@ class EpisodeEngine:
             self._finish(ep, ep.ending)
             return
         self._next_turn(ep, limits)
+
+    def _tell_cut(self, ep: _Episode, turn: ModelTurn) -> None:
+        try:
+            ep.env.episode_cut(turn)
+        except Exception as exc:  # the episode ends anyway; the environment's failure is only logged
+            log.warning("environment episode_cut failed", error=f"{type(exc).__name__}: {exc}")
 
     def _timed_out_meanwhile(self, ep: _Episode) -> bool:
         """The episode timed out while its environment was busy: it was reported then; close now."""

@@ -240,3 +240,39 @@ def test_an_episode_goes_on_across_a_weight_update(tiny_model_dir, tmp_path):
     assert [t.weight_version for t in sample.turns if t.role == "model"] == [0, 1]
     assert json.loads(record.read_text()) == [0, 1]
     assert sample.weight_version == 0  # a sample carries the version of its oldest tokens
+
+
+def test_a_turn_cut_by_the_token_limit_reaches_the_agent_and_ends_the_episode(rollout, tmp_path):
+    record = tmp_path / "cut.json"
+    sample = _generate(rollout, "cut_turn_agent", record, max_new_tokens=4)
+    wait_until(record.exists, 30, "the agent's record (it goes on after its episode ended)")
+    seen = json.loads(record.read_text())
+    assert sample.finish_reason == common_pb2.FINISH_REASON_LENGTH
+    assert [(t.role, t.num_tokens) for t in sample.turns] == [("model", 4)]
+    assert seen["finish"] == "length" and seen["tokens"] == 4 and seen["next_status"] in (404, 409)
+
+
+def test_the_services_auth_token_guards_the_endpoint(tiny_model_dir, tmp_path):
+    from rollway.common.client import ClientConfig
+
+    token = "agents-token"
+    service = _agent_service(
+        tiny_model_dir, tmp_path, "support.openai_agents:auth_agent", "--auth-token", token
+    )
+    with service:
+        stub = rollout_pb2_grpc.RolloutServiceStub(
+            open_channel(service.address, ClientConfig(auth_token=token))
+        )
+        record = tmp_path / "auth.json"
+        sample = _generate(
+            stub,
+            "auth_agent",
+            record,
+            temperature=1.0,
+            seed=4,
+            max_new_tokens=8,
+            stop_token_ids=list(range(3, 300)),
+        )
+    assert sample.reward == 1.0 and not sample.reward_error
+    seen = json.loads(record.read_text())
+    assert seen["wrong_key_status"] == 401 and seen["models"] == [str(tiny_model_dir)]

@@ -145,3 +145,33 @@ def weight_update_agent(base_url: str, task) -> float:
     second = client.chat.completions.create(model="policy", messages=messages)
     _write(task, [c.model_extra["rollway"]["weight_version"] for c in (first, second)])
     return 1.0
+
+
+def cut_turn_agent(base_url: str, task) -> float:
+    """A turn cut by the per-turn token limit still comes back (finish_reason "length"); the episode
+    is then over for the agent."""
+    client = OpenAI(base_url=base_url, api_key=task.api_key, max_retries=0)
+    messages = [{"role": "user", "content": task.prompt}]
+    first = client.chat.completions.create(model="policy", messages=messages)
+    record = {"finish": first.choices[0].finish_reason, "tokens": first.usage.completion_tokens}
+    messages += [_message(first), {"role": "user", "content": "more"}]
+    try:
+        client.chat.completions.create(model="policy", messages=messages)
+    except openai.APIStatusError as exc:
+        record["next_status"] = exc.status_code
+    _write(task, record)
+    return 1.0
+
+
+def auth_agent(base_url: str, task) -> float:
+    """With the service's --auth-token: a wrong key is refused (401), the task's key is taken."""
+    record = {}
+    try:
+        OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()
+    except openai.AuthenticationError as exc:
+        record["wrong_key_status"] = exc.status_code
+    client = OpenAI(base_url=base_url, api_key=task.api_key, max_retries=0)
+    record["models"] = [m.id for m in client.models.list()]
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task.prompt}])
+    _write(task, record)
+    return 1.0

@@ -141,6 +141,10 @@ class AgentEpisode(Environment):
             raise EnvironmentFailed(f"the agent raised: {ended.error}")
         return Step(reward=self._reward(ended.result), done=True)
 
+    def episode_cut(self, turn: ModelTurn) -> None:
+        if self.pending is not None:  # the agent gets its turn, finish_reason "length"; the episode is over
+            self._answer(turn)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

@@ -70,6 +70,10 @@ class Environment(ABC):
         during reset (an agent's first request); None keeps the sample's prompt."""
         return None
 
+    def episode_cut(self, turn: ModelTurn) -> None:  # noqa: B027 (optional hook)
+        """Optional: the model's last turn, cut by --rollout-max-response-len; the episode ends
+        with FINISH_REASON_LENGTH without a step (an agent still gets the cut turn back)."""
+
     def close(self) -> None:  # noqa: B027 (optional hook)
         """The episode is over (finished, aborted, failed or timed out)."""
 
