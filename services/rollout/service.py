@@ -80,7 +80,7 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
         self.runner = RewardRunner(config.num_reward_workers, config.reward_timeout)
         decode = lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)  # noqa: E731
         # Agent episodes (--environment agent): their HTTP endpoint starts with the first one.
-        self.agents = AgentHub(config, self.prompts, host, auth_token, decode)
+        self.agents = AgentHub(config, self.prompts, host, auth_token, decode, rewards)
         self.environments = EnvironmentRegistry(config, self.agents)
         self.episodes = EpisodeEngine(
             engine,

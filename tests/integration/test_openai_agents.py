@@ -53,8 +53,10 @@ def rollout(tool_model, tmp_path_factory):
         yield rollout_pb2_grpc.RolloutServiceStub(open_channel(svc.address))
 
 
-def _generate(stub, agent: str, record: Path, text: str = QUESTION, **sampling) -> common_pb2.Sample:
-    prompt = rollout_pb2.Prompt(text=text, label=ANSWER)
+def _generate(
+    stub, agent: str, record: Path, text: str = QUESTION, label: str = ANSWER, **sampling
+) -> common_pb2.Sample:
+    prompt = rollout_pb2.Prompt(text=text, label=label)
     prompt.metadata.update({"agent": agent, "record": str(record), **sampling.pop("metadata", {})})
     params = {"temperature": 0.0, "max_new_tokens": 128, **sampling}
     request = rollout_pb2.GenerateRequest(
@@ -115,6 +117,17 @@ def test_the_readme_example_agent_earns_its_reward(rollout, tmp_path):
     assert sample.finish_reason == STOP and sample.reward == 1.0
     assert [t.role for t in sample.turns] == ["model", "environment", "model"]
     assert '"calculator"' in sample.response_text and sample.response_text.endswith(ANSWER)
+
+
+@pytest.mark.parametrize("label, reward", [(ANSWER, 1.0), ("6", 0.0)])
+def test_without_a_reward_from_the_agent_the_runs_reward_function_scores_the_last_turn(
+    rollout, tmp_path, label, reward
+):
+    # The service's --reward is the default, exact_match: the last model turn against the label.
+    sample = _generate(rollout, "scored_calculator_agent", tmp_path / "unused.json", label=label)
+    assert sample.finish_reason == STOP and not sample.reward_error
+    assert [t.role for t in sample.turns] == ["model", "environment", "model"]
+    assert sample.reward == reward
 
 
 def test_streamed_chunks_add_up_to_the_same_seeded_turn(rollout, tmp_path):

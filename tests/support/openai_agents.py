@@ -11,7 +11,7 @@ from pathlib import Path
 import openai
 from openai import AsyncOpenAI, OpenAI
 
-from rollway.demo_openai_agent import TOOLS, calculator_agent  # noqa: F401 (by_metadata runs it)
+from rollway.demo_openai_agent import TOOLS, calculator_agent
 from rollway.rollout.environments.calculator import run_calculator
 
 
@@ -175,3 +175,8 @@ def auth_agent(base_url: str, task) -> float:
     client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task.prompt}])
     _write(task, record)
     return 1.0
+
+
+def scored_calculator_agent(base_url: str, task) -> None:
+    """The example's tool loop, leaving the reward to the run's reward function (--reward)."""
+    calculator_agent(base_url, task)

@@ -30,6 +30,7 @@ from rollway.rollout.agents.chat_format import (
     template_messages,
 )
 from rollway.rollout.environments.base import Environment, EnvironmentFailed, EpisodeStart, ModelTurn, Step
+from rollway.rollout.rewards.types import RewardSample
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -96,6 +97,8 @@ class AgentEpisode(Environment):
         self.pending: AgentRequest | None = None
         self.posted_reward: float | None = None
         self.num_turns = 0
+        self.start: EpisodeStart | None = None
+        self.last_turn_text = ""  # what the run's reward function scores when the agent gives no reward
         self._lock = threading.Lock()
         self._closed = False
 
@@ -121,6 +124,7 @@ class AgentEpisode(Environment):
                 "an agent episode cannot be continued after an abort (the agent's own state is gone); "
                 "run agents without --partial-rollout"
             )
+        self.start = start
         self.hub.register(self)
         self.hub.launch(self, start)
         ended = self._next_request()
@@ -254,6 +258,7 @@ class AgentEpisode(Environment):
     def _answer(self, turn: ModelTurn) -> None:
         request, self.pending = self.pending, None
         self.num_turns += 1
+        self.last_turn_text = turn.text
         prompt_ids = list(self.record.token_ids)
         self.record.token_ids += turn.token_ids
         recorded = {
@@ -297,7 +302,26 @@ class AgentEpisode(Environment):
         ]
 
     def _reward(self, result: Any) -> float:
-        """The agent's return value when it is a number, else the reward it posted, else 0."""
+        """The agent's return value when it is a number, else the reward it posted, else the run's
+        reward function (--reward) on the last model turn's text, else 0."""
         if isinstance(result, int | float) and not isinstance(result, bool):
             return float(result)
-        return self.posted_reward if self.posted_reward is not None else 0.0
+        if self.posted_reward is not None:
+            return self.posted_reward
+        reward = self.hub.scorer()
+        if reward is None:
+            return 0.0
+        start = self.start
+        sample = RewardSample(
+            prompt=self.hub.decode(self.prompt_token_ids),
+            response=self.last_turn_text,
+            label=start.label,
+            metadata=dict(start.metadata),
+            prompt_token_ids=self.prompt_token_ids,
+        )
+        try:
+            return float(reward.fn(sample))
+        except Exception as exc:  # the user's reward code: the sample fails, naming it
+            raise EnvironmentFailed(
+                f"reward function {reward.name!r} failed: {type(exc).__name__}: {exc}"
+            ) from None

@@ -21,6 +21,7 @@ from rollway.rollout.agents.episode import AgentEnded, AgentEpisode, AgentTask
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.environments.base import EpisodeStart
 from rollway.rollout.prompt_encoding import PromptEncoder
+from rollway.rollout.rewards.types import RewardFunction
 
 log = get_logger("rollway.rollout.agents")
 NO_API_KEY = "rollway"  # the openai client insists on a key; the service without --auth-token takes any
@@ -46,13 +47,22 @@ def load_agent(path: str) -> Callable:
 class AgentHub:
     """Episodes by id, the HTTP endpoint, and the agents' threads and event loop."""
 
-    def __init__(self, config: RolloutConfig, encoder: PromptEncoder, host: str, auth_token: str, decode):
+    def __init__(
+        self,
+        config: RolloutConfig,
+        encoder: PromptEncoder,
+        host: str,
+        auth_token: str,
+        decode,
+        rewards: dict[str, RewardFunction] | None = None,
+    ):
         self.config = config
+        self.rewards = rewards or {}
         self.encoder = encoder
         self.host = host
         self.auth_token = auth_token
         self.model_name = config.hf_checkpoint
-        self._decode = decode
+        self.decode = decode
         self._episodes: dict[str, AgentEpisode] = {}
         self._lock = threading.Lock()
         self._server = None
@@ -61,7 +71,13 @@ class AgentHub:
         self._closed = False
 
     def decode_token(self, token_id: int) -> str:
-        return self._decode((token_id,))
+        return self.decode((token_id,))
+
+    def scorer(self) -> RewardFunction | None:
+        """The run's reward function for episodes whose agent gives no reward (a group reward
+        cannot score one episode alone: then none)."""
+        reward = self.rewards.get(self.config.reward)
+        return None if reward is None or reward.group else reward
 
     def environment_factory(self) -> Callable[[], AgentEpisode]:
         """What builds one episode per sample; the agent is imported now, so a bad path fails now."""
