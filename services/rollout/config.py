@@ -164,7 +164,9 @@ class RolloutConfig:
         300.0, "seconds an agent episode waits for the agent's next request (then the sample FAILED)"
     )
     openai_api_port: int = setting(
-        0, "port of the OpenAI-compatible HTTP endpoint on the service's host (0: a free port)"
+        0,
+        "port of the OpenAI-compatible HTTP endpoint on the service's host; 0: a free port, served "
+        "from the first agent episode on; a port: served from the start, plain /v1 requests too",
     )
     # --- sglang engine ---
     sglang_urls: list[str] = setting([], "use these running SGLang servers instead of launching any")

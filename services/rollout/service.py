@@ -57,6 +57,16 @@ def _busy() -> FailedPrecondition:
 WATCHED_CALLS = ("Generate", "UpdateWeights")
 
 
+class _InProcessCall:
+    """The part of a gRPC call context Generate uses, for calls made inside the process."""
+
+    def is_active(self) -> bool:
+        return True
+
+    def add_callback(self, callback) -> bool:
+        return True
+
+
 class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
     """Generate, pause/resume, memory and weight-checksum RPCs over one engine."""
 
@@ -82,6 +92,14 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
         # Agent episodes (--environment agent): their HTTP endpoint starts with the first one.
         self.agents = AgentHub(config, self.prompts, host, auth_token, decode, rewards)
         self.environments = EnvironmentRegistry(config, self.agents)
+        self.agents.generate = self.generate_in_process
+        if config.openai_api_port:  # a port given: plain /v1 requests are served from the start
+            try:
+                self.agents.start()
+            except OSError as exc:
+                raise ConfigError(
+                    "openai_api_port", f"cannot serve on {host}:{config.openai_api_port}: {exc}"
+                ) from None
         self.episodes = EpisodeEngine(
             engine,
             TextCodec(
@@ -119,6 +137,10 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
             )
             stream = GenerateStream(self.ctx, request, plan)
             yield from stream.run(context.is_active, context.add_callback)
+
+    def generate_in_process(self, request: rollout_pb2.GenerateRequest) -> list:
+        """Generate for the OpenAI-compatible endpoint's plain /v1 requests (a whole call's samples)."""
+        return [reply.sample for reply in self.Generate(request, _InProcessCall())]
 
     def InitWeightGroup(self, request, context):
         if not request.HasField("group"):
@@ -304,11 +326,13 @@ def serve(server_config: ServerConfig, config: RolloutConfig) -> None:
             server.stop(0)
             sys.exit(f"rollout: engine {config.rollout_engine} failed to start: {exc}")
         engines.adopt(engine, config)
-        host.adopt(
-            RolloutService(
+        try:
+            servicer = RolloutService(
                 config, engine, rewards, tokenizer, generate_queue, server.auth_token, server_config.host
-            ),
-            config,
-        )
+            )
+        except ConfigError as exc:
+            server.stop(0)
+            sys.exit(f"rollout: {exc}")
+        host.adopt(servicer, config)
     server.set_serving()
     server.wait_for_termination()

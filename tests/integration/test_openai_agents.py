@@ -2,17 +2,21 @@
 OpenAI-compatible endpoint: a tool call over several turns (the sample is exactly the recorded
 requests: token ids, masks, log-probs, weight versions), the README's example agent, streaming,
 the completions API, a rewritten history refused, a failing agent, 64 concurrent async agents
-with nothing lost or mixed up, and an episode whose turns straddle a weight update."""
+with nothing lost or mixed up, an episode whose turns straddle a weight update, and plain /v1
+requests (no episode) served by the current policy."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import openai
 import pytest
+from openai import OpenAI
 from support.processes import ServiceProcess
 from support.tool_calling_model import ANSWER, QUESTION, make_tool_calling_model
 from support.waiting import wait_until
@@ -289,3 +293,39 @@ def test_the_services_auth_token_guards_the_endpoint(tiny_model_dir, tmp_path):
     assert sample.reward == 1.0 and not sample.reward_error
     seen = json.loads(record.read_text())
     assert seen["wrong_key_status"] == 401 and seen["models"] == [str(tiny_model_dir)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_plain_v1_requests_serve_the_current_policy(tiny_model_dir, tmp_path):
+    port = _free_port()
+    args = ["--hf-checkpoint", str(tiny_model_dir), "--dtype", "float32", "--openai-api-port", str(port)]
+    with ServiceProcess("rollout", args, tmp_path):
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        request = dict(
+            model="policy", messages=[{"role": "user", "content": "What is 2 + 3?"}], temperature=1.0, seed=11,
+            max_tokens=12,
+        )  # fmt: skip
+        plain = client.chat.completions.create(**request, logprobs=True)
+        content = "".join(
+            c.choices[0].delta.content or "" for c in client.chat.completions.create(**request, stream=True)
+        )
+        assert content == plain.choices[0].message.content and plain.usage.completion_tokens > 0
+        recorded = plain.model_extra["rollway"]
+        [choice] = recorded["choices"]
+        assert [t.logprob for t in plain.choices[0].logprobs.content] == choice["completion_log_probs"]
+        assert (
+            len(choice["completion_token_ids"]) == plain.usage.completion_tokens
+            and choice["weight_version"] == 0
+        )
+        two = client.completions.create(model="policy", prompt="What is", n=2, max_tokens=4, temperature=1.0)
+        assert [c.index for c in two.choices] == [0, 1]
+        assert [m.id for m in client.models.list()] == [str(tiny_model_dir)]
+        with pytest.raises(openai.BadRequestError, match="sampling_params.temperature"):
+            client.chat.completions.create(**{**request, "temperature": -1.0})
+        with pytest.raises(openai.BadRequestError, match="messages must be a non-empty list"):
+            client.chat.completions.create(**{**request, "messages": []})

@@ -4,6 +4,8 @@
     POST /episodes/{episode_id}/v1/completions        prompt text -> the model's turn
     POST /episodes/{episode_id}/v1/reward             {"reward": x}: the episode's reward
     GET  /episodes/{episode_id}/v1/models             the served model
+    POST /v1/chat/completions, /v1/completions        outside episodes: the current policy
+                                                      (policy_api.py; nothing is recorded)
 
 A request waits (asynchronously) for its episode's model turn; `stream: true` sends the finished
 turn as OpenAI server-sent-event chunks (the turn is generated whole, then streamed). Sampling
@@ -24,10 +26,14 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
+import grpc
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from rollway.common.errors import RollwayError
 from rollway.common.log import get_logger
+from rollway.rollout.agents import policy_api
+from rollway.rollout.agents.chat_format import BadRequest
 from rollway.rollout.agents.episode import CHAT, COMPLETION, AgentRequest, HttpError
 
 if TYPE_CHECKING:
@@ -35,6 +41,14 @@ if TYPE_CHECKING:
 
 log = get_logger("rollway.rollout.agents.http")
 START_SECONDS = 30.0
+# Generate's refusals as HTTP statuses.
+STATUS_OF = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
 STREAM_PIECE_CHARS = 8  # characters of content per streamed chunk
 
 
@@ -107,6 +121,44 @@ def create_app(hub: AgentHub) -> FastAPI:
             return response
         lines = (f"data: {json.dumps(c)}\n\n" for c in _chunks(response))
         return StreamingResponse(iter([*lines, "data: [DONE]\n\n"]), media_type="text/event-stream")
+
+    async def plain(kind: str, request: Request):
+        if not authorised(request):
+            return _error(401, "missing or wrong API key (the rollout service's --auth-token)")
+        try:
+            body = await body_of(request)
+            call = policy_api.generate_request(kind, body, hub.encoder, hub.config)
+            samples = await asyncio.to_thread(hub.generate, call)
+        except HttpError as exc:
+            return _error(exc.status, str(exc))
+        except BadRequest as exc:
+            return _error(400, str(exc))
+        except RollwayError as exc:  # refused by Generate's own checks, queue or state
+            return _error(STATUS_OF.get(exc.code, 500), str(exc))
+        answer = policy_api.response(
+            kind,
+            body,
+            samples,
+            model=hub.model_name,
+            parser=hub.config.generate_tool_call_parser,
+            decode_token=hub.decode_token,
+        )
+        if not body.get("stream"):
+            return answer
+        lines = (f"data: {json.dumps(c)}\n\n" for c in _chunks(answer))
+        return StreamingResponse(iter([*lines, "data: [DONE]\n\n"]), media_type="text/event-stream")
+
+    @app.post("/v1/chat/completions")
+    async def plain_chat_completions(request: Request):
+        return await plain(CHAT, request)
+
+    @app.post("/v1/completions")
+    async def plain_completions(request: Request):
+        return await plain(COMPLETION, request)
+
+    @app.get("/v1/models")
+    async def plain_models(request: Request):
+        return await models("", request)
 
     @app.post("/episodes/{episode_id}/v1/chat/completions")
     async def chat_completions(episode_id: str, request: Request):

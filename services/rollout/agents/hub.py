@@ -58,6 +58,8 @@ class AgentHub:
     ):
         self.config = config
         self.rewards = rewards or {}
+        # Plain /v1 requests: a Generate call in process (GenerateRequest -> samples); the service sets it.
+        self.generate: Callable | None = None
         self.encoder = encoder
         self.host = host
         self.auth_token = auth_token
@@ -144,6 +146,10 @@ class AgentHub:
             return self._loop
 
     # --- the endpoint ---
+
+    def start(self) -> None:
+        """Serve now (plain /v1 requests), not only from the first agent episode on."""
+        self._ensure_server()
 
     def _ensure_server(self) -> None:
         with self._lock:
