@@ -394,10 +394,16 @@ class EpisodeEngine:
             ep.ending = reason
             handle = ep.turn_handle if ep.phase == "turn" else None
             finish_now = ep.phase == "env" and reason == FINISH_EPISODE_TIMEOUT
+            env = ep.env if ep.phase == "env" else None
         if handle is not None:
             self.engine.abort(handle)
         elif finish_now:
             self._finish(ep, reason, defer_close=True)  # the thread in reset or step closes it
+        if env is not None:  # an environment waiting on something outside (an agent) returns now
+            try:
+                env.interrupt()
+            except Exception as exc:
+                log.warning("environment interrupt failed", error=f"{type(exc).__name__}: {exc}")
         return 1
 
     def _finish(

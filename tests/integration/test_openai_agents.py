@@ -181,6 +181,27 @@ def test_a_failing_agent_fails_its_sample_and_the_service_goes_on(rollout, tmp_p
     assert _generate(rollout, "calculator_agent", tmp_path / "unused.json").reward == 1.0
 
 
+def test_pause_abort_ends_an_episode_waiting_for_its_agent_at_once(rollout, tmp_path):
+    between, go = tmp_path / "between", tmp_path / "go"
+    metadata = {"between_turns": str(between), "go": str(go)}
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(
+            _generate, rollout, "weight_update_agent", tmp_path / "unused.json", temperature=1.0, seed=6,
+            max_new_tokens=8, stop_token_ids=list(range(3, 300)), metadata=metadata,
+        )  # fmt: skip
+        wait_until(between.exists, 60, "the agent's first turn")
+        aborted_at = time.monotonic()
+        rollout.Pause(rollout_pb2.PauseRequest(mode=rollout_pb2.PAUSE_MODE_ABORT), timeout=30)
+        sample = pending.result(timeout=30)
+        seconds = time.monotonic() - aborted_at
+    rollout.Resume(rollout_pb2.ResumeRequest(), timeout=30)
+    go.write_text("")  # the agent goes on; its episode is over (404)
+    # Not after --agent-request-timeout (60 s) nor the agent's own 60 s wait: at once.
+    assert seconds < 10
+    assert sample.finish_reason == common_pb2.FINISH_REASON_ABORT
+    assert [t.role for t in sample.turns] == ["model"]
+
+
 def test_64_concurrent_async_agents_lose_nothing_and_mix_nothing(tiny_model_dir, tmp_path):
     num = 64
     prompts = []

@@ -76,6 +76,9 @@ class AgentEnded:
     error: str = ""
 
 
+INTERRUPTED = "interrupted"  # an event: the episode was ended from outside (abort, timeout)
+
+
 @dataclass
 class _Record:
     kind: str = ""
@@ -91,7 +94,7 @@ class AgentEpisode(Environment):
     def __init__(self, hub: AgentHub):
         self.hub = hub
         self.episode_id = uuid.uuid4().hex
-        self.events: queue.Queue[AgentRequest | AgentEnded] = queue.Queue()
+        self.events: queue.Queue[AgentRequest | AgentEnded | str] = queue.Queue()
         self.record = _Record()
         self.prompt_token_ids: tuple[int, ...] = ()
         self.pending: AgentRequest | None = None
@@ -128,6 +131,8 @@ class AgentEpisode(Environment):
         self.hub.register(self)
         self.hub.launch(self, start)
         ended = self._next_request()
+        if ended == INTERRUPTED:
+            return  # the episode ends without a prompt of the agent's
         if ended is not None:
             raise EnvironmentFailed(
                 f"the agent ended before its first request: {ended.error or f'returned {ended.result!r}'}"
@@ -139,11 +144,16 @@ class AgentEpisode(Environment):
     def step(self, turn: ModelTurn) -> Step:
         self._answer(turn)
         ended = self._next_request()
+        if ended == INTERRUPTED:
+            return Step()  # nothing to add: the engine ends the episode (abort or timeout)
         if ended is None:
             return Step(observation=self._observation)
         if ended.error:
             raise EnvironmentFailed(f"the agent raised: {ended.error}")
         return Step(reward=self._reward(ended.result), done=True)
+
+    def interrupt(self) -> None:
+        self.events.put(INTERRUPTED)
 
     def episode_cut(self, turn: ModelTurn) -> None:
         if self.pending is not None:  # the agent gets its turn, finish_reason "length"; the episode is over
@@ -166,8 +176,9 @@ class AgentEpisode(Environment):
 
     # --- requests ---
 
-    def _next_request(self) -> AgentEnded | None:
-        """Wait for a request that extends the episode (it becomes `pending`), or the agent's end."""
+    def _next_request(self) -> AgentEnded | str | None:
+        """Wait for a request that extends the episode (it becomes `pending`), the agent's end, or
+        INTERRUPTED."""
         deadline = time.monotonic() + self.hub.config.agent_request_timeout
         while True:
             try:
@@ -177,7 +188,7 @@ class AgentEpisode(Environment):
                     f"the agent sent no request for {self.hub.config.agent_request_timeout:g} s "
                     "(--agent-request-timeout)"
                 ) from None
-            if isinstance(event, AgentEnded):
+            if isinstance(event, AgentEnded) or event == INTERRUPTED:
                 return event
             try:
                 self._observation = self._accept(event)

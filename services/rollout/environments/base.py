@@ -74,6 +74,11 @@ class Environment(ABC):
         """Optional: the model's last turn, cut by --rollout-max-response-len; the episode ends
         with FINISH_REASON_LENGTH without a step (an agent still gets the cut turn back)."""
 
+    def interrupt(self) -> None:  # noqa: B027 (optional hook)
+        """Optional, from another thread: the episode was ended from outside (abort, timeout)
+        while reset or step may be running; one that waits on something outside (an agent) may
+        return at once (reset without its prompt, step with an empty Step)."""
+
     def close(self) -> None:  # noqa: B027 (optional hook)
         """The episode is over (finished, aborted, failed or timed out)."""
 
