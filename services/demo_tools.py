@@ -9,6 +9,9 @@ The tool conversations are Qwen3's: the assistant writes <tool_call>{"name": "ca
 "arguments": {"expression": "1234 + 567"}}</tool_call>, the tool turn holds the result, the
 assistant answers with it. GRPO runs each rollout as an episode against the built-in calculator
 environment (--environment calculator): the reward is 1 when the final turn equals the sum.
+With --agent openai the GRPO episodes are run instead by an agent written against the `openai`
+client (demo_openai_agent.py) through the rollout service's OpenAI-compatible endpoint
+(--environment agent): same task, same reward, the agent's own tool loop.
 Evaluations are greedy, on held-out pairs, through a rollout service started for each model.
 Runs go through `rollway run` with configs in DEMO_DIR/configs/; summary.json holds the three
 accuracies.
@@ -107,8 +110,15 @@ def sft_config(workdir: Path, model_dir: Path, data: Path, name: str, steps: int
     }
 
 
-def grpo_config(workdir: Path, sft_model: Path, data_dir: Path, steps: int, seed: int) -> dict:
-    return {
+# The GRPO run's episodes: the built-in calculator environment, or the openai-client agent.
+AGENTS = ("builtin", "openai")
+OPENAI_AGENT = "rollway.demo_openai_agent:calculator_agent"
+
+
+def grpo_config(
+    workdir: Path, sft_model: Path, data_dir: Path, steps: int, seed: int, agent: str = "builtin"
+) -> dict:
+    config = {
         "run_id": "grpo-tools",
         "run_dir": str(workdir / "runs"),
         "hf_checkpoint": str(sft_model),
@@ -135,6 +145,16 @@ def grpo_config(workdir: Path, sft_model: Path, data_dir: Path, steps: int, seed
         "seed": seed,
         "save_hf": str(workdir / "grpo-tools-export"),
     }
+    if agent == "openai":
+        # The agent writes the chat messages itself (its first request is the sample's prompt), and
+        # each live episode holds an environment worker: one per sample of a rollout.
+        config.update(
+            environment="agent",
+            agent_function_path=OPENAI_AGENT,
+            apply_chat_template=False,
+            num_environment_workers=config["rollout_batch_size"] * config["n_samples_per_prompt"],
+        )
+    return config
 
 
 def evaluate(model_dir: Path, eval_path: Path, environment: str, workdir: Path) -> float:
@@ -196,6 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rl-steps", type=int, default=24, help="GRPO rollouts with the calculator")
     parser.add_argument("--num-eval", type=int, default=200, help="held-out sums evaluated")
+    parser.add_argument(
+        "--agent",
+        choices=AGENTS,
+        default="builtin",
+        help="who runs the GRPO episodes: the built-in calculator environment, or an agent written "
+        "against the openai client through the OpenAI-compatible endpoint",
+    )
     args = parser.parse_args(argv)
     start = time.monotonic()
     workdir = (Path(args.workdir) / time.strftime("%Y%m%d-%H%M%S")).resolve()
@@ -210,10 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     tools = _sft(workdir, model_dir, data_dir / "sft_tools.jsonl", "tools", args.sft_steps, args.seed)
     if direct is None or tools is None:
         return 1
-    print(f"== GRPO with the calculator: {args.rl_steps} rollouts", flush=True)
+    print(f"== GRPO with the calculator ({args.agent} agent): {args.rl_steps} rollouts", flush=True)
     grpo = _write(
         workdir / "configs" / "grpo-tools.yaml",
-        grpo_config(workdir, tools, data_dir, args.rl_steps, args.seed),
+        grpo_config(workdir, tools, data_dir, args.rl_steps, args.seed, args.agent),
     )
     if launch_run([str(grpo)]) != 0:
         return 1
@@ -236,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         "sft_steps": args.sft_steps,
         "rl_steps": args.rl_steps,
         "num_eval": args.num_eval,
+        "agent": args.agent,
         "wall_seconds": round(time.monotonic() - start, 1),
         "run_dir": str(workdir),
         "seed": args.seed,

@@ -295,6 +295,15 @@ def _environment_problems(given: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Where the 'remote' environment comes from: environment_url (a service the user runs) or
     remote_environment (one the coordinator starts), exactly one. The values are known to coerce."""
     environment = given.get("environment", "none")
+    if environment == "agent" and given.get("partial_rollout"):
+        # An aborted agent episode cannot be continued: the agent's own state is gone with it.
+        return [
+            (
+                "partial_rollout",
+                "agent episodes (environment: agent) cannot be continued after an abort: "
+                "run agents without partial_rollout",
+            )
+        ]
     if given.get("openenv_app") or environment == "openenv":
         return _openenv_problems(given, environment)
     if given.get("remote_environment"):

@@ -64,7 +64,7 @@ ENGINE_SETTINGS = frozenset(
 )
 RESERVED_REWARDS = ("none",)
 # Environments of multi-turn episodes (environments/__init__.py builds them); "none": single turn.
-ENVIRONMENT_NAMES = ("none", "calculator", "remote", "custom", "verifiers", "openenv")
+ENVIRONMENT_NAMES = ("none", "calculator", "remote", "custom", "verifiers", "openenv", "agent")
 TOOL_CALL_PARSERS = ("qwen3", "qwen25")  # both: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
 
 
@@ -132,7 +132,8 @@ class RolloutConfig:
         "none",
         "environment that runs each sample as a multi-turn episode: none (single turn), calculator, "
         "remote (--environment-url), custom (--custom-generate-function-path), verifiers "
-        "(--verifiers-taskset) or openenv (--openenv-url)",
+        "(--verifiers-taskset), openenv (--openenv-url) or agent (--agent-function-path, "
+        "through the OpenAI-compatible endpoint)",
         choices=ENVIRONMENT_NAMES,
     )
     environment_url: str = setting("", "host:port of an Environment gRPC service (--environment remote)")
@@ -166,7 +167,21 @@ class RolloutConfig:
         "format of tool calls in the model's turns (Qwen3's <tool_call> JSON)",
         choices=TOOL_CALL_PARSERS,
     )
-    num_environment_workers: int = setting(16, "threads stepping environments concurrently")
+    num_environment_workers: int = setting(
+        16, "threads stepping environments concurrently (an agent episode holds one while it runs)"
+    )
+    # --- agents against the OpenAI-compatible endpoint (agents/, --environment agent) ---
+    agent_function_path: str = setting(
+        "", "module:attr of the agent run once per sample with its episode's OpenAI base_url"
+    )
+    agent_request_timeout: float = setting(
+        300.0, "seconds an agent episode waits for the agent's next request (then the sample FAILED)"
+    )
+    openai_api_port: int = setting(
+        0,
+        "port of the OpenAI-compatible HTTP endpoint on the service's host; 0: a free port, served "
+        "from the first agent episode on; a port: served from the start, plain /v1 requests too",
+    )
     # --- sglang engine ---
     sglang_urls: list[str] = setting([], "use these running SGLang servers instead of launching any")
     rollout_num_gpus: int = setting(1, "sglang: GPUs used for rollout (servers = this / per-engine GPUs)")
@@ -265,6 +280,18 @@ class RolloutConfig:
             raise ConfigError("openenv_url", "the 'openenv' environment needs --openenv-url http://host:port")
         if self.openenv_turns and ":" not in self.openenv_turns:
             raise ConfigError("openenv_turns", f"must be module:attr (got {self.openenv_turns!r})")
+        if self.environment == "agent" and not self.agent_function_path:
+            raise ConfigError("agent_function_path", "the 'agent' environment needs module:attr of an agent")
+        if self.agent_function_path and ":" not in self.agent_function_path:
+            raise ConfigError(
+                "agent_function_path", f"must be module:attr (got {self.agent_function_path!r})"
+            )
+        if self.agent_request_timeout <= 0:
+            raise ConfigError(
+                "agent_request_timeout", f"must be positive seconds (got {self.agent_request_timeout})"
+            )
+        if not 0 <= self.openai_api_port <= 65535:
+            raise ConfigError("openai_api_port", f"must be a port in [0, 65535] (got {self.openai_api_port})")
         if self.custom_generate_function_path and ":" not in self.custom_generate_function_path:
             raise ConfigError(
                 "custom_generate_function_path",

@@ -19,8 +19,9 @@ from rollway.rollout.episodes import EpisodeLimits
 class EnvironmentRegistry:
     """Environment factories by name (built on first use)."""
 
-    def __init__(self, config: RolloutConfig):
+    def __init__(self, config: RolloutConfig, agents=None):
         self.config = config
+        self.agents = agents  # the run's AgentHub (the 'agent' environment)
         self._factories: dict[str, object] = {}
         self._lock = threading.Lock()
 
@@ -33,7 +34,7 @@ class EnvironmentRegistry:
         with self._lock:
             if name not in self._factories:
                 try:
-                    self._factories[name] = environment_factory(name, self.config)
+                    self._factories[name] = environment_factory(name, self.config, self.agents)
                 except ConfigError as exc:
                     raise InvalidArgument("environment", f"{name}: {exc.setting}: {exc.problem}") from None
             return self._factories[name]

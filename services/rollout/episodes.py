@@ -204,8 +204,12 @@ class EpisodeEngine:
                     label=spec.label,
                     metadata=dict(spec.metadata),
                     prompt_token_ids=request.prompt_token_ids,
+                    resumed=bool(spec.prefix_token_ids),
                 )
             )
+            prompt = ep.env.episode_prompt_token_ids()
+            if prompt:  # the environment chose the prompt (an agent's first request): it is recorded
+                ep.request = replace(ep.request, prompt_token_ids=tuple(prompt))
             self._restore_prefix(ep)
         except Exception as exc:  # the environment's own code: any failure fails the sample
             self._env_failed(ep, "reset", exc)
@@ -308,12 +312,20 @@ class EpisodeEngine:
         if result.finish_reason == FINISH_ABORT:
             self._finish(ep, FINISH_ABORT)
             return
+        ids = tuple(ep.tokens[ep.turn_start :])
+        turn = ModelTurn(
+            self.codec.decode(ids),
+            ids,
+            result.finish_reason,
+            log_probs=tuple(ep.log_probs[ep.turn_start :]),
+            weight_version=result.weight_version,
+        )
         if result.finish_reason == FINISH_LENGTH:
+            self._tell_cut(ep, turn)
             self._finish(ep, FINISH_MAX_TOKENS if ep.turn_limited_by_total else FINISH_LENGTH)
             return
-        ids = tuple(ep.tokens[ep.turn_start :])
         try:
-            step = ep.env.step(ModelTurn(self.codec.decode(ids), ids, result.finish_reason))
+            step = ep.env.step(turn)
             observation = self.codec.observation_ids(step) if not step.done else ()
             metrics = {str(name): float(value) for name, value in step.metrics.items()}
         except Exception as exc:
@@ -352,6 +364,12 @@ class EpisodeEngine:
             return
         self._next_turn(ep, limits)
 
+    def _tell_cut(self, ep: _Episode, turn: ModelTurn) -> None:
+        try:
+            ep.env.episode_cut(turn)
+        except Exception as exc:  # the episode ends anyway; the environment's failure is only logged
+            log.warning("environment episode_cut failed", error=f"{type(exc).__name__}: {exc}")
+
     def _timed_out_meanwhile(self, ep: _Episode) -> bool:
         """The episode timed out while its environment was busy: it was reported then; close now."""
         with self._lock:
@@ -382,10 +400,16 @@ class EpisodeEngine:
             ep.ending = reason
             handle = ep.turn_handle if ep.phase == "turn" else None
             finish_now = ep.phase == "env" and reason == FINISH_EPISODE_TIMEOUT
+            env = ep.env if ep.phase == "env" else None
         if handle is not None:
             self.engine.abort(handle)
         elif finish_now:
             self._finish(ep, reason, defer_close=True)  # the thread in reset or step closes it
+        if env is not None:  # an environment waiting on something outside (an agent) returns now
+            try:
+                env.interrupt()
+            except Exception as exc:
+                log.warning("environment interrupt failed", error=f"{type(exc).__name__}: {exc}")
         return 1
 
     def _finish(

@@ -260,7 +260,8 @@ class GenerateStream:
         sample = common_pb2.Sample(
             group_index=self.plan.group_indices[p],
             index=result.request.index,
-            prompt_token_ids=self.plan.prompt_token_ids[p],
+            # The engine request's prompt: an environment may have chosen it (an agent's first request).
+            prompt_token_ids=result.request.prompt_token_ids,
             response_token_ids=result.token_ids,
             loss_mask=outcome.loss_mask,
             rollout_log_probs=result.log_probs,

@@ -93,6 +93,24 @@ class PromptEncoder:
             ) from None
         return self.encode_text(field, text)
 
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """Messages (and tool schemas) as the chat template writes them, with the generation prompt;
+        ValueError naming the problem when the template refuses them."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("the served model's tokenizer has no chat template (--chat-template-path)")
+        try:
+            with self._lock:
+                return self.tokenizer.apply_chat_template(
+                    messages, tools=tools or None, tokenize=False, add_generation_prompt=True
+                )
+        except Exception as exc:  # the template's own checks (raise_exception) or a Jinja error
+            raise ValueError(f"rejected by the chat template: {type(exc).__name__}: {exc}") from None
+
+    def token_ids(self, text: str) -> tuple[int, ...]:
+        """Text tokenised alone, without added special tokens (as prompts and observations are)."""
+        with self._lock:
+            return tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else ()
+
     def observation_token_ids(self, observation: str, messages: list[dict[str, str]]) -> tuple[int, ...]:
         """Token ids an environment step appends to an episode: its observation text as given, then
         its messages rendered by the chat template with the generation prompt (the model's turn

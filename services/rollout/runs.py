@@ -81,6 +81,7 @@ def close_servicer(servicer) -> None:
     servicer.weights.close()
     servicer.runner.shutdown()
     servicer.episodes.close()
+    servicer.agents.close()
 
 
 class RolloutRuns:

@@ -18,6 +18,7 @@ from rollway.common.run_host import RunHost, run_scoped_servicer
 from rollway.common.server import RollwayServer, ServerConfig
 from rollway.common.v1 import common_pb2
 from rollway.common.weights_checksum import dtype_from_name
+from rollway.rollout.agents.hub import AgentHub
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines import create_engine
 from rollway.rollout.engines.base import MEMORY_TAGS, Engine, EngineError
@@ -56,6 +57,16 @@ def _busy() -> FailedPrecondition:
 WATCHED_CALLS = ("Generate", "UpdateWeights")
 
 
+class _InProcessCall:
+    """The part of a gRPC call context Generate uses, for calls made inside the process."""
+
+    def is_active(self) -> bool:
+        return True
+
+    def add_callback(self, callback) -> bool:
+        return True
+
+
 class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
     """Generate, pause/resume, memory and weight-checksum RPCs over one engine."""
 
@@ -67,6 +78,7 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
         tokenizer,
         generate_queue: GenerateQueue,
         auth_token: str = "",
+        host: str = "127.0.0.1",
     ):
         self.config = config
         # Service-wide (it outlives runs): running and queued Generate calls (generate_queue.py).
@@ -76,7 +88,18 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
         self.weights = WeightReceiver(engine, auth_token)
         self.gate = GenerationGate()
         self.runner = RewardRunner(config.num_reward_workers, config.reward_timeout)
-        self.environments = EnvironmentRegistry(config)
+        decode = lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)  # noqa: E731
+        # Agent episodes (--environment agent): their HTTP endpoint starts with the first one.
+        self.agents = AgentHub(config, self.prompts, host, auth_token, decode, rewards)
+        self.environments = EnvironmentRegistry(config, self.agents)
+        self.agents.generate = self.generate_in_process
+        if config.openai_api_port:  # a port given: plain /v1 requests are served from the start
+            try:
+                self.agents.start()
+            except OSError as exc:
+                raise ConfigError(
+                    "openai_api_port", f"cannot serve on {host}:{config.openai_api_port}: {exc}"
+                ) from None
         self.episodes = EpisodeEngine(
             engine,
             TextCodec(
@@ -114,6 +137,10 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
             )
             stream = GenerateStream(self.ctx, request, plan)
             yield from stream.run(context.is_active, context.add_callback)
+
+    def generate_in_process(self, request: rollout_pb2.GenerateRequest) -> list:
+        """Generate for the OpenAI-compatible endpoint's plain /v1 requests (a whole call's samples)."""
+        return [reply.sample for reply in self.Generate(request, _InProcessCall())]
 
     def InitWeightGroup(self, request, context):
         if not request.HasField("group"):
@@ -242,7 +269,9 @@ def serve(server_config: ServerConfig, config: RolloutConfig) -> None:
     threads = GenerateQueue.num_threads(generate_queue.max_running, generate_queue.max_queued)
     server_config = dataclasses.replace(server_config, max_workers=max(server_config.max_workers, threads))
     server = RollwayServer("rollout", server_config, WATCHED_CALLS)
-    engines = EngineKeeper(_build, lambda *args: RolloutService(*args, generate_queue, server.auth_token))
+    engines = EngineKeeper(
+        _build, lambda *args: RolloutService(*args, generate_queue, server.auth_token, server_config.host)
+    )
     host = RunHost("rollout", engines.build, close_servicer)
     if config.hf_checkpoint:
         try:
@@ -297,8 +326,13 @@ def serve(server_config: ServerConfig, config: RolloutConfig) -> None:
             server.stop(0)
             sys.exit(f"rollout: engine {config.rollout_engine} failed to start: {exc}")
         engines.adopt(engine, config)
-        host.adopt(
-            RolloutService(config, engine, rewards, tokenizer, generate_queue, server.auth_token), config
-        )
+        try:
+            servicer = RolloutService(
+                config, engine, rewards, tokenizer, generate_queue, server.auth_token, server_config.host
+            )
+        except ConfigError as exc:
+            server.stop(0)
+            sys.exit(f"rollout: {exc}")
+        host.adopt(servicer, config)
     server.set_serving()
     server.wait_for_termination()

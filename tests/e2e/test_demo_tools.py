@@ -29,3 +29,26 @@ def test_short_tools_demo_writes_its_accuracies(tmp_path):
     assert any("rollout/raw_reward" in r for r in records)
     config = (demo_dir / "configs" / "grpo-tools.yaml").read_text()
     assert "environment: calculator" in config
+
+
+def test_short_tools_demo_trains_through_an_openai_client_agent(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "rollway.cli", "demo", "--task", "tools", "--agent", "openai",
+         "--workdir", str(tmp_path), "--sft-steps", "3", "--rl-steps", "1", "--num-eval", "16"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (demo_dir,) = tmp_path.iterdir()
+    summary = json.loads((demo_dir / "summary.json").read_text())
+    assert summary["agent"] == "openai" and summary["rl_steps"] == 1
+    config = (demo_dir / "configs" / "grpo-tools.yaml").read_text()
+    assert "environment: agent" in config and "rollway.demo_openai_agent:calculator_agent" in config
+    # Every GRPO sample was an episode of the agent: its first request (chat-templated) is the prompt.
+    grpo = demo_dir / "runs" / "grpo-tools"
+    [record] = [
+        json.loads(line) for line in (grpo / "metrics.jsonl").read_text().splitlines() if line.strip()
+    ]
+    assert record["rollout/num_samples"] == 64.0 and 0.0 <= record["rollout/raw_reward"] <= 1.0
+    assert "(openai agent)" in result.stdout

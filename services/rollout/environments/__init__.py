@@ -5,6 +5,7 @@
     custom      the user's Environment class (or factory), --custom-generate-function-path module:attr
     verifiers   a `verifiers` taskset run unmodified, --verifiers-taskset module:attr (verifiers_env.py)
     openenv     a Meta-PyTorch OpenEnv environment server (openenv.py, --openenv-url, --openenv-turns)
+    agent       the user's agent (--agent-function-path) against the OpenAI-compatible endpoint (agents/)
     none        single-turn generation (no episode)
 
 `environment_factory` returns a callable that builds one Environment per episode; bad settings
@@ -42,8 +43,9 @@ def _custom(path: str) -> EnvironmentFactory:
     return factory
 
 
-def environment_factory(name: str, config: RolloutConfig) -> EnvironmentFactory | None:
-    """What builds one environment per episode for `name` (None: single turn)."""
+def environment_factory(name: str, config: RolloutConfig, agents=None) -> EnvironmentFactory | None:
+    """What builds one environment per episode for `name` (None: single turn); `agents`: the run's
+    AgentHub (agents/hub.py), which the 'agent' environment needs."""
     if name == NO_ENVIRONMENT:
         return None
     if name == "calculator":
@@ -80,4 +82,10 @@ def environment_factory(name: str, config: RolloutConfig) -> EnvironmentFactory 
 
         turns = load_turns(config.openenv_turns)
         return OpenEnvEpisodes(config.openenv_url, config.environment_step_timeout, turns).new_episode
+    if name == "agent":
+        if not config.agent_function_path:
+            raise ConfigError("agent_function_path", "the 'agent' environment needs module:attr of an agent")
+        if agents is None:
+            raise ConfigError("environment", "the 'agent' environment runs only inside the rollout service")
+        return agents.environment_factory()
     raise ConfigError("environment", f"unknown environment {name!r}")

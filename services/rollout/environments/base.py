@@ -29,6 +29,8 @@ class EpisodeStart:
     label: str
     metadata: dict[str, Any]
     prompt_token_ids: tuple[int, ...]
+    # A continuation (partial rollout): the finished model turns are replayed through step() next.
+    resumed: bool = False
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class ModelTurn:
     text: str
     token_ids: tuple[int, ...]
     finish_reason: str  # "stop" (end of turn) or "length" (--rollout-max-response-len)
+    log_probs: tuple[float, ...] = ()  # rollout log-probs of token_ids (empty in a replay)
+    weight_version: int = 0  # the weights that generated the turn's last part
 
 
 @dataclass
@@ -64,6 +68,20 @@ class Environment(ABC):
     @abstractmethod
     def step(self, turn: ModelTurn) -> Step:
         """Answer the model's turn."""
+
+    def episode_prompt_token_ids(self) -> tuple[int, ...] | None:
+        """Optional: the prompt this episode really starts from, when the environment decides it
+        during reset (an agent's first request); None keeps the sample's prompt."""
+        return None
+
+    def episode_cut(self, turn: ModelTurn) -> None:  # noqa: B027 (optional hook)
+        """Optional: the model's last turn, cut by --rollout-max-response-len; the episode ends
+        with FINISH_REASON_LENGTH without a step (an agent still gets the cut turn back)."""
+
+    def interrupt(self) -> None:  # noqa: B027 (optional hook)
+        """Optional, from another thread: the episode was ended from outside (abort, timeout)
+        while reset or step may be running; one that waits on something outside (an agent) may
+        return at once (reset without its prompt, step with an empty Step)."""
 
     def close(self) -> None:  # noqa: B027 (optional hook)
         """The episode is over (finished, aborted, failed or timed out)."""

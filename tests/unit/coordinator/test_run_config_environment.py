@@ -88,6 +88,17 @@ def test_a_run_with_its_own_environment_url_starts_no_environment(model_dir):
             "remote_environment",
             "the run uses no rollout service",
         ),
+        (
+            {"environment": "agent", "agent_function_path": "my_agent:run", "partial_rollout": True},
+            "partial_rollout",
+            "agent episodes (environment: agent) cannot be continued after an abort",
+        ),
+        ({"environment": "agent"}, "agent_function_path", "the 'agent' environment needs module:attr"),
+        (
+            {"environment": "agent", "agent_function_path": "my_agent"},
+            "agent_function_path",
+            "must be module:attr (got 'my_agent')",
+        ),
     ],
 )
 def test_contradictory_environment_settings_are_refused_naming_them(model_dir, extra, setting, named):
