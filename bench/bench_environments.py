@@ -8,6 +8,10 @@ seeds, so the sampled tokens are the same and the difference in wall time is the
     remote      the same class behind the Environment gRPC service, in its own process
     openenv     the same script as an OpenEnv app (openenv-core, its own server process, one
                 WebSocket session per episode)
+    agent       the same script as an agent using the official `openai` client against the
+                rollout service's OpenAI-compatible endpoint (a thread per episode, HTTP per turn;
+                its observations are user messages rendered by the chat template, so its tokens
+                differ from the other paths' and its samples are not compared)
 
 Single-turn paths score one reply each:
 
@@ -120,6 +124,10 @@ def run(quick: bool) -> BenchResult:
             "custom": rollout("--environment", "custom", "--custom-generate-function-path", SCRIPTED),
             "remote": rollout("--environment", "remote", "--environment-url", remote_env.address),
             "openenv": rollout("--environment", "openenv", "--openenv-url", f"http://{openenv.address}"),
+            "agent": rollout(
+                "--environment", "agent", "--agent-function-path", AGENT,
+                "--num-environment-workers", str(prompts * n),
+            ),  # fmt: skip
         }
         request = _request(prompts, n, lambda i: "", lambda i: {"turns": TURNS})
         baseline_samples = None
@@ -128,7 +136,7 @@ def run(quick: bool) -> BenchResult:
             tokens = [list(s.response_token_ids) for s in samples]
             if baseline_samples is None:
                 baseline_samples, baseline = tokens, seconds
-            elif tokens != baseline_samples:
+            elif path != "agent" and tokens != baseline_samples:
                 raise RuntimeError(f"{path}: its samples differ from the in-process path's")
             rows.append(_row(path, "multi-turn", seconds, baseline, samples))
 
@@ -157,11 +165,12 @@ def run(quick: bool) -> BenchResult:
             "max_new_tokens_per_turn": 8,
         },
         notes="overhead: ms_per_episode minus the baseline's (custom for multi-turn, none for single-turn), "
-        "with all of a call's episodes in flight at once; the multi-turn paths' samples are identical token for token",
+        "with all of a call's episodes in flight at once; the custom, remote and openenv samples are identical token for token (the agent's observations are chat-rendered user turns)",
     )
 
 
 SCRIPTED = "support.remote_environments:ScriptedEnvironment"
+AGENT = "bench.environment_paths:scripted_agent"
 VF_TASKSET = "support.verifiers_tasks:addition"
 
 

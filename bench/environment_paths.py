@@ -1,6 +1,7 @@
 """The environments bench_environments.py runs through each integration path: the same scripted
 episode (step k answers " obs k." with reward 0.5, done after metadata["turns"] steps) as an
-OpenEnv app, beside tests/support/remote_environments.py's ScriptedEnvironment (rollway's plugin).
+OpenEnv app and as an agent against the OpenAI-compatible endpoint, beside
+tests/support/remote_environments.py's ScriptedEnvironment (rollway's plugin).
 
     python -m rollway.rollout.environments.openenv_server --openenv-app bench.environment_paths:app
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 
+from openai import OpenAI
 from openenv.core.env_server import Action, Environment, Observation, State, create_fastapi_app
 
 
@@ -46,3 +48,17 @@ class ScriptedOpenEnv(Environment):
 
 
 app = create_fastapi_app(ScriptedOpenEnv, TurnAction, TextObservation, max_concurrent_envs=256)
+
+
+def scripted_agent(base_url: str, task) -> float:
+    """The script as an agent with the official openai client: each reply is answered with the
+    user turn " obs k.", until metadata["turns"] replies."""
+    client = OpenAI(base_url=base_url, api_key=task.api_key or "none", max_retries=0)
+    messages = [{"role": "user", "content": task.prompt}]
+    turns = int(task.metadata.get("turns", 1))
+    for k in range(1, turns + 1):
+        reply = client.chat.completions.create(model="policy", messages=messages)
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+        if k < turns:
+            messages.append({"role": "user", "content": f" obs {k}."})
+    return 0.5 * turns
