@@ -124,10 +124,7 @@ def run(quick: bool) -> BenchResult:
             "custom": rollout("--environment", "custom", "--custom-generate-function-path", SCRIPTED),
             "remote": rollout("--environment", "remote", "--environment-url", remote_env.address),
             "openenv": rollout("--environment", "openenv", "--openenv-url", f"http://{openenv.address}"),
-            "agent": rollout(
-                "--environment", "agent", "--agent-function-path", AGENT,
-                "--num-environment-workers", str(prompts * n),
-            ),  # fmt: skip
+            "agent": rollout(*AGENT_ARGS, "--num-environment-workers", str(prompts * n)),
         }
         request = _request(prompts, n, lambda i: "", lambda i: {"turns": TURNS})
         baseline_samples = None
@@ -170,7 +167,7 @@ def run(quick: bool) -> BenchResult:
 
 
 SCRIPTED = "support.remote_environments:ScriptedEnvironment"
-AGENT = "bench.environment_paths:scripted_agent"
+AGENT_ARGS = ("--environment", "agent", "--agent-function-path", "bench.environment_paths:scripted_agent")
 VF_TASKSET = "support.verifiers_tasks:addition"
 
 
