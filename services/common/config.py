@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import importlib
 import math
 import types
 import typing
@@ -38,6 +39,26 @@ class ConfigError(ValueError):
         super().__init__(f"{setting}: {problem}")
         self.setting = setting
         self.problem = problem
+
+
+def load_object(path: str, setting_name: str, *, callable_only: bool = False) -> Any:
+    """What `module:attr` names (a user's environment, agent, reward or taskset), imported here;
+    a ConfigError naming `setting_name` when the path is malformed, the module does not import
+    (a syntax error inside it too), or it has no such attribute (or no such callable)."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(setting_name, f"must be module:attr (got {path!r})")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # a syntax error inside the module is as fatal as a missing one
+        raise ConfigError(
+            setting_name, f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from None
+    found = getattr(module, attr, None)
+    if found is None or (callable_only and not callable(found)):
+        what = "callable" if callable_only else "attribute"
+        raise ConfigError(setting_name, f"module {module_name!r} has no {what} {attr!r}")
+    return found
 
 
 def setting(

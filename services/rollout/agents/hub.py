@@ -10,12 +10,11 @@ requests reach their own episodes. A sync agent runs in a thread of its own; an 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import threading
 from collections.abc import Callable
 
-from rollway.common.config import ConfigError
+from rollway.common.config import load_object
 from rollway.common.log import get_logger
 from rollway.rollout.agents.episode import AgentEnded, AgentEpisode, AgentTask
 from rollway.rollout.config import RolloutConfig
@@ -29,19 +28,7 @@ NO_API_KEY = "rollway"  # the openai client insists on a key; the service withou
 
 def load_agent(path: str) -> Callable:
     """The user's agent function (module:attr); ConfigError naming agent_function_path if unusable."""
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise ConfigError("agent_function_path", f"must be module:attr (got {path!r})")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # a syntax error inside the module is as fatal as a missing one
-        raise ConfigError(
-            "agent_function_path", f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from None
-    agent = getattr(module, attr, None)
-    if agent is None or not callable(agent):
-        raise ConfigError("agent_function_path", f"module {module_name!r} has no callable {attr!r}")
-    return agent
+    return load_object(path, "agent_function_path", callable_only=True)
 
 
 class AgentHub:

@@ -14,10 +14,9 @@ raise ConfigError at start-up, naming the setting.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
-from rollway.common.config import ConfigError
+from rollway.common.config import ConfigError, load_object
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.environments.base import Environment, EpisodeStart, ModelTurn, Step
 
@@ -28,19 +27,7 @@ EnvironmentFactory = Callable[[], Environment]
 
 
 def _custom(path: str) -> EnvironmentFactory:
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise ConfigError("custom_generate_function_path", f"must be module:attr (got {path!r})")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # a syntax error inside the module is as fatal as a missing one
-        raise ConfigError(
-            "custom_generate_function_path", f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from None
-    factory = getattr(module, attr, None)
-    if factory is None or not callable(factory):
-        raise ConfigError("custom_generate_function_path", f"module {module_name!r} has no callable {attr!r}")
-    return factory
+    return load_object(path, "custom_generate_function_path", callable_only=True)
 
 
 def environment_factory(name: str, config: RolloutConfig, agents=None) -> EnvironmentFactory | None:

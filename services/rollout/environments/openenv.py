@@ -19,7 +19,6 @@ episodes once it is back; a step in flight when the server dies fails at once.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import threading
 from typing import Any
 
@@ -69,13 +68,9 @@ def load_turns(path: str) -> OpenEnvTurns:
     """The OpenEnvTurns named by --openenv-turns module:attr (a class, factory or instance)."""
     if not path:
         return OpenEnvTurns()
-    module_name, _, attr = path.partition(":")
-    from rollway.common.config import ConfigError
+    from rollway.common.config import ConfigError, load_object
 
-    try:
-        found = getattr(importlib.import_module(module_name), attr)
-    except Exception as exc:
-        raise ConfigError("openenv_turns", f"cannot load {path!r}: {type(exc).__name__}: {exc}") from None
+    found = load_object(path, "openenv_turns")
     turns = found() if isinstance(found, type) or not hasattr(found, "action") else found
     if not all(callable(getattr(turns, name, None)) for name in ("action", "step", "reset_kwargs")):
         raise ConfigError("openenv_turns", f"{path!r} is not an OpenEnvTurns (action, step, reset_kwargs)")

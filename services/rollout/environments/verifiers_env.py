@@ -34,7 +34,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from rollway.common.config import ConfigError
+from rollway.common.config import ConfigError, load_object
 from rollway.rollout.environments.base import Environment, EnvironmentFailed, EpisodeStart, ModelTurn, Step
 from rollway.rollout.environments.tool_calls import TOOL_CALL, parse_tool_calls
 
@@ -44,17 +44,9 @@ TASK_INDEX_KEY = "vf_task_idx"  # the metadata key naming a prompt's task
 def load_taskset(path: str, setting: str = "verifiers_taskset"):
     """The vf.Taskset that `module:attr` names: a Taskset, a vf.Env (its taskset) or a zero-argument
     callable returning either (a `load_environment`-style function)."""
-    import importlib
-
     import verifiers.v1 as vf
 
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(setting, f"must be module:attr (got {path!r})")
-    try:
-        found = getattr(importlib.import_module(module_name), attr)
-    except Exception as exc:  # a syntax error inside the module is as fatal as a missing one
-        raise ConfigError(setting, f"cannot import {path!r}: {type(exc).__name__}: {exc}") from None
+    found = load_object(path, setting)
     if callable(found) and not isinstance(found, vf.Taskset | vf.Env) and not isinstance(found, type):
         try:
             found = found()

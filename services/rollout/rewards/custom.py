@@ -9,11 +9,10 @@ and with --group-rm the same with a list of samples, returning one reward per sa
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 from typing import Any
 
-from rollway.common.config import ConfigError
+from rollway.common.config import ConfigError, load_object
 from rollway.rollout.rewards.types import RewardFunction
 
 
@@ -30,18 +29,7 @@ def _required_positional(fn) -> list[str]:
 
 def load_custom_reward(path: str, group: bool, args: Any) -> RewardFunction:
     """Import `module:function` and wrap it as the 'custom' reward; ConfigError naming the problem."""
-    module_name, _, function_name = path.partition(":")
-    if not module_name or not function_name:
-        raise ConfigError("custom_rm_path", f"must be module:function (got {path!r})")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # a syntax error inside the module is as fatal as a missing one
-        raise ConfigError(
-            "custom_rm_path", f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from None
-    fn = getattr(module, function_name, None)
-    if fn is None:
-        raise ConfigError("custom_rm_path", f"module {module_name!r} has no attribute {function_name!r}")
+    fn = load_object(path, "custom_rm_path")
     if not callable(fn):
         raise ConfigError("custom_rm_path", f"{path} is not callable (it is a {type(fn).__name__})")
     required = _required_positional(fn)
