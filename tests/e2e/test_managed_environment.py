@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from support.processes import ServiceProcess, descendants, wait_all_gone
+from support.processes import ServiceProcess, descendants_running, wait_all_gone
 from support.stack import coordinator_stub, start_run, wait_run
 from support.waiting import wait_until
 
@@ -21,20 +21,8 @@ from rollway.coordinator.v1 import coordinator_pb2
 pytestmark = pytest.mark.slow
 
 TESTS_DIR = str(Path(__file__).resolve().parents[1])
+ENVIRONMENT_MODULE = "rollway.rollout.environments"
 NUM_STEPS = 6
-
-
-def environment_pids(coordinator_pid: int) -> list[int]:
-    """The coordinator's descendants serving an environment (python -m rollway.rollout.environments)."""
-    pids = []
-    for pid in descendants(coordinator_pid):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except FileNotFoundError:
-            continue  # exited meanwhile
-        if b"rollway.rollout.environments" in cmdline:
-            pids.append(pid)
-    return pids
 
 
 def steps_logged(run_dir: Path) -> list[int]:
@@ -75,13 +63,18 @@ def test_a_killed_managed_environment_is_restarted_and_the_run_finishes(
         run_dir = tmp_path / "runs" / "env"
         started = start_run(stub, "env", config)
         wait_until(lambda: steps_logged(run_dir), 120, "the run's first step")
-        [first] = environment_pids(coordinator.pid)
+        [first] = descendants_running(coordinator.pid, ENVIRONMENT_MODULE)
         running = stub.GetRun(coordinator_pb2.GetRunRequest(run_id=started.run_id)).run
         first_address = running.service_addresses["environment"]
         os.kill(first, signal.SIGKILL)
         replaced: list[int] = []
         wait_until(
-            lambda: replaced.extend(p for p in environment_pids(coordinator.pid) if p != first) or replaced,
+            lambda: (
+                replaced.extend(
+                    p for p in descendants_running(coordinator.pid, ENVIRONMENT_MODULE) if p != first
+                )
+                or replaced
+            ),
             60,
             "a new environment process",
         )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from support.openenv_envs import WRONG_REWARD
-from support.processes import ServiceProcess, descendants, wait_all_gone
+from support.processes import ServiceProcess, descendants_running, wait_all_gone
 from support.stack import coordinator_stub, start_run, wait_run
 from support.waiting import wait_until
 from transformers import AutoTokenizer
@@ -26,20 +26,8 @@ from rollway.coordinator.v1 import coordinator_pb2
 pytestmark = pytest.mark.slow
 
 TESTS_DIR = str(Path(__file__).resolve().parents[1])
+ENVIRONMENT_MODULE = "rollway.rollout.environments.openenv_server"
 NUM_STEPS = 3
-
-
-def openenv_pids(coordinator_pid: int) -> list[int]:
-    """The coordinator's descendants serving the OpenEnv app."""
-    pids = []
-    for pid in descendants(coordinator_pid):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except FileNotFoundError:
-            continue  # exited meanwhile
-        if b"rollway.rollout.environments.openenv_server" in cmdline:
-            pids.append(pid)
-    return pids
 
 
 def steps_logged(run_dir: Path) -> list[dict]:
@@ -99,13 +87,18 @@ def test_grpo_runs_on_a_managed_openenv_server_that_is_killed_and_restarted(
         run_dir = tmp_path / "runs" / "openenv"
         started = start_run(stub, "openenv", config)
         wait_until(lambda: steps_logged(run_dir), 120, "the run's first step")
-        [first] = openenv_pids(coordinator.pid)
+        [first] = descendants_running(coordinator.pid, ENVIRONMENT_MODULE)
         running = stub.GetRun(coordinator_pb2.GetRunRequest(run_id=started.run_id)).run
         first_address = running.service_addresses["environment"]
         os.kill(first, signal.SIGKILL)
         replaced: list[int] = []
         wait_until(
-            lambda: replaced.extend(p for p in openenv_pids(coordinator.pid) if p != first) or replaced,
+            lambda: (
+                replaced.extend(
+                    p for p in descendants_running(coordinator.pid, ENVIRONMENT_MODULE) if p != first
+                )
+                or replaced
+            ),
             60,
             "a new OpenEnv server process",
         )

@@ -23,6 +23,19 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def descendants_running(ancestor: int, module: str) -> list[int]:
+    """The pids below `ancestor` running `python -m <module>` (e.g. a run's environment process)."""
+    pids = []
+    for pid in descendants(ancestor):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue  # exited meanwhile
+        if module.encode() in cmdline:
+            pids.append(pid)
+    return pids
+
+
 def wait_all_gone(pids, timeout: float) -> list[int]:
     """Poll until none of `pids` is alive; return those still alive at the deadline."""
     deadline = time.monotonic() + timeout
