@@ -1,0 +1,49 @@
+"""python -m rollway.coordinator.tinker (`rollway gateway`): serve the Tinker API on loopback."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sys
+from pathlib import Path
+
+from rollway.common.config import parse
+from rollway.coordinator.tinker.config import GatewayConfig
+
+
+def main(argv=None) -> int:
+    config = parse(GatewayConfig, argv, prog="rollway gateway", description=__doc__)
+    import uvicorn  # after the config: `--help` and config errors are instant
+
+    from rollway.common.log import configure_logging
+    from rollway.coordinator.tinker.app import create_app
+    from rollway.coordinator.tinker.gateway import Gateway
+
+    configure_logging("gateway", config.log_format)
+    token = config.token or os.environ.get("ROLLWAY_GATEWAY_TOKEN", "")
+    if not token:
+        token = f"tml-rollway-{secrets.token_urlsafe(24)}"
+        print(f"no --token given; clients use TINKER_API_KEY={token}", file=sys.stderr)
+    elif not token.startswith("tml-"):
+        print(
+            "ROLLWAY_GATEWAY_TOKEN must start with 'tml-' (the tinker SDK refuses other keys)",
+            file=sys.stderr,
+        )
+        return 2
+    sock = socket.create_server((config.host, config.port))
+    port = sock.getsockname()[1]
+    gateway = Gateway(config)
+    server = uvicorn.Server(uvicorn.Config(create_app(gateway, token), log_level="warning"))
+    if config.port_file:
+        Path(config.port_file).write_text(str(port))
+    print(f"rollway gateway: http://{config.host}:{port}", file=sys.stderr)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        gateway.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
