@@ -36,7 +36,9 @@ def main(argv=None) -> int:
     gateway = Gateway(config)
     server = uvicorn.Server(uvicorn.Config(create_app(gateway, token), log_level="warning"))
     if config.port_file:
-        Path(config.port_file).write_text(str(port))
+        tmp = Path(config.port_file + ".tmp")
+        tmp.write_text(str(port))
+        tmp.replace(config.port_file)  # atomic: a reader never sees a partial number
     print(f"rollway gateway: http://{config.host}:{port}", file=sys.stderr)
     try:
         server.run(sockets=[sock])

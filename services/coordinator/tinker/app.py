@@ -183,11 +183,20 @@ def create_app(gateway: Gateway, token: str) -> FastAPI:
         sid = await run(gateway.create_sampling_session, req.session_id, req.model_path, req.base_model)
         return {"type": "create_sampling_session", "sampling_session_id": sid}
 
+    @app.get("/api/v1/samplers/{sampler_id}")
+    async def sampler_info(sampler_id: str):
+        return gateway.sampler_info(sampler_id)
+
     @app.post("/api/v1/asample")
     async def asample(request: Request):
         raw = await body(request)
-        parse(types.SampleRequest, raw)
-        return future(await run(gateway.sample, raw))
+        req = parse(types.SampleRequest, raw)
+        request_id = await run(gateway.sample, raw)
+        # The SDK stamps these on the returned sequences, in order.
+        return {
+            **future(request_id),
+            "sample_sequence_ids": [f"{request_id}-{k}" for k in range(req.num_samples)],
+        }
 
     # --- futures ---------------------------------------------------------------------------
     @app.post("/api/v1/retrieve_future")

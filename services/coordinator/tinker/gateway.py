@@ -249,8 +249,8 @@ class Gateway:
         if session is None:
             raise not_found(f"session_id: {session_id!r} is not an open session")
         if model_path:
-            _, saved = self.find_checkpoint(model_path)
-            model_dir = saved.hf_dir
+            tenant, saved = self.find_checkpoint(model_path)
+            model_dir, base_model = saved.hf_dir, tenant.spec.base_model
         elif base_model and (Path(base_model) / "config.json").is_file():
             model_dir = Path(base_model).resolve()
         else:
@@ -259,10 +259,21 @@ class Gateway:
             )
         sampling_session_id = f"{session_id}-sampler-{uuid.uuid4().hex[:8]}"
         sampler = Sampler(sampling_session_id, model_dir, self.workdir / sampling_session_id, self.config)
+        sampler.describe = {
+            "sampler_id": sampling_session_id,
+            "base_model": str(base_model),
+            "model_path": model_path,
+        }
         with self._lock:
             self.samplers[sampling_session_id] = sampler
             session.sampling_session_ids.add(sampling_session_id)
         return sampling_session_id
+
+    def sampler_info(self, sampling_session_id: str) -> dict:
+        sampler = self.samplers.get(sampling_session_id)
+        if sampler is None:
+            raise not_found(f"sampler_id: {sampling_session_id!r} is not an open sampling session")
+        return sampler.describe
 
     def sample(self, body: dict[str, Any]) -> str:
         sampler = self.samplers.get(body.get("sampling_session_id") or "")
