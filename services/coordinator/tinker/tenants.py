@@ -114,15 +114,17 @@ class Tenant:
         """Run `fn` against the trainer; a trainer found dead meanwhile is healed and the call
         fails with RetryableFailure (its work is lost: the client repeats it)."""
         self.last_request_time = datetime.now(UTC)
+        restarts = self.num_restarts
         try:
             return fn(self.trainer)
         except grpc.RpcError as exc:
             if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION):
                 raise
             deadline = time.monotonic() + 5.0  # the process may still be exiting
-            while self.group.dead() is None and time.monotonic() < deadline:
+            while self.group.dead() is None and self.num_restarts == restarts and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if not self.heal():
+            # The gateway's watch may have healed it first.
+            if not self.heal() and self.num_restarts == restarts:
                 raise
             restored = self.last_state.tinker_path if self.last_state else "the base model"
             raise RetryableFailure(
