@@ -32,6 +32,9 @@ def main(argv=None) -> int:
         )
         return 2
     sock = socket.create_server((config.host, config.port))
+    # Accepted connections inherit it: without it a reply's small writes wait for the client's
+    # delayed ACK (~40 ms a call on Linux).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     port = sock.getsockname()[1]
     gateway = Gateway(config)
     server = uvicorn.Server(uvicorn.Config(create_app(gateway, token), log_level="warning"))
