@@ -5,6 +5,7 @@ not its inputs shifted, an unsupported loss, AdamW settings out of range, an unk
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 
@@ -12,6 +13,7 @@ import psutil
 import pytest
 import tinker
 from support.gateway import TOKEN, running_gateway
+from support.processes import descendants
 from tinker import types
 
 pytestmark = pytest.mark.slow
@@ -89,3 +91,21 @@ def test_an_unknown_model_is_not_found(gateway):
         gateway[0], "/api/v1/optim_step", {"model_id": "m", "adam_params": {"learning_rate": "x"}}, TOKEN
     )
     assert status == 400 and "learning_rate" in body["error"]
+
+
+def test_a_model_over_the_memory_budget_is_refused_before_anything_starts(tmp_path, tiny_model_dir):
+    with running_gateway(tmp_path, "--memory-budget-gb", "0.001") as (base_url, process):
+        _, session = post(
+            base_url,
+            "/api/v1/create_session",
+            {"tags": [], "user_metadata": None, "sdk_version": "0.38.0"},
+            TOKEN,
+        )
+        request = {"session_id": session["session_id"], "model_seq_id": 0, "base_model": str(tiny_model_dir)}
+        status, body = post(base_url, "/api/v1/create_model", request, TOKEN)
+        assert status == 429 and body["category"] == "server"
+        assert re.match(
+            r"base_model: training it needs about \d+ MiB \(estimated\) and 0 of the gateway's 1 MiB",
+            body["error"],
+        )
+        assert not [cmd for cmd in descendants(process.pid).values() if "rollway.trainer" in cmd]

@@ -170,11 +170,14 @@ def create_app(gateway: Gateway, token: str) -> FastAPI:
     @app.post("/api/v1/load_weights")
     async def load_weights(request: Request):
         req = parse(types.LoadWeightsRequest, await body(request))
-        if req.model_id is None:
-            raise bad_request(
-                "model_id: required (creating a training client from a checkpoint: create it first)"
-            )
-        return future(await run(gateway.load_weights, req.model_id, req.path), req.model_id)
+        return future(await run(gateway.load_weights, req.model_dump(mode="json")), req.model_id)
+
+    @app.post("/api/v1/weights_info")
+    async def weights_info(request: Request):
+        raw = await body(request)
+        if not isinstance(raw, dict) or not isinstance(raw.get("tinker_path"), str):
+            raise bad_request("tinker_path: required (a tinker:// path)")
+        return await run(gateway.weights_info, raw["tinker_path"])
 
     # --- sampling --------------------------------------------------------------------------
     @app.post("/api/v1/create_sampling_session")

@@ -23,6 +23,11 @@ class GatewayConfig:
     workdir: str = setting("gateway", "directory for the services' logs and the checkpoints")
     session_timeout_s: float = setting(60.0, "a session without a heartbeat this long releases its models")
     max_models: int = setting(4, "most models (trainer services) served at once; more are refused")
+    memory_budget_gb: float = setting(
+        0.0,
+        "memory the trainers may take together, GiB (0: what is available when the gateway starts); a model "
+        "whose estimate (memory.py) does not fit is refused",
+    )
     dtype: str = setting("float32", "dtype the trainers train in", choices=("float32", "bfloat16"))
     startup_timeout_s: float = setting(300.0, "how long a trainer may take to load its model")
 
@@ -31,5 +36,7 @@ class GatewayConfig:
             raise ConfigError("token", "must start with 'tml-' (the tinker SDK refuses other keys)")
         if self.session_timeout_s <= 0:
             raise ConfigError("session_timeout_s", "must be > 0")
+        if self.memory_budget_gb < 0:
+            raise ConfigError("memory_budget_gb", "must be >= 0")
         if self.max_models < 1:
             raise ConfigError("max_models", "must be >= 1")

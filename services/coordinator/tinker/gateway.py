@@ -6,6 +6,7 @@ order (tenants.py) and retrieve_future reads the result (futures.py).
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from pathlib import Path
@@ -17,6 +18,7 @@ from rollway.common.log import get_logger
 from rollway.coordinator.tinker.config import GatewayConfig
 from rollway.coordinator.tinker.errors import GatewayError, bad_request, not_found
 from rollway.coordinator.tinker.futures import FutureStore
+from rollway.coordinator.tinker.memory import trainer_bytes
 from rollway.coordinator.tinker.sampling import Sampler
 from rollway.coordinator.tinker.sessions import SessionTable
 from rollway.coordinator.tinker.tenants import SavedCheckpoint, Tenant, TenantSpec
@@ -47,9 +49,14 @@ class Gateway:
         self.config = config
         self.workdir = Path(config.workdir).resolve()
         self.sessions = SessionTable(config.session_timeout_s)
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        self.memory_budget = int(config.memory_budget_gb * 2**30) or available
         self.futures = FutureStore()
         self.tenants: dict[str, Tenant] = {}
         self.samplers: dict[str, Sampler] = {}
+        # Every checkpoint saved through the API, with its model's spec: loadable after the model
+        # was released (a new session resumes from it).
+        self.saved: dict[str, tuple[SavedCheckpoint, TenantSpec]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watch = threading.Thread(target=self._watch_loop, name="gateway-watch", daemon=True)
@@ -111,24 +118,30 @@ class Gateway:
         return tenant
 
     def create_model(self, body: dict[str, Any]) -> str:
+        optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
+        if optimizer != "adamw":
+            raise bad_request(f"optimizer_config.type: {optimizer!r} is not supported (adamw only)")
+        lora_rank = int((body.get("lora_config") or {}).get("rank", 0))
+        if lora_rank < 0:
+            raise bad_request(f"lora_config.rank: must be >= 0 (got {lora_rank})")
+        tenant = self._new_tenant(body, body["base_model"], lora_rank)
+        model_id = tenant.spec.model_id
+        return self._start_tenant(tenant, lambda: {"model_id": model_id, "type": "create_model"})
+
+    def _new_tenant(self, body: dict[str, Any], base_model: str, lora_rank: int) -> Tenant:
+        """A tenant for (session_id, model_seq_id), counted against --max-models (not started)."""
         session = self.sessions.get(body["session_id"])
         if session is None:
             raise not_found(f"session_id: {body['session_id']!r} is not an open session")
-        base_model = body["base_model"]
         if not (Path(base_model) / "config.json").is_file():
             raise bad_request(
                 f"base_model: {base_model!r} is not a local Hugging Face model directory (no config.json); "
                 "this gateway trains local models only"
             )
-        optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
-        if optimizer != "adamw":
-            raise bad_request(f"optimizer_config.type: {optimizer!r} is not supported (adamw only)")
-        lora = body.get("lora_config") or {}
-        lora_rank = int(lora.get("rank", 0))
-        if lora_rank < 0:
-            raise bad_request(f"lora_config.rank: must be >= 0 (got {lora_rank})")
-        model_id = f"{session.session_id}-model-{body['model_seq_id']}"
-        spec = TenantSpec(model_id, session.session_id, str(Path(base_model).resolve()), lora_rank,
+        # The id the SDK derives itself when it creates a client from a checkpoint.
+        model_id = f"{session.session_id}:train:{body['model_seq_id']}"
+        model_dir = Path(base_model).resolve()
+        spec = TenantSpec(model_id, session.session_id, str(model_dir), lora_rank, trainer_bytes(model_dir, lora_rank),
                           dict(body.get("user_metadata") or {}))  # fmt: skip
         with self._lock:
             if model_id in self.tenants:
@@ -141,19 +154,33 @@ class Gateway:
                     "release one (end its session) or start the gateway with a larger --max-models",
                     "server",
                 )  # fmt: skip
+            in_use = sum(t.spec.memory_bytes for t in self.tenants.values())
+            if in_use + spec.memory_bytes > self.memory_budget:
+                mib = 2**20
+                raise GatewayError(
+                    429, f"base_model: training it needs about {spec.memory_bytes // mib} MiB (estimated) and "
+                    f"{in_use // mib} of the gateway's {self.memory_budget // mib} MiB are taken by "
+                    f"{len(self.tenants)} models; release one or raise --memory-budget-gb",
+                    "server",
+                )  # fmt: skip
             tenant = Tenant(spec, self.workdir / model_id, self.config.dtype, self.config.startup_timeout_s)
             self.tenants[model_id] = tenant
             session.model_ids.add(model_id)
+        return tenant
+
+    def _start_tenant(self, tenant: Tenant, then) -> str:
+        """Start the tenant's trainer on its thread, then run `then` (its future's result)."""
+        model_id = tenant.spec.model_id
 
         def start() -> dict:
             try:
                 tenant.start()
+                return then()
             except Exception:
                 with self._lock:
                     self.tenants.pop(model_id, None)
                 tenant.stop()
                 raise
-            return {"model_id": model_id, "type": "create_model"}
 
         return self.futures.submit(tenant.executor, model_id, start)
 
@@ -210,13 +237,17 @@ class Gateway:
     def save_weights(self, model_id: str, path: str | None, kind: str) -> str:
         name = checkpoint_name(path, "path")
         response_type = "save_weights" if kind == "weights" else "save_weights_for_sampler"
-        return self._submit(
-            model_id, lambda t: {"path": t.save(kind, name).tinker_path, "type": response_type}
-        )
 
-    def find_checkpoint(self, tinker_path: str) -> tuple[Tenant | None, SavedCheckpoint]:
-        """The checkpoint a tinker:// path names, among the gateway's models (live or released:
-        released models' checkpoints stay on disk)."""
+        def run(tenant: Tenant) -> dict:
+            saved = tenant.save(kind, name)
+            self.saved[saved.tinker_path] = (saved, tenant.spec)
+            return {"path": saved.tinker_path, "type": response_type}
+
+        return self._submit(model_id, run)
+
+    def find_checkpoint(self, tinker_path: str) -> tuple[TenantSpec, SavedCheckpoint]:
+        """The checkpoint a tinker:// path names and its model's spec (the model may be released:
+        its checkpoints stay on disk)."""
         parts = tinker_path.removeprefix("tinker://").split("/")
         if (
             not tinker_path.startswith("tinker://")
@@ -226,22 +257,46 @@ class Gateway:
             raise bad_request(
                 f"path: {tinker_path!r} is not tinker://<model_id>/(weights|sampler_weights)/<name>"
             )
-        tenant = self.tenants.get(parts[0])
-        if tenant is not None and tinker_path in tenant.checkpoints:
-            return tenant, tenant.checkpoints[tinker_path]
-        raise not_found(f"path: {tinker_path} names no checkpoint of this gateway")
+        if tinker_path not in self.saved:
+            raise not_found(f"path: {tinker_path} names no checkpoint of this gateway")
+        saved, spec = self.saved[tinker_path]
+        return spec, saved
 
-    def load_weights(self, model_id: str, tinker_path: str) -> str:
-        _, saved = self.find_checkpoint(tinker_path)
+    def weights_info(self, tinker_path: str) -> dict:
+        spec, _ = self.find_checkpoint(tinker_path)
+        return {
+            "base_model": spec.base_model,
+            "is_lora": bool(spec.lora_rank),
+            "lora_rank": spec.lora_rank or None,
+        }
 
-        def run(tenant: Tenant) -> dict:
-            tenant.call(
-                lambda t: t.LoadCheckpoint(trainer_pb2.LoadCheckpointRequest(path=str(saved.directory)))
-            )
+    def load_weights(self, body: dict[str, Any]) -> str:
+        """Into a live model (load_state), or into a new one (create_training_client_from_state:
+        no model_id; the checkpoint's base model and LoRA rank). The optimizer state is restored
+        with the weights either way (the trainer's checkpoints hold both)."""
+        tinker_path = body["path"]
+        spec, saved = self.find_checkpoint(tinker_path)
+        load = trainer_pb2.LoadCheckpointRequest(path=str(saved.directory))
+        if body.get("model_id"):
+            model_id = body["model_id"]
+
+            def run(tenant: Tenant) -> dict:
+                tenant.call(lambda t: t.LoadCheckpoint(load))
+                tenant.last_state = saved
+                return {"type": "load_weights", "path": tinker_path, "model_id": model_id}
+
+            return self._submit(model_id, run)
+        for name in ("session_id", "model_seq_id"):
+            if body.get(name) is None:
+                raise bad_request(f"{name}: required to create a model from a checkpoint (or give model_id)")
+        tenant = self._new_tenant(body, body.get("base_model") or spec.base_model, spec.lora_rank)
+
+        def loaded() -> dict:
+            tenant.call(lambda t: t.LoadCheckpoint(load))
             tenant.last_state = saved
-            return {"type": "load_weights", "path": tinker_path, "model_id": model_id}
+            return {"type": "load_weights", "path": tinker_path, "model_id": tenant.spec.model_id}
 
-        return self._submit(model_id, run)
+        return self._start_tenant(tenant, loaded)
 
     # --- sampling --------------------------------------------------------------------------
     def create_sampling_session(self, session_id: str, model_path: str | None, base_model: str | None) -> str:
@@ -249,8 +304,8 @@ class Gateway:
         if session is None:
             raise not_found(f"session_id: {session_id!r} is not an open session")
         if model_path:
-            tenant, saved = self.find_checkpoint(model_path)
-            model_dir, base_model = saved.hf_dir, tenant.spec.base_model
+            spec, saved = self.find_checkpoint(model_path)
+            model_dir, base_model = saved.hf_dir, spec.base_model
         elif base_model and (Path(base_model) / "config.json").is_file():
             model_dir = Path(base_model).resolve()
         else:

@@ -46,6 +46,7 @@ class TenantSpec:
     session_id: str
     base_model: str
     lora_rank: int  # 0: full fine-tuning
+    memory_bytes: int  # the trainer's estimated memory (memory.py)
     user_metadata: dict[str, str] = field(default_factory=dict)
 
 
