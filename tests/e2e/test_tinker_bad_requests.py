@@ -4,15 +4,12 @@ not its inputs shifted, an unsupported loss, AdamW settings out of range, an unk
 
 from __future__ import annotations
 
-import json
 import re
-import urllib.error
-import urllib.request
 
 import psutil
 import pytest
 import tinker
-from support.gateway import TOKEN, running_gateway
+from support.gateway import TOKEN, post, running_gateway
 from support.processes import descendants
 from tinker import types
 
@@ -29,19 +26,6 @@ def gateway(tmp_path_factory):
 def training(gateway, tiny_model_dir):
     client = tinker.ServiceClient(base_url=gateway[0], api_key=TOKEN)
     return client.create_lora_training_client(base_model=str(tiny_model_dir), rank=0).result()
-
-
-def post(base_url: str, route: str, body: dict, key: str) -> tuple[int, dict]:
-    request = urllib.request.Request(
-        f"{base_url}{route}",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json", "X-API-Key": key},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as reply:
-            return reply.status, json.load(reply)
-    except urllib.error.HTTPError as err:
-        return err.code, json.load(err)
 
 
 def test_binds_loopback_and_refuses_a_wrong_key(gateway):

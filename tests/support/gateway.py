@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -11,6 +12,20 @@ from support.processes import ServiceProcess
 from support.waiting import wait_until
 
 TOKEN = "tml-rollway-test-token"
+
+
+def post(base_url: str, route: str, body: dict, key: str) -> tuple[int, dict]:
+    """A raw JSON call to the gateway (what the SDK would send); (HTTP status, JSON reply)."""
+    request = urllib.request.Request(
+        f"{base_url}{route}",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json", "X-API-Key": key},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, json.load(reply)
+    except urllib.error.HTTPError as err:
+        return err.code, json.load(err)
 
 
 def healthy(base_url: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
@@ -10,6 +11,33 @@ from pathlib import Path
 
 from rollway.common.config import parse
 from rollway.coordinator.tinker.config import GatewayConfig
+
+
+def api_keys(config: GatewayConfig) -> dict[str, str] | None:
+    """{API key: tenant}: --token (or ROLLWAY_GATEWAY_TOKEN) as tenant 'default', plus --tokens-file;
+    a generated key when neither gives one. None (after saying why) for a key the SDK would refuse."""
+    keys: dict[str, str] = {}
+    token = config.token or os.environ.get("ROLLWAY_GATEWAY_TOKEN", "")
+    if token:
+        keys[token] = "default"
+    if config.tokens_file:
+        for tenant, key in json.loads(Path(config.tokens_file).read_text()).items():
+            if key in keys:
+                print(f"tokens_file: tenant {tenant!r} reuses another tenant's key", file=sys.stderr)
+                return None
+            keys[key] = tenant
+    if not keys:
+        generated = f"tml-rollway-{secrets.token_urlsafe(24)}"
+        print(f"no --token given; clients use TINKER_API_KEY={generated}", file=sys.stderr)
+        keys[generated] = "default"
+    bad = [tenant for key, tenant in keys.items() if not key.startswith("tml-")]
+    if bad:
+        print(
+            f"the API key of {bad[0]!r} must start with 'tml-' (the tinker SDK refuses other keys)",
+            file=sys.stderr,
+        )
+        return None
+    return keys
 
 
 def main(argv=None) -> int:
@@ -21,15 +49,8 @@ def main(argv=None) -> int:
     from rollway.coordinator.tinker.gateway import Gateway
 
     configure_logging("gateway", config.log_format)
-    token = config.token or os.environ.get("ROLLWAY_GATEWAY_TOKEN", "")
-    if not token:
-        token = f"tml-rollway-{secrets.token_urlsafe(24)}"
-        print(f"no --token given; clients use TINKER_API_KEY={token}", file=sys.stderr)
-    elif not token.startswith("tml-"):
-        print(
-            "ROLLWAY_GATEWAY_TOKEN must start with 'tml-' (the tinker SDK refuses other keys)",
-            file=sys.stderr,
-        )
+    keys = api_keys(config)
+    if keys is None:
         return 2
     sock = socket.create_server((config.host, config.port))
     # Accepted connections inherit it: without it a reply's small writes wait for the client's
@@ -37,7 +58,7 @@ def main(argv=None) -> int:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     port = sock.getsockname()[1]
     gateway = Gateway(config)
-    server = uvicorn.Server(uvicorn.Config(create_app(gateway, token), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(gateway, keys), log_level="warning"))
     if config.port_file:
         tmp = Path(config.port_file + ".tmp")
         tmp.write_text(str(port))

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tinker import types
 
+from rollway.coordinator.tinker.callers import CALLER
 from rollway.coordinator.tinker.errors import GatewayError, RetryableFailure, bad_request
 from rollway.coordinator.tinker.gateway import Gateway
 from rollway.coordinator.tinker.wire import decode_forward_backward
@@ -49,15 +50,26 @@ def future(request_id: str, model_id: str | None = None) -> dict:
     return {"request_id": request_id, "model_id": model_id}
 
 
-def create_app(gateway: Gateway, token: str) -> FastAPI:
+def tenant_of(key: str, keys: dict[str, str]) -> str | None:
+    """The tenant whose API key `key` is (every key compared in constant time), or None."""
+    found = None
+    for known, tenant in keys.items():
+        if hmac.compare_digest(key.encode(), known.encode()):
+            found = tenant
+    return found
+
+
+def create_app(gateway: Gateway, keys: dict[str, str]) -> FastAPI:
+    """The API over `gateway`; `keys` maps each accepted API key to its tenant's name."""
     app = FastAPI(title="rollway gateway (Tinker API)")
 
     @app.middleware("http")
-    async def check_token(request: Request, call_next):
+    async def check_key(request: Request, call_next):
         if request.url.path != "/api/v1/healthz":
-            given = request.headers.get("x-api-key", "")
-            if not hmac.compare_digest(given.encode(), token.encode()):
+            tenant = tenant_of(request.headers.get("x-api-key", ""), keys)
+            if tenant is None:
                 return JSONResponse({"error": "X-API-Key: missing or wrong API key", "category": "user"}, 401)
+            CALLER.set(tenant)  # the route and the threads it starts run in this context
         return await call_next(request)
 
     @app.exception_handler(GatewayError)

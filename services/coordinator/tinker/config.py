@@ -19,6 +19,11 @@ class GatewayConfig:
         "API key the SDK must send (X-API-Key; TINKER_API_KEY); starts with 'tml-'; empty: "
         "read ROLLWAY_GATEWAY_TOKEN",
     )
+    tokens_file: str = setting(
+        "",
+        "JSON file {tenant: API key}: one key per tenant (each 'tml-...'); a tenant sees only its own "
+        "sessions, models, futures and checkpoints (with --token, that key is tenant 'default')",
+    )
     log_format: str = setting("json", "log lines as json or console text", choices=("json", "console"))
     workdir: str = setting("gateway", "directory for the services' logs and the checkpoints")
     session_timeout_s: float = setting(60.0, "a session without a heartbeat this long releases its models")

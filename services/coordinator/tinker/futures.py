@@ -11,6 +11,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from rollway.coordinator.tinker.callers import caller, owns
+
 MAX_KEPT = 10_000  # finished futures kept for retrieval (the oldest go first)
 
 
@@ -18,7 +20,7 @@ class FutureStore:
     """request_id -> concurrent Future, for every tenant (ids are unique across them)."""
 
     def __init__(self) -> None:
-        self._futures: dict[str, tuple[str, Future]] = {}
+        self._futures: dict[str, tuple[str, str, Future]] = {}  # id -> (owner, caller, future)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -27,7 +29,7 @@ class FutureStore:
         (or sampling session) the call belongs to."""
         with self._lock:
             request_id = f"req-{next(self._ids)}"
-            self._futures[request_id] = (owner, executor.submit(fn))
+            self._futures[request_id] = (owner, caller(), executor.submit(fn))
             while len(self._futures) > MAX_KEPT:
                 self._futures.pop(next(iter(self._futures)))
         return request_id
@@ -38,13 +40,16 @@ class FutureStore:
         future.set_result(value)
         with self._lock:
             request_id = f"req-{next(self._ids)}"
-            self._futures[request_id] = (owner, future)
+            self._futures[request_id] = (owner, caller(), future)
         return request_id
 
     def wait(self, request_id: str, timeout_s: float) -> Future | None:
-        """The future once done, or None when still running after `timeout_s` (KeyError: unknown)."""
+        """The future once done, or None when still running after `timeout_s` (KeyError: unknown,
+        or another tenant's)."""
         with self._lock:
-            _, future = self._futures[request_id]
+            _, issued_to, future = self._futures[request_id]
+        if not owns(issued_to):
+            raise KeyError(request_id)
         try:
             future.exception(timeout=timeout_s)
         except FutureTimeout:
@@ -54,5 +59,5 @@ class FutureStore:
     def forget_owner(self, owner: str) -> None:
         """Drop the futures of a released model."""
         with self._lock:
-            for request_id in [r for r, (o, _) in self._futures.items() if o == owner]:
+            for request_id in [r for r, (o, _, _) in self._futures.items() if o == owner]:
                 del self._futures[request_id]

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from rollway.common.log import get_logger
+from rollway.coordinator.tinker.callers import caller, owns
 from rollway.coordinator.tinker.config import GatewayConfig
 from rollway.coordinator.tinker.errors import GatewayError, bad_request, not_found
 from rollway.coordinator.tinker.futures import FutureStore
@@ -64,13 +65,22 @@ class Gateway:
 
     # --- sessions --------------------------------------------------------------------------
     def create_session(self) -> str:
-        return self.sessions.create().session_id
+        return self.sessions.create(caller()).session_id
+
+    def session(self, session_id: str):
+        """An open session of the caller's (not_found otherwise)."""
+        session = self.sessions.get(session_id)
+        if session is None or not owns(session.owner):
+            raise not_found(f"session_id: {session_id!r} is not an open session (it ended or timed out)")
+        return session
 
     def heartbeat(self, session_id: str) -> None:
+        self.session(session_id)
         if not self.sessions.heartbeat(session_id):
             raise not_found(f"session_id: {session_id!r} is not an open session (it ended or timed out)")
 
     def end_session(self, session_id: str) -> None:
+        self.session(session_id)
         session = self.sessions.end(session_id)
         if session is not None:
             self._release(session.model_ids, session.sampling_session_ids)
@@ -111,7 +121,7 @@ class Gateway:
     # --- models ----------------------------------------------------------------------------
     def tenant(self, model_id: str) -> Tenant:
         tenant = self.tenants.get(model_id)
-        if tenant is None:
+        if tenant is None or not owns(tenant.spec.owner):
             raise not_found(
                 f"model_id: {model_id!r} is not a model of this gateway (released or never created)"
             )
@@ -130,9 +140,7 @@ class Gateway:
 
     def _new_tenant(self, body: dict[str, Any], base_model: str, lora_rank: int) -> Tenant:
         """A tenant for (session_id, model_seq_id), counted against --max-models (not started)."""
-        session = self.sessions.get(body["session_id"])
-        if session is None:
-            raise not_found(f"session_id: {body['session_id']!r} is not an open session")
+        session = self.session(body["session_id"])
         if not (Path(base_model) / "config.json").is_file():
             raise bad_request(
                 f"base_model: {base_model!r} is not a local Hugging Face model directory (no config.json); "
@@ -142,7 +150,7 @@ class Gateway:
         model_id = f"{session.session_id}:train:{body['model_seq_id']}"
         model_dir = Path(base_model).resolve()
         spec = TenantSpec(model_id, session.session_id, str(model_dir), lora_rank, trainer_bytes(model_dir, lora_rank),
-                          dict(body.get("user_metadata") or {}))  # fmt: skip
+                          session.owner, dict(body.get("user_metadata") or {}))  # fmt: skip
         with self._lock:
             if model_id in self.tenants:
                 raise GatewayError(
@@ -257,9 +265,9 @@ class Gateway:
             raise bad_request(
                 f"path: {tinker_path!r} is not tinker://<model_id>/(weights|sampler_weights)/<name>"
             )
-        if tinker_path not in self.saved:
+        saved, spec = self.saved.get(tinker_path, (None, None))
+        if saved is None or not owns(spec.owner):
             raise not_found(f"path: {tinker_path} names no checkpoint of this gateway")
-        saved, spec = self.saved[tinker_path]
         return spec, saved
 
     def weights_info(self, tinker_path: str) -> dict:
@@ -300,9 +308,7 @@ class Gateway:
 
     # --- sampling --------------------------------------------------------------------------
     def create_sampling_session(self, session_id: str, model_path: str | None, base_model: str | None) -> str:
-        session = self.sessions.get(session_id)
-        if session is None:
-            raise not_found(f"session_id: {session_id!r} is not an open session")
+        session = self.session(session_id)
         if model_path:
             spec, saved = self.find_checkpoint(model_path)
             model_dir, base_model = saved.hf_dir, spec.base_model
@@ -314,6 +320,7 @@ class Gateway:
             )
         sampling_session_id = f"{session_id}-sampler-{uuid.uuid4().hex[:8]}"
         sampler = Sampler(sampling_session_id, model_dir, self.workdir / sampling_session_id, self.config)
+        sampler.owner = session.owner
         sampler.describe = {
             "sampler_id": sampling_session_id,
             "base_model": str(base_model),
@@ -326,13 +333,13 @@ class Gateway:
 
     def sampler_info(self, sampling_session_id: str) -> dict:
         sampler = self.samplers.get(sampling_session_id)
-        if sampler is None:
+        if sampler is None or not owns(sampler.owner):
             raise not_found(f"sampler_id: {sampling_session_id!r} is not an open sampling session")
         return sampler.describe
 
     def sample(self, body: dict[str, Any]) -> str:
         sampler = self.samplers.get(body.get("sampling_session_id") or "")
-        if sampler is None:
+        if sampler is None or not owns(sampler.owner):
             raise not_found(
                 f"sampling_session_id: {body.get('sampling_session_id')!r} is not an open sampling session"
             )
@@ -345,7 +352,7 @@ class Gateway:
     def training_runs(self) -> list[dict]:
         with self._lock:
             tenants = list(self.tenants.values())
-        return [self.training_run(t.spec.model_id) for t in tenants]
+        return [self.training_run(t.spec.model_id) for t in tenants if owns(t.spec.owner)]
 
     def training_run(self, model_id: str) -> dict:
         tenant = self.tenant(model_id)

@@ -38,6 +38,7 @@ class Sampler:
         self.sampling_session_id = sampling_session_id
         self.model_dir = model_dir
         self.describe: dict[str, Any] = {}  # GetSamplerResponse (set by the gateway)
+        self.owner = ""  # the tenant (API key) whose session created it (set by the gateway)
         args = ["--hf-checkpoint", str(model_dir), "--dtype", config.dtype, "--reward", "none"]
         self.group = LocalServiceGroup(
             workdir, args={"rollout": args}, startup_timeout=config.startup_timeout_s

@@ -16,6 +16,7 @@ class Session:
 
     session_id: str
     last_heartbeat: float
+    owner: str  # the tenant (API key) that created it
     model_ids: set[str] = field(default_factory=set)
     sampling_session_ids: set[str] = field(default_factory=set)
 
@@ -29,8 +30,8 @@ class SessionTable:
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
-    def create(self) -> Session:
-        session = Session(f"session-{uuid.uuid4().hex[:12]}", self.clock())
+    def create(self, owner: str = "") -> Session:
+        session = Session(f"session-{uuid.uuid4().hex[:12]}", self.clock(), owner)
         with self._lock:
             self._sessions[session.session_id] = session
         return session

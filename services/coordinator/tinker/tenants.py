@@ -47,6 +47,7 @@ class TenantSpec:
     base_model: str
     lora_rank: int  # 0: full fine-tuning
     memory_bytes: int  # the trainer's estimated memory (memory.py)
+    owner: str  # the tenant (API key) whose session created it
     user_metadata: dict[str, str] = field(default_factory=dict)
 
 
