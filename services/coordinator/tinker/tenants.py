@@ -122,7 +122,10 @@ class Tenant:
         except grpc.RpcError as exc:
             if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION):
                 raise
-            deadline = time.monotonic() + 5.0  # the process may still be exiting
+            # UNAVAILABLE: the process may still be exiting, wait for it a little. A refusal
+            # (FAILED_PRECONDITION) is about the request unless the trainer is dead already.
+            patience = 5.0 if exc.code() == grpc.StatusCode.UNAVAILABLE else 0.0
+            deadline = time.monotonic() + patience
             while self.group.dead() is None and self.num_restarts == restarts and time.monotonic() < deadline:
                 time.sleep(0.05)
             # The gateway's watch may have healed it first.
