@@ -104,6 +104,16 @@ def run(quick: bool) -> BenchResult:
                         "overhead_ms": round(sdk_ms - grpc_ms, 2),
                     }
                 )
+            # A sampling client starts its own rollout service on the saved export (sampling.py):
+            # the cost an RL loop pays once per step.
+            started = time.perf_counter()
+            path = training.save_weights_for_sampler("bench").result().path
+            sampler = service.create_sampling_client(model_path=path).result()
+            sampler.sample(sdk_data[0].model_input, 1, types.SamplingParams(max_tokens=4)).result()
+            first_sample_ms = (time.perf_counter() - started) * 1000
+            started = time.perf_counter()
+            sampler.sample(sdk_data[0].model_input, 1, types.SamplingParams(max_tokens=4)).result()
+            next_sample_ms = (time.perf_counter() - started) * 1000
             service.close("success").result()
     return BenchResult(
         name="gateway",
@@ -111,4 +121,8 @@ def run(quick: bool) -> BenchResult:
         units={"sdk_via_gateway_ms": "ms (median)", "grpc_direct_ms": "ms (median)", "overhead_ms": "ms"},
         config={"batch": BATCH, "seq_len": SEQ_LEN, "rounds": rounds, "model": "tiny Qwen3 (CPU, float32)"},
         notes="get_training_run is answered by the gateway alone (no trainer call): the SDK + HTTP cost.",
+        summary={
+            "save_for_sampler_and_first_sample_ms": round(first_sample_ms, 1),
+            "next_sample_ms": round(next_sample_ms, 1),
+        },
     )
