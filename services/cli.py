@@ -7,6 +7,7 @@
     rollway plan CONFIG [flags]        print the batch arithmetic of a run config
     rollway plot RUN_DIR               write PNG charts of a run's metrics
     rollway dashboard RUN_DIR...       serve the web dashboard of finished runs (or folders of runs)
+    rollway gateway [flags]            serve the Tinker training API (the tinker SDK) on loopback
     rollway demo                       SFT then GRPO on the tiny model (what `make run` runs)
 
 Subcommands import their heavy dependencies only when they run, so `rollway --help` is instant.
@@ -19,6 +20,12 @@ import importlib
 import sys
 
 SERVICES = ("dataloader", "rollout", "trainer", "coordinator")
+
+
+def _gateway(argv: list[str]) -> int:
+    from rollway.coordinator.tinker.__main__ import main
+
+    return main(argv)
 
 
 def _serve(argv: list[str]) -> int:
@@ -145,6 +152,7 @@ COMMANDS = {
     "run": (_run, "run a job from a config file"),
     "plan": (_plan, "print the batch arithmetic of a run config"),
     "plot": (_plot, "write PNG charts of a run's metrics"),
+    "gateway": (_gateway, "serve the Tinker training API (tinker SDK) on rollway's services"),
     "dashboard": (_dashboard, "serve the web dashboard of run directories"),
     "demo": (_demo, "SFT then GRPO on the tiny model, on CPU (--task tools: with the calculator)"),
 }

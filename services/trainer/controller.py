@@ -189,6 +189,50 @@ class TrainerController:
             results = self.runtime.run("log_probs", payloads)
         return [results[item.index] for item in items]
 
+    # --- ForwardBackward / OptimStep (the Tinker API's split step) -------------------------
+    def forward_backward(
+        self, items: list[SequenceItem], loss_fn: str, loss_fn_config: dict[str, float], forward_only: bool
+    ) -> list[tuple[list[float], list[float]]]:
+        """Per-datum (log-probs, loss terms) in request order; gradients accumulate unless
+        `forward_only` (datums.py has validated `items` and the loss)."""
+        settings = self._require_init("ForwardBackward")
+        layout = plan_log_probs(items, settings, self.world_size)
+        # Every rank runs as many micro-batches as the busiest one: FSDP's collectives pair up.
+        depth = max(len(micro_batches) for micro_batches in layout)
+        payloads = [
+            {
+                "micro_batches": micro_batches + [[] for _ in range(depth - len(micro_batches))],
+                "loss_fn": loss_fn,
+                "loss_fn_config": loss_fn_config,
+                "forward_only": forward_only,
+            }
+            for micro_batches in layout
+        ]
+        with self.lock:
+            results = self.runtime.run("forward_backward", payloads)
+        return [results[item.index] for item in items]
+
+    def optim_step(
+        self,
+        learning_rate: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        grad_clip_norm: float,
+    ) -> tuple[int, dict[str, float]]:
+        """Apply the accumulated gradients; (optimizer steps so far, grad norm and lr)."""
+        self._require_init("OptimStep")
+        with self.lock:
+            metrics = self._broadcast(
+                "optim_step",
+                learning_rate=learning_rate,
+                betas=betas,
+                eps=eps,
+                weight_decay=weight_decay,
+                grad_clip_norm=grad_clip_norm,
+            )
+            return self.engine.global_step, metrics
+
     # --- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(
         self, path: str, hf_export: bool, extra_state: dict[str, Any]

@@ -24,6 +24,7 @@ from rollway.common.cpu_threads import apply_cpu_threads
 from rollway.trainer import checkpoint, export, lora, weight_send
 from rollway.trainer.attention import SHARED_PREFIX_KERNELS, model_inputs
 from rollway.trainer.config import TrainerConfig
+from rollway.trainer.datum_losses import DATUM_LOSSES
 from rollway.trainer.distributed import RankInfo
 from rollway.trainer.log_probs import response_values, token_log_probs
 from rollway.trainer.losses import (
@@ -182,6 +183,66 @@ class TrainerEngine:
         self.global_step = global_step
         apply_settings(self.optimizer, self.config, self.global_step)
         dist.barrier()
+
+    def forward_backward(
+        self,
+        micro_batches: list[list[SequenceItem]],
+        loss_fn: str,
+        loss_fn_config: dict[str, float],
+        forward_only: bool,
+    ) -> dict[int, tuple[list[float], list[float]]] | None:
+        """Per-token log-probs and loss terms of this rank's datums (datum_losses.py), gathered
+        on rank 0; unless `forward_only`, the loss's gradients are added to the parameters'
+        .grad (not cleared first: optim_step applies and clears them). Every rank runs the same
+        number of micro-batches (the controller pads with empty ones) so FSDP's collectives
+        pair up."""
+        spec = DATUM_LOSSES[loss_fn]
+        self.model.train()
+        results: dict[int, tuple[list[float], list[float]]] = {}
+        for k, items in enumerate(micro_batches):
+            progress.beat()
+            if not forward_only:  # reduce-scatter once, after this call's last micro-batch
+                self.model.set_requires_gradient_sync(k == len(micro_batches) - 1)
+            mb = self._build(items, packing=True, extra_names=spec.inputs)
+            with torch.set_grad_enabled(not forward_only):
+                logits = self._logits(mb)
+                device = logits.device
+                logp, _ = token_log_probs(
+                    logits, mb.target_ids.to(device), chunk_size=self.config.log_probs_chunk_size
+                )
+                extras = {name: t.to(device) for name, t in mb.extras.items()}
+                terms = spec.fn(logp, extras, loss_fn_config) * mb.loss_mask.to(device)
+                if not forward_only:
+                    terms.sum().backward()
+            values, losses = response_values(logp, mb.spans), response_values(terms, mb.spans)
+            for index, lp in values.items():
+                results[index] = (lp, losses[index])
+        gathered: list[Any] | None = [None] * self.info.world_size if self.info.rank == 0 else None
+        dist.gather_object(results, gathered, dst=0)
+        if gathered is None:
+            return None
+        return {index: value for part in gathered for index, value in part.items()}
+
+    def optim_step(
+        self,
+        learning_rate: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        grad_clip_norm: float,
+    ) -> dict[str, float]:
+        """Apply the gradients forward_backward accumulated with these AdamW hyper-parameters
+        (the caller's, not the run's schedule), then clear them. No gradient: no change."""
+        optimizer = self._require_optimizer()
+        for group in optimizer.param_groups:
+            group.update(lr=learning_rate, betas=betas, eps=eps, weight_decay=weight_decay)
+        has_grad = any(p.grad is not None for p in self.model.parameters())
+        grad_norm = clip_grad_norm(self.model, grad_clip_norm)
+        if has_grad and math.isfinite(grad_norm):  # a non-finite norm skips the update
+            optimizer.step()
+            self.global_step += 1
+        optimizer.zero_grad(set_to_none=True)
+        return {"train/grad_norm": grad_norm, "train/lr": learning_rate}
 
     def checksum(self, dtype: str) -> tuple[str, int]:
         """sha256 of the full weights cast to `dtype` (weights.py), on rank 0."""

@@ -21,8 +21,10 @@ from rollway.common.v1 import common_pb2
 from rollway.trainer.batch import to_items
 from rollway.trainer.config import TRAINING_SETTINGS, TrainerConfig
 from rollway.trainer.controller import TrainerController
+from rollway.trainer.datums import datum_loss, to_datum_items
 from rollway.trainer.losses import get_loss
 from rollway.trainer.model_loading import ModelLoadError, read_hf_config
+from rollway.trainer.optim_request import adam_settings
 from rollway.trainer.policy_inputs import sample_fields
 from rollway.trainer.reference import check_reference
 from rollway.trainer.runtime import RankRuntime
@@ -69,7 +71,15 @@ def read_stream(request_iterator, header_type: str) -> tuple[object, list]:
 # The long calls whose progress the coordinator watches (a hang is told from a slow step by it).
 # Not InitWeightGroup: a rendezvous waits for its peers (an SGLang server starting takes a minute),
 # under its own deadline; a frozen trainer is still found, as it answers nothing.
-WATCHED_CALLS = ("TrainStep", "ComputeLogProbs", "SaveCheckpoint", "LoadCheckpoint", "PushWeights")
+WATCHED_CALLS = (
+    "TrainStep",
+    "ForwardBackward",
+    "OptimStep",
+    "ComputeLogProbs",
+    "SaveCheckpoint",
+    "LoadCheckpoint",
+    "PushWeights",
+)
 
 
 class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
@@ -140,6 +150,29 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
                     for k, (log_probs, entropy) in enumerate(results[start : start + RESULTS_PER_MESSAGE])
                 ]
             )
+
+    def ForwardBackward(self, request, context):
+        engine = self._engine()
+        config = dict(request.loss_fn_config)
+        spec = datum_loss(request.loss_fn, config)
+        items = to_datum_items(request.data, spec, engine.vocab_size)
+        results = self.controller.forward_backward(items, request.loss_fn, config, request.forward_only)
+        loss_sum = sum(sum(losses) for _, losses in results)
+        return trainer_pb2.ForwardBackwardResponse(
+            outputs=[
+                trainer_pb2.DatumOutput(log_probs=lp, elementwise_loss=losses) for lp, losses in results
+            ],
+            metrics={
+                "loss:sum": loss_sum,
+                "num_datums": float(len(items)),
+                "num_tokens": float(sum(len(item.loss_mask) for item in items)),
+            },
+        )
+
+    def OptimStep(self, request, context):
+        self._engine()
+        global_step, metrics = self.controller.optim_step(**adam_settings(request))
+        return trainer_pb2.OptimStepResponse(global_step=global_step, metrics=metrics)
 
     def SaveCheckpoint(self, request, context):
         self._engine()

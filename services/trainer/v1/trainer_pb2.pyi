@@ -216,3 +216,90 @@ class WeightChecksumResponse(_message.Message):
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     checksum: _common_pb2.WeightsChecksum
     def __init__(self, checksum: _Optional[_Union[_common_pb2.WeightsChecksum, _Mapping]] = ...) -> None: ...
+
+class Datum(_message.Message):
+    __slots__ = ("token_ids", "target_token_ids", "weights", "sampling_log_probs", "advantages")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    ADVANTAGES_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    target_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    weights: _containers.RepeatedScalarFieldContainer[float]
+    sampling_log_probs: _containers.RepeatedScalarFieldContainer[float]
+    advantages: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., target_token_ids: _Optional[_Iterable[int]] = ..., weights: _Optional[_Iterable[float]] = ..., sampling_log_probs: _Optional[_Iterable[float]] = ..., advantages: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ForwardBackwardRequest(_message.Message):
+    __slots__ = ("loss_fn", "forward_only", "data", "loss_fn_config")
+    class LossFnConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    LOSS_FN_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_ONLY_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FN_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    loss_fn: str
+    forward_only: bool
+    data: _containers.RepeatedCompositeFieldContainer[Datum]
+    loss_fn_config: _containers.ScalarMap[str, float]
+    def __init__(self, loss_fn: _Optional[str] = ..., forward_only: _Optional[bool] = ..., data: _Optional[_Iterable[_Union[Datum, _Mapping]]] = ..., loss_fn_config: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class DatumOutput(_message.Message):
+    __slots__ = ("log_probs", "elementwise_loss")
+    LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    ELEMENTWISE_LOSS_FIELD_NUMBER: _ClassVar[int]
+    log_probs: _containers.RepeatedScalarFieldContainer[float]
+    elementwise_loss: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, log_probs: _Optional[_Iterable[float]] = ..., elementwise_loss: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ForwardBackwardResponse(_message.Message):
+    __slots__ = ("outputs", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    outputs: _containers.RepeatedCompositeFieldContainer[DatumOutput]
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, outputs: _Optional[_Iterable[_Union[DatumOutput, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class OptimStepRequest(_message.Message):
+    __slots__ = ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    BETA1_FIELD_NUMBER: _ClassVar[int]
+    BETA2_FIELD_NUMBER: _ClassVar[int]
+    EPS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
+    GRAD_CLIP_NORM_FIELD_NUMBER: _ClassVar[int]
+    learning_rate: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    grad_clip_norm: float
+    def __init__(self, learning_rate: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., weight_decay: _Optional[float] = ..., grad_clip_norm: _Optional[float] = ...) -> None: ...
+
+class OptimStepResponse(_message.Message):
+    __slots__ = ("global_step", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    global_step: int
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, global_step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...

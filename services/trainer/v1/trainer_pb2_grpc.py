@@ -80,6 +80,16 @@ class TrainerServiceStub:
                 request_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.WeightChecksumRequest.SerializeToString,
                 response_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.WeightChecksumResponse.FromString,
                 _registered_method=True)
+        self.ForwardBackward = channel.unary_unary(
+                '/rollway.trainer.v1.TrainerService/ForwardBackward',
+                request_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.ForwardBackwardRequest.SerializeToString,
+                response_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.ForwardBackwardResponse.FromString,
+                _registered_method=True)
+        self.OptimStep = channel.unary_unary(
+                '/rollway.trainer.v1.TrainerService/OptimStep',
+                request_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.OptimStepRequest.SerializeToString,
+                response_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.OptimStepResponse.FromString,
+                _registered_method=True)
 
 
 class TrainerServiceServicer:
@@ -171,6 +181,24 @@ class TrainerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForwardBackward(self, request, context):
+        """Forward (and, unless forward_only, backward) of a batch of datums with a built-in per-token
+        loss, adding the gradients to those already accumulated: nothing is applied until
+        OptimStep, so several calls make one larger batch (the Tinker API's forward_backward).
+        Returns each datum's per-token log-probs and loss terms. Refused before Init.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OptimStep(self, request, context):
+        """Applies the accumulated gradients with AdamW at the given hyper-parameters (not the run's
+        schedule), then clears them. With no accumulated gradient it changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -218,6 +246,16 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.WeightChecksum,
                     request_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.WeightChecksumRequest.FromString,
                     response_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.WeightChecksumResponse.SerializeToString,
+            ),
+            'ForwardBackward': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForwardBackward,
+                    request_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.ForwardBackwardRequest.FromString,
+                    response_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.ForwardBackwardResponse.SerializeToString,
+            ),
+            'OptimStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.OptimStep,
+                    request_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.OptimStepRequest.FromString,
+                    response_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.OptimStepResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -464,6 +502,60 @@ class TrainerService:
             '/rollway.trainer.v1.TrainerService/WeightChecksum',
             rollway_dot_trainer_dot_v1_dot_trainer__pb2.WeightChecksumRequest.SerializeToString,
             rollway_dot_trainer_dot_v1_dot_trainer__pb2.WeightChecksumResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForwardBackward(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollway.trainer.v1.TrainerService/ForwardBackward',
+            rollway_dot_trainer_dot_v1_dot_trainer__pb2.ForwardBackwardRequest.SerializeToString,
+            rollway_dot_trainer_dot_v1_dot_trainer__pb2.ForwardBackwardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OptimStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollway.trainer.v1.TrainerService/OptimStep',
+            rollway_dot_trainer_dot_v1_dot_trainer__pb2.OptimStepRequest.SerializeToString,
+            rollway_dot_trainer_dot_v1_dot_trainer__pb2.OptimStepResponse.FromString,
             options,
             channel_credentials,
             insecure,

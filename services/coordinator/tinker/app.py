@@ -1,0 +1,254 @@
+"""The HTTP routes of the Tinker API (tinker SDK 0.38.0's resources/), over Gateway's operations.
+
+Every route but healthz checks the API key (X-API-Key, what the SDK sends from TINKER_API_KEY).
+JSON bodies are validated with the SDK's own request models, so a bad field is named as the SDK
+names it; refusals answer {"error", "category"} (errors.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from tinker import types
+
+from rollway.coordinator.tinker.callers import CALLER
+from rollway.coordinator.tinker.errors import GatewayError, RetryableFailure, bad_request
+from rollway.coordinator.tinker.gateway import Gateway
+from rollway.coordinator.tinker.wire import decode_forward_backward
+
+PROTO = "application/x-protobuf"
+RETRIEVE_WAIT_S = 10.0  # retrieve_future holds a pending call this long before "try again"
+SERVER_FLAGS = {  # ClientConfigResponse: the SDK features this gateway speaks
+    "pjwt_auth_enabled": False,
+    "proto_compress_fwdbwd": False,
+    "parallel_fwdbwd_chunks": False,  # one chunk at a time: a model's calls run in arrival order
+    "use_pyqwest_transport": False,
+    "sample_use_retrieve_futures": False,
+    "custom_loss_server_side": False,
+    "sample_join_sampling_session": False,
+}
+
+
+def parse(model: type, body: Any):
+    """`body` as the SDK's request model; bad_request names the invalid fields."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
+        )
+        raise bad_request(problems) from None
+
+
+def future(request_id: str, model_id: str | None = None) -> dict:
+    return {"request_id": request_id, "model_id": model_id}
+
+
+def tenant_of(key: str, keys: dict[str, str]) -> str | None:
+    """The tenant whose API key `key` is (every key compared in constant time), or None."""
+    found = None
+    for known, tenant in keys.items():
+        if hmac.compare_digest(key.encode(), known.encode()):
+            found = tenant
+    return found
+
+
+def create_app(gateway: Gateway, keys: dict[str, str]) -> FastAPI:
+    """The API over `gateway`; `keys` maps each accepted API key to its tenant's name."""
+    app = FastAPI(title="rollway gateway (Tinker API)")
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next):
+        if request.url.path != "/api/v1/healthz":
+            tenant = tenant_of(request.headers.get("x-api-key", ""), keys)
+            if tenant is None:
+                return JSONResponse({"error": "X-API-Key: missing or wrong API key", "category": "user"}, 401)
+            CALLER.set(tenant)  # the route and the threads it starts run in this context
+        return await call_next(request)
+
+    @app.exception_handler(GatewayError)
+    async def refused(_request, exc: GatewayError):
+        return JSONResponse({"error": exc.message, "category": exc.category}, exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc: StarletteHTTPException):
+        message = (
+            f"{request.method} {request.url.path}: not an API route of this gateway"
+            if exc.status_code == 404
+            else str(exc.detail)
+        )
+        return JSONResponse({"error": message, "category": "user"}, exc.status_code)
+
+    async def body(request: Request) -> Any:
+        try:
+            return await request.json()
+        except ValueError:
+            raise bad_request("body: not valid JSON") from None
+
+    async def run(fn, *args):  # gateway calls block (locks, process starts): off the event loop
+        return await asyncio.to_thread(fn, *args)
+
+    # --- service ---------------------------------------------------------------------------
+    @app.get("/api/v1/healthz")
+    async def healthz():
+        return {"status": "ok"}
+
+    @app.get("/api/v1/get_server_capabilities")
+    async def capabilities():
+        # Any local Hugging Face model directory trains; the list names those being trained.
+        names = sorted({t.spec.base_model for t in gateway.tenants.values()})
+        return {"supported_models": [{"model_name": n, "trainable": True, "sampleable": True} for n in names]}
+
+    @app.post("/api/v1/client/config")
+    async def client_config():
+        return SERVER_FLAGS
+
+    @app.post("/api/v1/client/dynamic_config")
+    async def client_dynamic_config():
+        return {"refresh_interval_sec": 300}
+
+    @app.post("/api/v1/telemetry")
+    async def telemetry():
+        return {"status": "accepted"}
+
+    @app.post("/api/v1/create_session")
+    async def create_session(request: Request):
+        parse(types.CreateSessionRequest, await body(request))
+        return {"type": "create_session", "session_id": await run(gateway.create_session)}
+
+    @app.post("/api/v1/session_heartbeat")
+    async def heartbeat(request: Request):
+        req = parse(types.SessionHeartbeatRequest, await body(request))
+        await run(gateway.heartbeat, req.session_id)
+        return {"type": "session_heartbeat"}
+
+    @app.post("/api/v1/sessions/{session_id}/finish")
+    async def finish(session_id: str):
+        await run(gateway.end_session, session_id)
+        return Response(status_code=200)
+
+    # --- models and training ---------------------------------------------------------------
+    @app.post("/api/v1/create_model")
+    async def create_model(request: Request):
+        req = parse(types.CreateModelRequest, await body(request))
+        return future(await run(gateway.create_model, req.model_dump(mode="json")))
+
+    @app.post("/api/v1/get_info")
+    async def get_info(request: Request):
+        req = parse(types.GetInfoRequest, await body(request))
+        return gateway.get_info(req.model_id)
+
+    @app.post("/api/v1/unload_model")
+    async def unload_model(request: Request):
+        req = parse(types.UnloadModelRequest, await body(request))
+        return future(await run(gateway.unload_model, req.model_id), req.model_id)
+
+    @app.post("/api/v1/forward_backward")
+    async def forward_backward(request: Request):
+        if PROTO not in request.headers.get("content-type", ""):
+            raise bad_request(f"Content-Type: forward_backward takes {PROTO} (as the tinker SDK sends it)")
+        call = decode_forward_backward(await request.body(), request.headers.get("content-encoding", ""))
+        return future(await run(gateway.forward_backward, call), call.model_id)
+
+    @app.post("/api/v1/optim_step")
+    async def optim_step(request: Request):
+        req = parse(types.OptimStepRequest, await body(request))
+        if not isinstance(req.optim_params, types.AdamParams):
+            raise bad_request(
+                f"optim_params: {type(req.optim_params).__name__} is not supported (AdamParams only)"
+            )
+        return future(
+            await run(gateway.optim_step, req.model_id, req.optim_params.model_dump()), req.model_id
+        )
+
+    @app.post("/api/v1/save_weights")
+    async def save_weights(request: Request):
+        req = parse(types.SaveWeightsRequest, await body(request))
+        return future(await run(gateway.save_weights, req.model_id, req.path, "weights"), req.model_id)
+
+    @app.post("/api/v1/save_weights_for_sampler")
+    async def save_weights_for_sampler(request: Request):
+        req = parse(types.SaveWeightsForSamplerRequest, await body(request))
+        return future(
+            await run(gateway.save_weights, req.model_id, req.path, "sampler_weights"), req.model_id
+        )
+
+    @app.post("/api/v1/load_weights")
+    async def load_weights(request: Request):
+        req = parse(types.LoadWeightsRequest, await body(request))
+        return future(await run(gateway.load_weights, req.model_dump(mode="json")), req.model_id)
+
+    @app.post("/api/v1/weights_info")
+    async def weights_info(request: Request):
+        raw = await body(request)
+        if not isinstance(raw, dict) or not isinstance(raw.get("tinker_path"), str):
+            raise bad_request("tinker_path: required (a tinker:// path)")
+        return await run(gateway.weights_info, raw["tinker_path"])
+
+    # --- sampling --------------------------------------------------------------------------
+    @app.post("/api/v1/create_sampling_session")
+    async def create_sampling_session(request: Request):
+        req = parse(types.CreateSamplingSessionRequest, await body(request))
+        sid = await run(gateway.create_sampling_session, req.session_id, req.model_path, req.base_model)
+        return {"type": "create_sampling_session", "sampling_session_id": sid}
+
+    @app.get("/api/v1/samplers/{sampler_id}")
+    async def sampler_info(sampler_id: str):
+        return gateway.sampler_info(sampler_id)
+
+    @app.post("/api/v1/asample")
+    async def asample(request: Request):
+        raw = await body(request)
+        req = parse(types.SampleRequest, raw)
+        request_id = await run(gateway.sample, raw)
+        # The SDK stamps these on the returned sequences, in order.
+        return {
+            **future(request_id),
+            "sample_sequence_ids": [f"{request_id}-{k}" for k in range(req.num_samples)],
+        }
+
+    # --- futures ---------------------------------------------------------------------------
+    @app.post("/api/v1/retrieve_future")
+    async def retrieve_future(request: Request):
+        req = parse(types.FutureRetrieveRequest, await body(request))
+        try:
+            done = await run(gateway.futures.wait, req.request_id, RETRIEVE_WAIT_S)
+        except KeyError:
+            raise GatewayError(
+                404, f"request_id: {req.request_id!r} is unknown (never issued, or its model was released)"
+            ) from None
+        if done is None:
+            return {"type": "try_again", "request_id": req.request_id, "queue_state": "active"}
+        exc = done.exception()
+        if isinstance(exc, RetryableFailure):
+            return JSONResponse({"error": str(exc), "category": "server"}, 410)
+        if isinstance(exc, GatewayError):
+            return {"error": exc.message, "category": exc.category}
+        if exc is not None:
+            return {"error": f"{type(exc).__name__}: {exc}", "category": "server"}
+        result = done.result()
+        if isinstance(result, bytes):
+            return Response(result, media_type=PROTO)
+        return result
+
+    # --- listing ---------------------------------------------------------------------------
+    @app.get("/api/v1/training_runs")
+    async def training_runs():
+        runs = await run(gateway.training_runs)
+        return {"training_runs": runs, "cursor": {"offset": 0, "limit": len(runs), "total_count": len(runs)}}
+
+    @app.get("/api/v1/training_runs/{model_id}")
+    async def training_run(model_id: str):
+        return await run(gateway.training_run, model_id)
+
+    @app.get("/api/v1/training_runs/{model_id}/checkpoints")
+    async def checkpoints(model_id: str):
+        return {"checkpoints": await run(gateway.checkpoints, model_id)}
+
+    return app

@@ -1,0 +1,390 @@
+"""The gateway's operations, one method per API call, apart from HTTP (app.py).
+
+Training calls return a request id at once; their work runs on the model's own thread in arrival
+order (tenants.py) and retrieve_future reads the result (futures.py).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from rollway.common.log import get_logger
+from rollway.coordinator.tinker.callers import caller, owns
+from rollway.coordinator.tinker.config import GatewayConfig
+from rollway.coordinator.tinker.errors import GatewayError, bad_request, not_found
+from rollway.coordinator.tinker.futures import FutureStore
+from rollway.coordinator.tinker.memory import trainer_bytes
+from rollway.coordinator.tinker.sampling import Sampler
+from rollway.coordinator.tinker.sessions import SessionTable
+from rollway.coordinator.tinker.tenants import SavedCheckpoint, Tenant, TenantSpec
+from rollway.coordinator.tinker.wire import ForwardBackwardCall, encode_forward_backward_output
+from rollway.trainer.v1 import trainer_pb2
+
+
+def _log():
+    return get_logger("rollway.coordinator.tinker")
+
+
+def user_error(exc: grpc.RpcError) -> GatewayError:
+    """A trainer's refusal (INVALID_ARGUMENT names the field) as the SDK's user error."""
+    return GatewayError(400, exc.details() or str(exc.code()))
+
+
+def checkpoint_name(path: str | None, field: str) -> str:
+    name = path or uuid.uuid4().hex[:8]
+    if not all(c.isalnum() or c in "-_." for c in name) or name.startswith("."):
+        raise bad_request(f"{field}: {name!r} is not a checkpoint name (letters, digits, '-', '_', '.')")
+    return name
+
+
+class Gateway:
+    """Sessions, tenants (models), sampling sessions and futures of one gateway process."""
+
+    def __init__(self, config: GatewayConfig):
+        self.config = config
+        self.workdir = Path(config.workdir).resolve()
+        self.sessions = SessionTable(config.session_timeout_s)
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        self.memory_budget = int(config.memory_budget_gb * 2**30) or available
+        self.futures = FutureStore()
+        self.tenants: dict[str, Tenant] = {}
+        self.samplers: dict[str, Sampler] = {}
+        # Every checkpoint saved through the API, with its model's spec: loadable after the model
+        # was released (a new session resumes from it).
+        self.saved: dict[str, tuple[SavedCheckpoint, TenantSpec]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watch = threading.Thread(target=self._watch_loop, name="gateway-watch", daemon=True)
+        self._watch.start()
+
+    # --- sessions --------------------------------------------------------------------------
+    def create_session(self) -> str:
+        return self.sessions.create(caller()).session_id
+
+    def session(self, session_id: str):
+        """An open session of the caller's (not_found otherwise)."""
+        session = self.sessions.get(session_id)
+        if session is None or not owns(session.owner):
+            raise not_found(f"session_id: {session_id!r} is not an open session (it ended or timed out)")
+        return session
+
+    def heartbeat(self, session_id: str) -> None:
+        self.session(session_id)
+        if not self.sessions.heartbeat(session_id):
+            raise not_found(f"session_id: {session_id!r} is not an open session (it ended or timed out)")
+
+    def end_session(self, session_id: str) -> None:
+        self.session(session_id)
+        session = self.sessions.end(session_id)
+        if session is not None:
+            self._release(session.model_ids, session.sampling_session_ids)
+
+    def _watch_loop(self) -> None:
+        """Release silent sessions' models; restart dead trainers from their last saved state."""
+        while not self._stop.wait(0.5):
+            for session in self.sessions.expire():
+                _log().info("session timed out; releasing its models", session_id=session.session_id,
+                            models=sorted(session.model_ids))  # fmt: skip
+                self._release(session.model_ids, session.sampling_session_ids)
+            for tenant in list(self.tenants.values()):
+                try:
+                    if tenant.heal():
+                        _log().warning("trainer restarted", model_id=tenant.spec.model_id)
+                except Exception:  # noqa: BLE001 - logged; the next pass tries again
+                    _log().exception("trainer restart failed", model_id=tenant.spec.model_id)
+
+    def _release(self, model_ids: set[str], sampling_session_ids: set[str]) -> None:
+        with self._lock:
+            tenants = [self.tenants.pop(m) for m in model_ids if m in self.tenants]
+            samplers = [self.samplers.pop(s) for s in sampling_session_ids if s in self.samplers]
+        for tenant in tenants:
+            tenant.stop()
+            self.futures.forget_owner(tenant.spec.model_id)
+        for sampler in samplers:
+            sampler.stop()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            tenants, samplers = list(self.tenants.values()), list(self.samplers.values())
+            self.tenants.clear()
+            self.samplers.clear()
+        for item in [*tenants, *samplers]:
+            item.stop()
+
+    # --- models ----------------------------------------------------------------------------
+    def tenant(self, model_id: str) -> Tenant:
+        tenant = self.tenants.get(model_id)
+        if tenant is None or not owns(tenant.spec.owner):
+            raise not_found(
+                f"model_id: {model_id!r} is not a model of this gateway (released or never created)"
+            )
+        return tenant
+
+    def create_model(self, body: dict[str, Any]) -> str:
+        optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
+        if optimizer != "adamw":
+            raise bad_request(f"optimizer_config.type: {optimizer!r} is not supported (adamw only)")
+        lora_rank = int((body.get("lora_config") or {}).get("rank", 0))
+        if lora_rank < 0:
+            raise bad_request(f"lora_config.rank: must be >= 0 (got {lora_rank})")
+        tenant = self._new_tenant(body, body["base_model"], lora_rank)
+        model_id = tenant.spec.model_id
+        return self._start_tenant(tenant, lambda: {"model_id": model_id, "type": "create_model"})
+
+    def _new_tenant(self, body: dict[str, Any], base_model: str, lora_rank: int) -> Tenant:
+        """A tenant for (session_id, model_seq_id), counted against --max-models (not started)."""
+        session = self.session(body["session_id"])
+        if not (Path(base_model) / "config.json").is_file():
+            raise bad_request(
+                f"base_model: {base_model!r} is not a local Hugging Face model directory (no config.json); "
+                "this gateway trains local models only"
+            )
+        # The id the SDK derives itself when it creates a client from a checkpoint.
+        model_id = f"{session.session_id}:train:{body['model_seq_id']}"
+        model_dir = Path(base_model).resolve()
+        spec = TenantSpec(model_id, session.session_id, str(model_dir), lora_rank, trainer_bytes(model_dir, lora_rank),
+                          session.owner, dict(body.get("user_metadata") or {}))  # fmt: skip
+        with self._lock:
+            if model_id in self.tenants:
+                raise GatewayError(
+                    409, f"model_seq_id: {body['model_seq_id']} was already created in this session"
+                )
+            if len(self.tenants) >= self.config.max_models:
+                raise GatewayError(
+                    429, f"the gateway serves its maximum of {self.config.max_models} models; "
+                    "release one (end its session) or start the gateway with a larger --max-models",
+                    "server",
+                )  # fmt: skip
+            in_use = sum(t.spec.memory_bytes for t in self.tenants.values())
+            if in_use + spec.memory_bytes > self.memory_budget:
+                mib = 2**20
+                raise GatewayError(
+                    429, f"base_model: training it needs about {spec.memory_bytes // mib} MiB (estimated) and "
+                    f"{in_use // mib} of the gateway's {self.memory_budget // mib} MiB are taken by "
+                    f"{len(self.tenants)} models; release one or raise --memory-budget-gb",
+                    "server",
+                )  # fmt: skip
+            tenant = Tenant(spec, self.workdir / model_id, self.config.dtype, self.config.startup_timeout_s)
+            self.tenants[model_id] = tenant
+            session.model_ids.add(model_id)
+        return tenant
+
+    def _start_tenant(self, tenant: Tenant, then) -> str:
+        """Start the tenant's trainer on its thread, then run `then` (its future's result)."""
+        model_id = tenant.spec.model_id
+
+        def start() -> dict:
+            try:
+                tenant.start()
+                return then()
+            except Exception:
+                with self._lock:
+                    self.tenants.pop(model_id, None)
+                tenant.stop()
+                raise
+
+        return self.futures.submit(tenant.executor, model_id, start)
+
+    def get_info(self, model_id: str) -> dict:
+        spec = self.tenant(model_id).spec
+        return {
+            "type": "get_info",
+            "model_id": model_id,
+            "model_data": {"arch": "hf", "model_name": spec.base_model, "tokenizer_id": spec.base_model},
+            "is_lora": bool(spec.lora_rank),
+            "lora_rank": spec.lora_rank or None,
+            "model_name": spec.base_model,
+        }
+
+    def unload_model(self, model_id: str) -> str:
+        tenant = self.tenant(model_id)
+        session = self.sessions.get(tenant.spec.session_id)
+        if session is not None:
+            session.model_ids.discard(model_id)
+        self._release({model_id}, set())
+        return self.futures.done(model_id, {"model_id": model_id, "type": "unload_model"})
+
+    # --- training --------------------------------------------------------------------------
+    def _submit(self, model_id: str, fn) -> str:
+        tenant = self.tenant(model_id)
+
+        def run():
+            try:
+                return fn(tenant)
+            except grpc.RpcError as exc:
+                if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+                    raise user_error(exc) from None
+                raise
+
+        return self.futures.submit(tenant.executor, model_id, run)
+
+    def forward_backward(self, call: ForwardBackwardCall) -> str:
+        def run(tenant: Tenant) -> bytes:
+            reply = tenant.call(lambda t: t.ForwardBackward(call.request))
+            return encode_forward_backward_output(reply)
+
+        return self._submit(call.model_id, run)
+
+    def optim_step(self, model_id: str, adam: dict[str, Any]) -> str:
+        # The trainer checks the ranges (beta in [0, 1), eps > 0, ...) and names a bad one.
+        request = trainer_pb2.OptimStepRequest(**adam)
+
+        def run(tenant: Tenant) -> dict:
+            reply = tenant.call(lambda t: t.OptimStep(request))
+            return {"type": "optim_step", "metrics": dict(reply.metrics)}
+
+        return self._submit(model_id, run)
+
+    def save_weights(self, model_id: str, path: str | None, kind: str) -> str:
+        name = checkpoint_name(path, "path")
+        response_type = "save_weights" if kind == "weights" else "save_weights_for_sampler"
+
+        def run(tenant: Tenant) -> dict:
+            saved = tenant.save(kind, name)
+            self.saved[saved.tinker_path] = (saved, tenant.spec)
+            return {"path": saved.tinker_path, "type": response_type}
+
+        return self._submit(model_id, run)
+
+    def find_checkpoint(self, tinker_path: str) -> tuple[TenantSpec, SavedCheckpoint]:
+        """The checkpoint a tinker:// path names and its model's spec (the model may be released:
+        its checkpoints stay on disk)."""
+        parts = tinker_path.removeprefix("tinker://").split("/")
+        if (
+            not tinker_path.startswith("tinker://")
+            or len(parts) != 3
+            or parts[1] not in ("weights", "sampler_weights")
+        ):
+            raise bad_request(
+                f"path: {tinker_path!r} is not tinker://<model_id>/(weights|sampler_weights)/<name>"
+            )
+        saved, spec = self.saved.get(tinker_path, (None, None))
+        if saved is None or not owns(spec.owner):
+            raise not_found(f"path: {tinker_path} names no checkpoint of this gateway")
+        return spec, saved
+
+    def weights_info(self, tinker_path: str) -> dict:
+        spec, _ = self.find_checkpoint(tinker_path)
+        return {
+            "base_model": spec.base_model,
+            "is_lora": bool(spec.lora_rank),
+            "lora_rank": spec.lora_rank or None,
+        }
+
+    def load_weights(self, body: dict[str, Any]) -> str:
+        """Into a live model (load_state), or into a new one (create_training_client_from_state:
+        no model_id; the checkpoint's base model and LoRA rank). The optimizer state is restored
+        with the weights either way (the trainer's checkpoints hold both)."""
+        tinker_path = body["path"]
+        spec, saved = self.find_checkpoint(tinker_path)
+        load = trainer_pb2.LoadCheckpointRequest(path=str(saved.directory))
+        if body.get("model_id"):
+            model_id = body["model_id"]
+
+            def run(tenant: Tenant) -> dict:
+                tenant.call(lambda t: t.LoadCheckpoint(load))
+                tenant.last_state = saved
+                return {"type": "load_weights", "path": tinker_path, "model_id": model_id}
+
+            return self._submit(model_id, run)
+        for name in ("session_id", "model_seq_id"):
+            if body.get(name) is None:
+                raise bad_request(f"{name}: required to create a model from a checkpoint (or give model_id)")
+        tenant = self._new_tenant(body, body.get("base_model") or spec.base_model, spec.lora_rank)
+
+        def loaded() -> dict:
+            tenant.call(lambda t: t.LoadCheckpoint(load))
+            tenant.last_state = saved
+            return {"type": "load_weights", "path": tinker_path, "model_id": tenant.spec.model_id}
+
+        return self._start_tenant(tenant, loaded)
+
+    # --- sampling --------------------------------------------------------------------------
+    def create_sampling_session(self, session_id: str, model_path: str | None, base_model: str | None) -> str:
+        session = self.session(session_id)
+        if model_path:
+            spec, saved = self.find_checkpoint(model_path)
+            model_dir, base_model = saved.hf_dir, spec.base_model
+        elif base_model and (Path(base_model) / "config.json").is_file():
+            model_dir = Path(base_model).resolve()
+        else:
+            raise bad_request(
+                "model_path or base_model: name a saved sampler checkpoint or a local model directory"
+            )
+        sampling_session_id = f"{session_id}-sampler-{uuid.uuid4().hex[:8]}"
+        sampler = Sampler(sampling_session_id, model_dir, self.workdir / sampling_session_id, self.config)
+        sampler.owner = session.owner
+        sampler.describe = {
+            "sampler_id": sampling_session_id,
+            "base_model": str(base_model),
+            "model_path": model_path,
+        }
+        with self._lock:
+            self.samplers[sampling_session_id] = sampler
+            session.sampling_session_ids.add(sampling_session_id)
+        return sampling_session_id
+
+    def sampler_info(self, sampling_session_id: str) -> dict:
+        sampler = self.samplers.get(sampling_session_id)
+        if sampler is None or not owns(sampler.owner):
+            raise not_found(f"sampler_id: {sampling_session_id!r} is not an open sampling session")
+        return sampler.describe
+
+    def sample(self, body: dict[str, Any]) -> str:
+        sampler = self.samplers.get(body.get("sampling_session_id") or "")
+        if sampler is None or not owns(sampler.owner):
+            raise not_found(
+                f"sampling_session_id: {body.get('sampling_session_id')!r} is not an open sampling session"
+            )
+        request = sampler.generate_request(body)  # validated now: a bad request is refused at once
+        return self.futures.submit(
+            sampler.executor, sampler.sampling_session_id, lambda: sampler.sample(request)
+        )
+
+    # --- listing ---------------------------------------------------------------------------
+    def training_runs(self) -> list[dict]:
+        with self._lock:
+            tenants = list(self.tenants.values())
+        return [self.training_run(t.spec.model_id) for t in tenants if owns(t.spec.owner)]
+
+    def training_run(self, model_id: str) -> dict:
+        tenant = self.tenant(model_id)
+        spec = tenant.spec
+        saved = list(tenant.checkpoints.values())
+        last = {
+            kind: next((c for c in reversed(saved) if c.kind == kind), None)
+            for kind in ("weights", "sampler_weights")
+        }
+        return {
+            "training_run_id": model_id,
+            "base_model": spec.base_model,
+            "model_owner": spec.session_id,
+            "is_lora": bool(spec.lora_rank),
+            "lora_rank": spec.lora_rank or None,
+            "last_request_time": tenant.last_request_time.isoformat(),
+            "last_checkpoint": checkpoint_json(last["weights"]),
+            "last_sampler_checkpoint": checkpoint_json(last["sampler_weights"]),
+            "user_metadata": spec.user_metadata or None,
+        }
+
+    def checkpoints(self, model_id: str) -> list[dict]:
+        return [checkpoint_json(c) for c in self.tenant(model_id).checkpoints.values()]
+
+
+def checkpoint_json(saved: SavedCheckpoint | None) -> dict | None:
+    if saved is None:
+        return None
+    return {
+        "checkpoint_id": f"{saved.kind}/{saved.tinker_path.rsplit('/', 1)[-1]}",
+        "checkpoint_type": "training" if saved.kind == "weights" else "sampler",
+        "time": saved.time.isoformat(),
+        "tinker_path": saved.tinker_path,
+        "size_bytes": saved.size_bytes,
+    }

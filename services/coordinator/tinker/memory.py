@@ -1,0 +1,28 @@
+"""How much memory a model's trainer will take, estimated before it starts (the gateway refuses
+a model that would not fit instead of letting a trainer die loading it).
+
+Full fine-tuning holds, per parameter, the weight, its gradient and AdamW's two moments in the
+training dtype's master precision (fp32): 16 bytes. LoRA trains adapters only: the frozen weights
+(4 bytes each in fp32) plus a small share for the adapters and their optimizer state.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+BYTES_PER_PARAMETER = {"full": 16, "lora": 5}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def num_parameters(model_dir: Path) -> int:
+    """Parameters of a local Hugging Face model, from its safetensors files' sizes and dtype."""
+    config = json.loads((model_dir / "config.json").read_text())
+    stored_bytes = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
+    return stored_bytes // DTYPE_BYTES.get(dtype, 4)
+
+
+def trainer_bytes(model_dir: Path, lora_rank: int) -> int:
+    """Estimated memory of one trainer training this model."""
+    return num_parameters(model_dir) * BYTES_PER_PARAMETER["lora" if lora_rank else "full"]

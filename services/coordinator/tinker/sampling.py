@@ -1,0 +1,107 @@
+"""A sampling session: a rollout service holding one saved set of weights (the Hugging Face
+export of save_weights_for_sampler, or a base model), and the SDK's sample calls translated to
+its Generate. Sampled tokens come back with the engine's log-probs (temperature-scaled, as the
+rollout service computes them)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from rollway.common.client import open_channel
+from rollway.common.v1 import common_pb2
+from rollway.coordinator.tinker.config import GatewayConfig
+from rollway.coordinator.tinker.errors import bad_request
+from rollway.coordinator.tinker.wire import encode_sample_response
+from rollway.deploy.supervisor import LocalServiceGroup
+from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+
+MAX_SAMPLES = 64  # most sequences one sample call may ask for
+
+
+def _prompt_tokens(prompt: dict) -> list[int]:
+    tokens: list[int] = []
+    for k, chunk in enumerate(prompt.get("chunks") or []):
+        if chunk.get("type", "encoded_text") != "encoded_text":
+            raise bad_request(f"prompt.chunks[{k}]: {chunk.get('type')} chunks are not supported (text only)")
+        tokens.extend(int(t) for t in chunk["tokens"])
+    if not tokens:
+        raise bad_request("prompt: must hold at least one token")
+    return tokens
+
+
+class Sampler:
+    """A rollout service with one model; its calls run in order on its own thread."""
+
+    def __init__(self, sampling_session_id: str, model_dir: Path, workdir: Path, config: GatewayConfig):
+        self.sampling_session_id = sampling_session_id
+        self.model_dir = model_dir
+        self.describe: dict[str, Any] = {}  # GetSamplerResponse (set by the gateway)
+        self.owner = ""  # the tenant (API key) whose session created it (set by the gateway)
+        args = ["--hf-checkpoint", str(model_dir), "--dtype", config.dtype, "--reward", "none"]
+        self.group = LocalServiceGroup(
+            workdir, args={"rollout": args}, startup_timeout=config.startup_timeout_s
+        )
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"sampler-{sampling_session_id}")
+        self.stub: rollout_pb2_grpc.RolloutServiceStub | None = None
+        self._channel = None
+
+    def _ensure_started(self) -> rollout_pb2_grpc.RolloutServiceStub:
+        if self.stub is None:  # started by the first sample call, on this sampler's thread
+            self.group.start({"rollout": 1})
+            self._channel = open_channel(self.group.addresses["rollout"][0])
+            self.stub = rollout_pb2_grpc.RolloutServiceStub(self._channel)
+            self.stub.Init(rollout_pb2.InitRequest(run_id=self.sampling_session_id))
+        return self.stub
+
+    def generate_request(self, body: dict[str, Any]) -> rollout_pb2.GenerateRequest:
+        """The SDK's SampleRequest -> Generate (bad_request names an unsupported field)."""
+        num_samples = int(body.get("num_samples", 1))
+        if not 1 <= num_samples <= MAX_SAMPLES:
+            raise bad_request(f"num_samples: must be in [1, {MAX_SAMPLES}] (got {num_samples})")
+        for name in ("prompt_logprobs", "topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k",
+                     "target_prompt_logprobs"):  # fmt: skip
+            if body.get(name):
+                raise bad_request(f"{name}: not supported by this gateway (sampled-token log-probs only)")
+        params = body.get("sampling_params") or {}
+        max_tokens = params.get("max_tokens")
+        if max_tokens is None or int(max_tokens) < 1:
+            raise bad_request(f"sampling_params.max_tokens: must be >= 1 (got {max_tokens})")
+        stop = params.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else list(stop)
+        sampling = common_pb2.SamplingParams(
+            temperature=float(params.get("temperature", 1.0)),
+            top_p=float(params.get("top_p", 1.0)),
+            top_k=max(int(params.get("top_k", -1)), 0),
+            max_new_tokens=int(max_tokens),
+            stop_token_ids=[s for s in stop if isinstance(s, int)],
+            stop=[s for s in stop if isinstance(s, str)],
+        )
+        if params.get("seed") is not None:
+            sampling.seed = int(params["seed"])
+        prompt = rollout_pb2.Prompt(token_ids=_prompt_tokens(body.get("prompt") or {}))
+        return rollout_pb2.GenerateRequest(
+            prompts=[prompt], n_samples_per_prompt=num_samples, sampling_params=sampling, reward="none",
+            environment="none",
+        )  # fmt: skip
+
+    def sample(self, request: rollout_pb2.GenerateRequest) -> bytes:
+        stub = self._ensure_started()
+        samples = sorted((reply.sample for reply in stub.Generate(request)), key=lambda s: s.index)
+        return encode_sample_response(
+            [
+                (
+                    list(s.response_token_ids),
+                    list(s.rollout_log_probs),
+                    s.finish_reason == common_pb2.FINISH_REASON_STOP,
+                )
+                for s in samples
+            ]
+        )
+
+    def stop(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        if self._channel is not None:
+            self._channel.close()
+        self.group.stop()

@@ -1,0 +1,62 @@
+"""Client sessions and their heartbeats: a session silent for longer than the timeout is over,
+and the gateway releases the models it created (their trainer processes stop)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Session:
+    """A connected SDK client (one ServiceClient)."""
+
+    session_id: str
+    last_heartbeat: float
+    owner: str  # the tenant (API key) that created it
+    model_ids: set[str] = field(default_factory=set)
+    sampling_session_ids: set[str] = field(default_factory=set)
+
+
+class SessionTable:
+    """Open sessions; `expire` ends those whose heartbeat stopped."""
+
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic):
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    def create(self, owner: str = "") -> Session:
+        session = Session(f"session-{uuid.uuid4().hex[:12]}", self.clock(), owner)
+        with self._lock:
+            self._sessions[session.session_id] = session
+        return session
+
+    def get(self, session_id: str) -> Session | None:
+        with self._lock:
+            return self._sessions.get(session_id)
+
+    def heartbeat(self, session_id: str) -> bool:
+        """Record a heartbeat; False for a session that is unknown or already over."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is not None:
+                session.last_heartbeat = self.clock()
+            return session is not None
+
+    def end(self, session_id: str) -> Session | None:
+        with self._lock:
+            return self._sessions.pop(session_id, None)
+
+    def expire(self) -> list[Session]:
+        """Remove and return the sessions silent for longer than the timeout."""
+        now = self.clock()
+        with self._lock:
+            silent = [s for s in self._sessions.values() if now - s.last_heartbeat > self.timeout_s]
+            for session in silent:
+                del self._sessions[session.session_id]
+        return silent

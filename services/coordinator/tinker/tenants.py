@@ -1,0 +1,158 @@
+"""One tenant per model: its own trainer service (a ServiceGroup of its own), the thread its calls
+run on in order, and its checkpoints by Tinker path.
+
+A trainer that dies is started again and loaded from the tenant's last saved state (or the base
+model when it saved none); the call that was in flight fails with RetryableFailure. Other tenants
+are separate processes and never notice.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from rollway.common.client import open_channel
+from rollway.coordinator.tinker.errors import RetryableFailure
+from rollway.deploy.supervisor import LocalServiceGroup
+from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+
+
+@dataclass
+class SavedCheckpoint:
+    """A checkpoint saved through the API (`weights` for save_weights, `sampler_weights` for sampling)."""
+
+    tinker_path: str
+    kind: str
+    directory: Path  # the trainer's checkpoint (model and optimizer)
+    hf_dir: Path  # the same weights as a Hugging Face model directory
+    time: datetime
+    size_bytes: int
+
+
+@dataclass
+class TenantSpec:
+    """What a client asked for in create_model."""
+
+    model_id: str
+    session_id: str
+    base_model: str
+    lora_rank: int  # 0: full fine-tuning
+    memory_bytes: int  # the trainer's estimated memory (memory.py)
+    owner: str  # the tenant (API key) whose session created it
+    user_metadata: dict[str, str] = field(default_factory=dict)
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+class Tenant:
+    """A model being trained: trainer service, ordered calls, checkpoints."""
+
+    def __init__(self, spec: TenantSpec, workdir: Path, dtype: str, startup_timeout_s: float):
+        self.spec = spec
+        self.workdir = workdir
+        self.checkpoint_root = workdir / "checkpoints"
+        args = ["--hf-checkpoint", spec.base_model, "--world-size", "1", "--dtype", dtype]
+        if spec.lora_rank:
+            args += ["--lora-rank", str(spec.lora_rank)]
+        self.group = LocalServiceGroup(
+            workdir / "services", args={"trainer": args}, startup_timeout=startup_timeout_s
+        )
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"tenant-{spec.model_id}")
+        self.checkpoints: dict[str, SavedCheckpoint] = {}
+        self.last_state: SavedCheckpoint | None = None  # what a restarted trainer loads
+        self.last_request_time = datetime.now(UTC)
+        self.num_restarts = 0
+        self._lock = threading.RLock()
+        self._channel: grpc.Channel | None = None
+        self.trainer: trainer_pb2_grpc.TrainerServiceStub | None = None
+
+    # --- life ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the trainer and initialise its run (blocks while the model loads)."""
+        self.group.start({"trainer": 1})
+        self._connect()
+
+    def _connect(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = open_channel(self.group.addresses["trainer"][0])
+        self.trainer = trainer_pb2_grpc.TrainerServiceStub(self._channel)
+        self.trainer.Init(trainer_pb2.InitRequest(run_id=self.spec.model_id))
+
+    def heal(self) -> bool:
+        """If the trainer died: start a new one from the last saved state; True if it did."""
+        with self._lock:
+            if self.group.dead() is None:
+                return False
+            self.group.restart("trainer", 0)
+            self._connect()
+            if self.last_state is not None:
+                self.trainer.LoadCheckpoint(
+                    trainer_pb2.LoadCheckpointRequest(path=str(self.last_state.directory))
+                )
+            self.num_restarts += 1
+            return True
+
+    def stop(self) -> None:
+        """Stop the trainer and the calls' thread (queued calls are dropped)."""
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        if self._channel is not None:
+            self._channel.close()
+        self.group.stop()
+
+    # --- calls -----------------------------------------------------------------------------
+    def call(self, fn: Callable[[trainer_pb2_grpc.TrainerServiceStub], Any]) -> Any:
+        """Run `fn` against the trainer; a trainer found dead meanwhile is healed and the call
+        fails with RetryableFailure (its work is lost: the client repeats it)."""
+        self.last_request_time = datetime.now(UTC)
+        restarts = self.num_restarts
+        try:
+            return fn(self.trainer)
+        except grpc.RpcError as exc:
+            if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION):
+                raise
+            # UNAVAILABLE: the process may still be exiting, wait for it a little. A refusal
+            # (FAILED_PRECONDITION) is about the request unless the trainer is dead already.
+            patience = 5.0 if exc.code() == grpc.StatusCode.UNAVAILABLE else 0.0
+            deadline = time.monotonic() + patience
+            while self.group.dead() is None and self.num_restarts == restarts and time.monotonic() < deadline:
+                time.sleep(0.05)
+            # The gateway's watch may have healed it first.
+            if not self.heal() and self.num_restarts == restarts:
+                raise
+            restored = self.last_state.tinker_path if self.last_state else "the base model"
+            raise RetryableFailure(
+                f"the trainer of {self.spec.model_id} died during the call and was restarted from "
+                f"{restored}; repeat the call"
+            ) from None
+
+    def save(self, kind: str, name: str) -> SavedCheckpoint:
+        """Save the current weights (and optimizer) as tinker://<model>/<kind>/<name>."""
+        root = self.checkpoint_root / kind / name
+        if root.exists():  # a name saved again is replaced, as a hosted run does
+            shutil.rmtree(root)
+        reply = self.call(
+            lambda t: t.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(path=str(root), hf_export=True))
+        )
+        saved = SavedCheckpoint(
+            tinker_path=f"tinker://{self.spec.model_id}/{kind}/{name}",
+            kind=kind,
+            directory=Path(reply.checkpoint_dir),
+            hf_dir=Path(reply.hf_dir),
+            time=datetime.now(UTC),
+            size_bytes=_size(root),
+        )
+        self.checkpoints[saved.tinker_path] = saved
+        self.last_state = saved
+        return saved

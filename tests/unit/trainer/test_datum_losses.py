@@ -1,0 +1,45 @@
+"""The ForwardBackward losses (datum_losses.py) against the Tinker documentation's formulas, and
+their gradients where the formulas stop them (ppo's clipped side, cispo's detached ratio)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rollway.trainer.datum_losses import DATUM_LOSSES
+
+
+def inputs(logp: list[float], sampling: list[float], advantages: list[float]):
+    return (
+        torch.tensor(logp, requires_grad=True),
+        {"sampling_log_probs": torch.tensor(sampling), "advantages": torch.tensor(advantages)},
+    )
+
+
+def test_cross_entropy_is_weighted_negative_log_likelihood():
+    logp = torch.tensor([-1.0, -2.0, -0.5])
+    terms = DATUM_LOSSES["cross_entropy"].fn(logp, {"weights": torch.tensor([1.0, 0.0, 2.0])}, {})
+    assert terms.tolist() == [1.0, 0.0, 1.0]
+
+
+def test_importance_sampling_gradient_is_ratio_times_advantage():
+    logp, extras = inputs([-1.0, -2.0], [-1.5, -2.0], [2.0, -1.0])
+    DATUM_LOSSES["importance_sampling"].fn(logp, extras, {}).sum().backward()
+    ratio = torch.exp(torch.tensor([0.5, 0.0]))
+    torch.testing.assert_close(logp.grad, -ratio * torch.tensor([2.0, -1.0]))
+
+
+def test_ppo_has_no_gradient_where_the_clipped_side_is_taken():
+    # ratio e^0.5 = 1.65 > 1.2 with a positive advantage: min picks the clipped, constant side.
+    logp, extras = inputs([-1.0, -1.0], [-1.5, -1.0], [1.0, 1.0])
+    terms = DATUM_LOSSES["ppo"].fn(logp, extras, {})
+    terms.sum().backward()
+    assert terms[0].item() == pytest.approx(-1.2)
+    assert logp.grad.tolist() == pytest.approx([0.0, -1.0])
+
+
+def test_cispo_weights_log_prob_gradients_by_the_clipped_ratio_without_differentiating_it():
+    logp, extras = inputs([-1.0, -1.0], [-1.5, -0.5], [1.0, 1.0])
+    terms = DATUM_LOSSES["cispo"].fn(logp, extras, {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2})
+    terms.sum().backward()
+    assert logp.grad.tolist() == pytest.approx([-1.2, -0.8])  # the clipped ratios, e^0.5 and e^-0.5
