@@ -35,6 +35,14 @@ class GatewayConfig:
     )
     dtype: str = setting("float32", "dtype the trainers train in", choices=("float32", "bfloat16"))
     startup_timeout_s: float = setting(300.0, "how long a trainer may take to load its model")
+    launcher: str = setting(
+        "local",
+        "how each model's trainer starts: a local process, or a Ray actor (as a run's `launcher: ray`)",
+        choices=("local", "ray"),
+    )
+    ray_address: str = setting(
+        "", "launcher ray: the cluster to join (empty: RAY_ADDRESS, else a local Ray instance)"
+    )
 
     def __post_init__(self) -> None:
         if self.token and not self.token.startswith("tml-"):
@@ -43,5 +51,7 @@ class GatewayConfig:
             raise ConfigError("session_timeout_s", "must be > 0")
         if self.memory_budget_gb < 0:
             raise ConfigError("memory_budget_gb", "must be >= 0")
+        if self.ray_address and self.launcher != "ray":
+            raise ConfigError("ray_address", "needs --launcher ray")
         if self.max_models < 1:
             raise ConfigError("max_models", "must be >= 1")

@@ -171,7 +171,7 @@ class Gateway:
                     f"{len(self.tenants)} models; release one or raise --memory-budget-gb",
                     "server",
                 )  # fmt: skip
-            tenant = Tenant(spec, self.workdir / model_id, self.config.dtype, self.config.startup_timeout_s)
+            tenant = Tenant(spec, self.workdir / model_id, self.config)
             self.tenants[model_id] = tenant
             session.model_ids.add(model_id)
         return tenant

@@ -1,5 +1,6 @@
-"""One tenant per model: its own trainer service (a ServiceGroup of its own), the thread its calls
-run on in order, and its checkpoints by Tinker path.
+"""One tenant per model: its own trainer service (a ServiceGroup of its own: a local process, or a
+Ray actor with --launcher ray), the thread its calls run on in order, and its checkpoints by Tinker
+path.
 
 A trainer that dies is started again and loaded from the tenant's last saved state (or the base
 model when it saved none); the call that was in flight fails with RetryableFailure. Other tenants
@@ -21,8 +22,9 @@ from typing import Any
 import grpc
 
 from rollway.common.client import open_channel
+from rollway.coordinator.tinker.config import GatewayConfig
 from rollway.coordinator.tinker.errors import RetryableFailure
-from rollway.deploy.supervisor import LocalServiceGroup
+from rollway.deploy.supervisor import LocalServiceGroup, ServiceGroup
 from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
 
@@ -51,6 +53,35 @@ class TenantSpec:
     user_metadata: dict[str, str] = field(default_factory=dict)
 
 
+def trainer_group(spec: TenantSpec, workdir: Path, config: GatewayConfig) -> ServiceGroup:
+    """The ServiceGroup that starts, watches and restarts this model's trainer (one rank)."""
+    if config.launcher == "ray":
+        # The coordinator's Ray launcher, as for a run: it reads the trainer's settings from a run
+        # config, here one with only the trainer's model settings given.
+        from rollway.coordinator.config import CoordinatorConfig
+        from rollway.coordinator.run_config import RunConfig
+        from rollway.dataloader.config import DataloaderConfig
+        from rollway.deploy.ray_services import RayServiceGroup
+        from rollway.rollout.config import RolloutConfig
+        from rollway.trainer.config import TrainerConfig
+
+        trainer = TrainerConfig(
+            hf_checkpoint=spec.base_model, world_size=1, dtype=config.dtype, lora_rank=spec.lora_rank
+        )
+        run = RunConfig(
+            coordinator=CoordinatorConfig(launcher="ray", ray_address=config.ray_address),
+            dataloader=DataloaderConfig(),
+            rollout=RolloutConfig(),
+            trainer=trainer,
+            given={},
+        )
+        return RayServiceGroup(run, workdir, name=spec.model_id, ray_address=config.ray_address)
+    args = ["--hf-checkpoint", spec.base_model, "--world-size", "1", "--dtype", config.dtype]
+    if spec.lora_rank:
+        args += ["--lora-rank", str(spec.lora_rank)]
+    return LocalServiceGroup(workdir, args={"trainer": args}, startup_timeout=config.startup_timeout_s)
+
+
 def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -58,16 +89,11 @@ def _size(path: Path) -> int:
 class Tenant:
     """A model being trained: trainer service, ordered calls, checkpoints."""
 
-    def __init__(self, spec: TenantSpec, workdir: Path, dtype: str, startup_timeout_s: float):
+    def __init__(self, spec: TenantSpec, workdir: Path, config: GatewayConfig):
         self.spec = spec
         self.workdir = workdir
         self.checkpoint_root = workdir / "checkpoints"
-        args = ["--hf-checkpoint", spec.base_model, "--world-size", "1", "--dtype", dtype]
-        if spec.lora_rank:
-            args += ["--lora-rank", str(spec.lora_rank)]
-        self.group = LocalServiceGroup(
-            workdir / "services", args={"trainer": args}, startup_timeout=startup_timeout_s
-        )
+        self.group = trainer_group(spec, workdir / "services", config)
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"tenant-{spec.model_id}")
         self.checkpoints: dict[str, SavedCheckpoint] = {}
         self.last_state: SavedCheckpoint | None = None  # what a restarted trainer loads
