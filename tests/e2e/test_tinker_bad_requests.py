@@ -57,6 +57,8 @@ def test_bad_training_calls_fail_naming_the_field_and_the_model_keeps_training(t
         training.forward_backward([shifted_wrong], "cross_entropy").result()
     with pytest.raises(tinker.BadRequestError, match="loss_fn: dro is refused"):
         training.forward_backward([shifted_wrong], "dro").result()
+    with pytest.raises(tinker.BadRequestError, match="loss_fn: gspo is refused: its sequence-level ratio"):
+        training.forward_backward([shifted_wrong], "gspo").result()
     with pytest.raises(tinker.RequestFailedError, match=r"beta2: must be in \[0, 1\) \(got 1.0\)"):
         training.optim_step(types.AdamParams(beta2=1.0)).result()
     good = types.Datum(

@@ -26,7 +26,10 @@ NUMPY_DTYPES = {
 LOSS_INPUTS = {"weights": "weights", "logprobs": "sampling_log_probs", "advantages": "advantages"}
 REFUSED_LOSSES = {
     "dro": "its formula is not documented in the SDK",
-    "gspo": "not implemented by this gateway yet (sequence-level ratio)",
+    # A sequence-level ratio needs to know which tokens are the sequence: a Tinker datum also holds
+    # its prompt's targets, with advantage 0 and sampling log-prob 0, and the SDK does not say.
+    "gspo": "its sequence-level ratio is not defined by the SDK (which of a datum's tokens form the "
+    "sequence); use ppo or cispo, or forward_backward_custom",
     "stable_reinforce": "its formula is not documented in the SDK",
     "custom": "custom losses run client-side (forward_backward_custom) with this gateway",
 }
