@@ -358,12 +358,19 @@ class SGLangEngine(Engine):
         others blocked in it until the group timeout."""
         deadline = time.monotonic() + self.config.sglang_startup_timeout
         while True:
-            down = [s.url for s in self.servers if not (s.alive() and s.healthy and s.client.answers())]
+            down = []
+            for server in self.servers:
+                if not server.alive() or (server.healthy and not server.client.answers()):
+                    # Seen down just now. Only then is the supervisor's flag cleared: clearing it
+                    # on a stale read would undo the supervisor marking a restarted server
+                    # healthy meanwhile (each answers() of the others can take a second under
+                    # load), and the group would wait for it until the deadline.
+                    server.healthy = False
+                    down.append(server.url)
+                elif not server.healthy:  # restarting: the supervisor marks it once it generates
+                    down.append(server.url)
             if not down:
                 return
-            for server in self.servers:
-                if server.url in down:
-                    server.healthy = False
             if self._stopped or time.monotonic() >= deadline:
                 raise EngineError(f"sglang server(s) {down} not healthy", retryable=True)
             time.sleep(SERVER_WAIT_SECONDS)
