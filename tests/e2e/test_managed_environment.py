@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from pathlib import Path
 
 import pytest
-from support.processes import ServiceProcess, descendants_running, wait_all_gone
-from support.stack import coordinator_stub, start_run, wait_run
-from support.waiting import wait_until
+from support.processes import ServiceProcess, wait_all_gone
+from support.run_environment import run_killing_its_environment, trained_steps
 
 from rollway.coordinator.dashboard.run_files import read_notices
 from rollway.coordinator.v1 import coordinator_pb2
@@ -23,12 +21,6 @@ pytestmark = pytest.mark.slow
 TESTS_DIR = str(Path(__file__).resolve().parents[1])
 ENVIRONMENT_MODULE = "rollway.rollout.environments"
 NUM_STEPS = 6
-
-
-def steps_logged(run_dir: Path) -> list[int]:
-    path = run_dir / "metrics.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return [r["step"] for r in records if "train/grad_norm" in r]
 
 
 def test_a_killed_managed_environment_is_restarted_and_the_run_finishes(
@@ -59,26 +51,9 @@ def test_a_killed_managed_environment_is_restarted_and_the_run_finishes(
     with ServiceProcess(
         "coordinator", ["--runs-root", str(tmp_path / "runs")], tmp_path, env=env
     ) as coordinator:
-        stub = coordinator_stub(coordinator)
-        run_dir = tmp_path / "runs" / "env"
-        started = start_run(stub, "env", config)
-        wait_until(lambda: steps_logged(run_dir), 120, "the run's first step")
-        [first] = descendants_running(coordinator.pid, ENVIRONMENT_MODULE)
-        running = stub.GetRun(coordinator_pb2.GetRunRequest(run_id=started.run_id)).run
-        first_address = running.service_addresses["environment"]
-        os.kill(first, signal.SIGKILL)
-        replaced: list[int] = []
-        wait_until(
-            lambda: (
-                replaced.extend(
-                    p for p in descendants_running(coordinator.pid, ENVIRONMENT_MODULE) if p != first
-                )
-                or replaced
-            ),
-            60,
-            "a new environment process",
-        )
-        info = wait_run(stub, started.run_id, timeout=180)
+        run = run_killing_its_environment(coordinator, "env", config, ENVIRONMENT_MODULE)
+    info, first, first_address, replaced = run.info, run.first, run.first_address, run.replaced
+    run_dir = tmp_path / "runs" / "env"
 
     assert info.state == coordinator_pb2.RUN_STATE_SUCCEEDED, info.error
     assert (info.step, info.num_steps) == (NUM_STEPS, NUM_STEPS)
@@ -88,7 +63,7 @@ def test_a_killed_managed_environment_is_restarted_and_the_run_finishes(
     # The new process serves the dead one's address: the rollout services were not re-initialised.
     assert info.service_addresses["environment"] == first_address
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps_logged(run_dir) == list(range(NUM_STEPS))  # each step once
+    assert [r["step"] for r in trained_steps(run_dir)] == list(range(NUM_STEPS))  # each step once
     # Every sample was an episode of the environment's process: its reward is the step's 0.5,
     # but for samples in flight at the kill (FAILED: reward 0, not trained on).
     rewards = [r["rollout/raw_reward"] for r in records if "rollout/raw_reward" in r]

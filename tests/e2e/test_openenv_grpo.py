@@ -6,17 +6,14 @@ stopped with the run."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import signal
 from pathlib import Path
 
 import pytest
 from support.openenv_envs import WRONG_REWARD
-from support.processes import ServiceProcess, descendants_running, wait_all_gone
-from support.stack import coordinator_stub, start_run, wait_run
-from support.waiting import wait_until
+from support.processes import ServiceProcess, wait_all_gone
+from support.run_environment import run_killing_its_environment, trained_steps
 from transformers import AutoTokenizer
 
 from rollway.common.v1 import common_pb2
@@ -28,12 +25,6 @@ pytestmark = pytest.mark.slow
 TESTS_DIR = str(Path(__file__).resolve().parents[1])
 ENVIRONMENT_MODULE = "rollway.rollout.environments.openenv_server"
 NUM_STEPS = 3
-
-
-def steps_logged(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return [r for r in records if "train/grad_norm" in r]
 
 
 def check_episode(sample: common_pb2.Sample, wrong: tuple[int, ...], tokenizer) -> None:
@@ -83,32 +74,15 @@ def test_grpo_runs_on_a_managed_openenv_server_that_is_killed_and_restarted(
     with ServiceProcess(
         "coordinator", ["--runs-root", str(tmp_path / "runs")], tmp_path, env=env
     ) as coordinator:
-        stub = coordinator_stub(coordinator)
-        run_dir = tmp_path / "runs" / "openenv"
-        started = start_run(stub, "openenv", config)
-        wait_until(lambda: steps_logged(run_dir), 120, "the run's first step")
-        [first] = descendants_running(coordinator.pid, ENVIRONMENT_MODULE)
-        running = stub.GetRun(coordinator_pb2.GetRunRequest(run_id=started.run_id)).run
-        first_address = running.service_addresses["environment"]
-        os.kill(first, signal.SIGKILL)
-        replaced: list[int] = []
-        wait_until(
-            lambda: (
-                replaced.extend(
-                    p for p in descendants_running(coordinator.pid, ENVIRONMENT_MODULE) if p != first
-                )
-                or replaced
-            ),
-            60,
-            "a new OpenEnv server process",
-        )
-        info = wait_run(stub, started.run_id, timeout=180)
+        run = run_killing_its_environment(coordinator, "openenv", config, ENVIRONMENT_MODULE)
+    info, first, first_address, replaced = run.info, run.first, run.first_address, run.replaced
+    run_dir = tmp_path / "runs" / "openenv"
 
     assert info.state == coordinator_pb2.RUN_STATE_SUCCEEDED, info.error
     assert (info.step, info.num_steps) == (NUM_STEPS, NUM_STEPS)
     assert info.num_restarts == 1 and len(replaced) == 1
     assert info.service_addresses["environment"] == first_address  # restarted on its port
-    steps = steps_logged(run_dir)
+    steps = trained_steps(run_dir)
     assert [r["step"] for r in steps] == list(range(NUM_STEPS))
     # The trainer's log-probs of the model's tokens equal the engine's (environment tokens are
     # masked out of the comparison as they are of the loss).
