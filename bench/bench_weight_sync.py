@@ -6,7 +6,7 @@ gRPC (in a run the control hop carries only the manifest: a few ms):
     trainer ranks (1 or 2)  default gloo group; a Qwen3 model of the size with random fp32
                             weights, sharded by the trainer's shard_model (FSDP2); rank 0 forms
                             the weight group (rollway.common.weight_group). Every rank runs
-                            rollway.trainer.weight_send.run_phase("plan") then ("broadcast"):
+                            rollway.trainer.weight_send.plan_weights then broadcast_weights:
                             exactly TrainerEngine.weight_push as PushWeights runs it
     rollout processes (1|2) rollway.rollout.weight_receive.WeightReceiver over an engine whose
                             weight hooks are the hf engine's (loadable_tensors, swap_named_tensors):
@@ -163,7 +163,8 @@ def _trainer(rank: int, topology: dict, ports, queues, results, workdir) -> None
     from rollway.common.weight_group import GroupSpec, WeightGroup
     from rollway.trainer.config import TrainerConfig
     from rollway.trainer.distributed import create_store, init_process_group
-    from rollway.trainer.weight_send import SenderState, run_phase
+    from rollway.trainer.weight_send import SenderState, broadcast_weights, plan_weights
+    from rollway.trainer.weight_write import write_weights
 
     num_ranks, with_disk = topology["trainer_ranks"], topology["with_disk"]
     config = TrainerConfig(hf_checkpoint="bench", dtype="float32", world_size=num_ranks)
@@ -174,8 +175,11 @@ def _trainer(rank: int, topology: dict, ports, queues, results, workdir) -> None
     engine = SimpleNamespace(model=_sharded_model(hf_config, config, info), info=info, hf_config=hf_config)
     phase = dict(dtype="float32", bucket_size_bytes=BUCKET_BYTES)
     if rank != 0:  # the gathers of the updates and of the disk write, in rank 0's order
-        for name in ("plan", "broadcast") * UPDATES + ("write",) * with_disk:
-            run_phase(engine, name, **phase)
+        for _ in range(UPDATES):
+            plan_weights(engine, **phase)
+            broadcast_weights(engine, **phase, sender=None, acknowledge=False, chunk_bytes=0)
+        if with_disk:
+            write_weights(engine, **phase, directory="")
         return
     group = WeightGroup(
         GroupSpec.from_proto(_group_spec(ports["weights"], 1 + topology["rollout_services"])), 0
@@ -185,13 +189,11 @@ def _trainer(rank: int, topology: dict, ports, queues, results, workdir) -> None
     for version in range(1, UPDATES + 1):
         group.exchange_status(0)  # start together
         row["started"] = time.monotonic()
-        plan = run_phase(engine, "plan", **phase)
+        plan = plan_weights(engine, **phase)
         manifest = to_manifest(plan.buckets, version, "distributed", broadcast_chunk_bytes=CHUNK_BYTES)
         for q in queues:
             q.put(manifest.SerializeToString())
-        sent = run_phase(
-            engine, "broadcast", sender=sender, acknowledge=True, chunk_bytes=CHUNK_BYTES, **phase
-        )
+        sent = broadcast_weights(engine, **phase, sender=sender, acknowledge=True, chunk_bytes=CHUNK_BYTES)
         assert not sent.error and set(sent.receiver_status) == {0}, (sent.error, sent.receiver_status)
     row.update(num_bytes=sent.num_bytes, num_buckets=len(plan.buckets), plan_seconds=plan.gather_seconds
                + plan.checksum_seconds, send_seconds=sent.wire_seconds)  # fmt: skip
@@ -200,7 +202,7 @@ def _trainer(rank: int, topology: dict, ports, queues, results, workdir) -> None
         row["disk_started"] = time.monotonic()
         tmp, final = Path(workdir, ".weights.tmp"), Path(workdir, f"weights-v{UPDATES + 1:08d}")
         tmp.mkdir()
-        written = run_phase(engine, "write", directory=str(tmp), **phase)
+        written = write_weights(engine, **phase, directory=str(tmp))
         fsync_tree(tmp)
         os.replace(tmp, final)
         for q in queues:

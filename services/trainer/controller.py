@@ -1,6 +1,6 @@
 """The trainer's logic on rank 0: settings, step planning, idempotency, checkpoint bookkeeping.
 
-    service.py (gRPC) -> TrainerController -> RankRuntime.run(command, per-rank payloads)
+    service.py (gRPC) -> TrainerController -> RankRuntime.run(per-rank commands, commands.py)
 
 Everything is validated and planned here before a command is posted, so the ranks only ever
 receive work they can do. One lock serialises commands: the ranks run one thing at a time.
@@ -28,6 +28,17 @@ from rollway.common.log import get_logger
 from rollway.common.manifest import CheckpointError, describe_os_error
 from rollway.trainer import checkpoint
 from rollway.trainer.batch import num_loss_tokens
+from rollway.trainer.commands import (
+    Checksum,
+    Command,
+    ForwardBackward,
+    Init,
+    Load,
+    LogProbs,
+    OptimStep,
+    Save,
+    Train,
+)
 from rollway.trainer.config import STEP_SETTINGS, TRAINING_SETTINGS, TrainerConfig
 from rollway.trainer.micro_batch import SequenceItem
 from rollway.trainer.runtime import RankRuntime
@@ -93,8 +104,9 @@ class TrainerController:
     def world_size(self) -> int:
         return self.startup.world_size
 
-    def _broadcast(self, command: str, **payload: Any) -> Any:
-        return self.runtime.run(command, [payload] * self.world_size)
+    def _broadcast(self, command: Command) -> Any:
+        """The same command on every rank; rank 0's result."""
+        return self.runtime.run([command] * self.world_size)
 
     # --- Init -----------------------------------------------------------------------------
     def init(self, overrides: dict[str, Any]) -> bool:
@@ -103,7 +115,7 @@ class TrainerController:
         with self.lock:
             if self.settings == settings:
                 return True
-            self._broadcast("init", settings=to_dict(settings))
+            self._broadcast(Init(to_dict(settings)))
             self.settings = settings
             _log().info(
                 "initialized", **{k: v for k, v in to_dict(settings).items() if k in TRAINING_SETTINGS}
@@ -135,7 +147,7 @@ class TrainerController:
             if stored is not None:
                 return stored, True
             dispatched = time.perf_counter()
-            step_metrics = self.runtime.run("train", [{"steps": steps} for steps in per_rank])
+            step_metrics = self.runtime.run([Train(steps) for steps in per_rank])
             ran = time.perf_counter() - dispatched
             metrics = self._summarise(step_metrics, items, efficiency, time.perf_counter() - started)
             metrics["perf/data_time"] = metrics.get("perf/data_time", 0.0) + planned
@@ -176,17 +188,11 @@ class TrainerController:
         """Response log-probs (and entropy) per item, in request order (of the reference model
         with `use_reference`: reference.py, built on first use)."""
         layout = plan_log_probs(items, self.settings or self.startup, self.world_size)
-        payloads = [
-            {
-                "micro_batches": micro_batches,
-                "temperature": temperature,
-                "with_entropy": with_entropy,
-                "use_reference": use_reference,
-            }
-            for micro_batches in layout
+        commands = [
+            LogProbs(micro_batches, temperature, with_entropy, use_reference) for micro_batches in layout
         ]
         with self.lock:
-            results = self.runtime.run("log_probs", payloads)
+            results = self.runtime.run(commands)
         return [results[item.index] for item in items]
 
     # --- ForwardBackward / OptimStep (the Tinker API's split step) -------------------------
@@ -199,17 +205,17 @@ class TrainerController:
         layout = plan_log_probs(items, settings, self.world_size)
         # Every rank runs as many micro-batches as the busiest one: FSDP's collectives pair up.
         depth = max(len(micro_batches) for micro_batches in layout)
-        payloads = [
-            {
-                "micro_batches": micro_batches + [[] for _ in range(depth - len(micro_batches))],
-                "loss_fn": loss_fn,
-                "loss_fn_config": loss_fn_config,
-                "forward_only": forward_only,
-            }
+        commands = [
+            ForwardBackward(
+                micro_batches + [[] for _ in range(depth - len(micro_batches))],
+                loss_fn,
+                loss_fn_config,
+                forward_only,
+            )
             for micro_batches in layout
         ]
         with self.lock:
-            results = self.runtime.run("forward_backward", payloads)
+            results = self.runtime.run(commands)
         return [results[item.index] for item in items]
 
     def optim_step(
@@ -223,14 +229,7 @@ class TrainerController:
         """Apply the accumulated gradients; (optimizer steps so far, grad norm and lr)."""
         self._require_init("OptimStep")
         with self.lock:
-            metrics = self._broadcast(
-                "optim_step",
-                learning_rate=learning_rate,
-                betas=betas,
-                eps=eps,
-                weight_decay=weight_decay,
-                grad_clip_norm=grad_clip_norm,
-            )
+            metrics = self._broadcast(OptimStep(learning_rate, betas, eps, weight_decay, grad_clip_norm))
             return self.engine.global_step, metrics
 
     # --- checkpoints ----------------------------------------------------------------------
@@ -253,7 +252,7 @@ class TrainerController:
                     raise self._write_failed(root, None, describe_os_error(exc)) from None
                 raise InvalidArgument("path", f"cannot create a checkpoint under {root}: {exc}") from None
             self._warn_if_short_of_space(root)
-            errors = self._broadcast("save", directory=str(tmp), hf_export=hf_export)
+            errors = self._broadcast(Save(str(tmp), hf_export))
             if errors:
                 raise self._write_failed(root, tmp, "; ".join(errors))
             meta = {
@@ -307,7 +306,7 @@ class TrainerController:
         for reason in found.skipped:  # loudly: a resume from an older step than the caller expects
             _log().warning("newer checkpoint skipped, falling back", reason=reason, loading=str(directory))
         with self.lock:
-            self._broadcast("load", directory=str(directory), global_step=int(meta["global_step"]))
+            self._broadcast(Load(str(directory), int(meta["global_step"])))
             self.results = OrderedDict(
                 (int(k), StepResult(v["global_step"], v["metrics"]))
                 for k, v in meta.get("step_results", {}).items()
@@ -323,7 +322,7 @@ class TrainerController:
         if dtype not in DTYPE_NAMES:
             raise InvalidArgument("dtype", f"must be one of {', '.join(DTYPE_NAMES)} (got {dtype!r})")
         with self.lock:
-            return self._broadcast("checksum", dtype=dtype)
+            return self._broadcast(Checksum(dtype))
 
 
 # Errors of a disk that cannot take the checkpoint (full, over quota, file too large).

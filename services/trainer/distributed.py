@@ -1,13 +1,13 @@
 """The trainer's process group and the command channel from rank 0 to the other ranks.
 
     rank 0 (gRPC)                         ranks 1..N-1 (worker loop)
-    CommandChannel.send(cmd, payloads) -> TCPStore key cmd/<seq>/<rank> -> CommandChannel.receive()
-    engine.<cmd>(payload[0])              <- same collectives ->            engine.<cmd>(payload[r])
+    CommandChannel.send(commands)    -> TCPStore key cmd/<seq>/<rank> -> CommandChannel.receive()
+    execute(engine, commands[0])          <- same collectives ->            execute(engine, commands[r])
 
 Commands travel through rank 0's TCPStore rather than a collective: a worker may wait for its
 next command for hours, and a collective would time out; a store wait is polled in short slices
-so the worker can notice that rank 0 is gone. Each rank gets its own payload (its share of the
-batch), planned and validated on rank 0 before anything is sent, so a bad batch never reaches a
+so the worker can notice that rank 0 is gone. Each rank gets its own command (commands.py: its
+share of the batch), planned and validated on rank 0 before anything is sent, so a bad batch never reaches a
 worker and all ranks always run the same sequence of collectives.
 
 Whoever reaches a TCPStore can write its keys, and a command is unpickled (which can run code), so
@@ -109,7 +109,7 @@ class CommandRefused(SystemExit):
 
 
 class CommandChannel:
-    """Rank 0 sends (command, payload) to every worker; workers receive them in order."""
+    """Rank 0 sends a command to every worker; workers receive them in order."""
 
     def __init__(self, store: dist.TCPStore, rank: int, key: bytes):
         self.store = store
@@ -120,15 +120,15 @@ class CommandChannel:
     def _signature(self, name: str, blob: bytes) -> bytes:
         return hmac.new(self.key, name.encode() + b"\0" + blob, hashlib.sha256).digest()
 
-    def send(self, command: str, payloads: list[Any]) -> None:
-        """Rank 0: post `payloads[r]` for every worker rank r >= 1."""
-        for rank, payload in enumerate(payloads[1:], start=1):
+    def send(self, commands: list[Any]) -> None:
+        """Rank 0: post `commands[r]` for every worker rank r >= 1."""
+        for rank, command in enumerate(commands[1:], start=1):
             name = f"cmd/{self.seq}/{rank}"
-            blob = pickle.dumps((command, payload))
+            blob = pickle.dumps(command)
             self.store.set(name, self._signature(name, blob) + blob)
         self.seq += 1
 
-    def receive(self, still_wanted) -> tuple[str, Any]:
+    def receive(self, still_wanted) -> Any:
         """Worker: wait for the next command; `still_wanted()` False (rank 0 gone) raises SystemExit."""
         key = f"cmd/{self.seq}/{self.rank}"
         while True:
@@ -145,10 +145,10 @@ class CommandChannel:
                 f"rank {self.rank}: refused command {key}: its signature does not verify (written by "
                 "someone without the run's auth token, or rank 0's token differs from this rank's)"
             )
-        command, payload = pickle.loads(blob)
+        command = pickle.loads(blob)
         self.store.delete_key(key)
         self.seq += 1
-        return command, payload
+        return command
 
     def report_error(self, message: str) -> None:
         """Worker: leave an error message for rank 0 before exiting."""

@@ -1,7 +1,7 @@
 """The per-rank training engine: every rank runs the same method with its own share of the work.
 
-Rank 0 calls a method directly after posting the same command to the workers (controller.py);
-a worker's loop (worker.py) calls it on receipt. Methods only run collectives that every rank
+Rank 0 runs a command (commands.py) here after posting the same command to the workers
+(controller.py, runtime.py); a worker's loop (worker.py) runs it on receipt. Methods only run collectives that every rank
 runs in the same order, and return what rank 0 needs (other ranks' return values are dropped).
 """
 
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from rollway.common import progress
 from rollway.common.config import from_dict
 from rollway.common.cpu_threads import apply_cpu_threads
-from rollway.trainer import checkpoint, export, lora, weight_send
+from rollway.trainer import checkpoint, export, lora
 from rollway.trainer.attention import SHARED_PREFIX_KERNELS, model_inputs
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.datum_losses import DATUM_LOSSES
@@ -41,7 +41,7 @@ from rollway.trainer.model_loading import load_model
 from rollway.trainer.optimizer import apply_settings, build_optimizer, clip_grad_norm
 from rollway.trainer.per_source import gather_source_losses, sample_sums
 from rollway.trainer.policy_inputs import loss_temperature, prepare_policy_inputs
-from rollway.trainer.reference import reference_logits
+from rollway.trainer.reference import build_reference, shares_policy
 from rollway.trainer.sharding import resolve_dtype, shard_model
 from rollway.trainer.step_timer import StepTimer
 from rollway.trainer.tiled_mlp import enable_tiled_mlp
@@ -140,8 +140,8 @@ class TrainerEngine:
         with torch.no_grad():
             for items in micro_batches:
                 progress.beat()
-                mb = self._build(items, packing=True, extra_names=())
-                logits = reference_logits(self, mb) if use_reference else self._logits(mb)
+                mb = self.build_micro_batch(items, packing=True, extra_names=())
+                logits = self.reference_logits(mb) if use_reference else self.logits(mb)
                 logp, entropy = token_log_probs(
                     logits,
                     mb.target_ids.to(logits.device),
@@ -203,9 +203,9 @@ class TrainerEngine:
             progress.beat()
             if not forward_only:  # reduce-scatter once, after this call's last micro-batch
                 self.model.set_requires_gradient_sync(k == len(micro_batches) - 1)
-            mb = self._build(items, packing=True, extra_names=spec.inputs)
+            mb = self.build_micro_batch(items, packing=True, extra_names=spec.inputs)
             with torch.set_grad_enabled(not forward_only):
-                logits = self._logits(mb)
+                logits = self.logits(mb)
                 device = logits.device
                 logp, _ = token_log_probs(
                     logits, mb.target_ids.to(device), chunk_size=self.config.log_probs_chunk_size
@@ -248,17 +248,11 @@ class TrainerEngine:
         """sha256 of the full weights cast to `dtype` (weights.py), on rank 0."""
         return full_weights_checksum(self.model, resolve_dtype(dtype))
 
-    def weight_push(self, phase: str, **kwargs: Any) -> Any:
-        """One pass of a weight update ("plan", "broadcast", "write"; weight_send.py)."""
-        return weight_send.run_phase(self, phase, **kwargs)
-
-    # --- internals ------------------------------------------------------------------------
-    def _require_optimizer(self) -> torch.optim.Optimizer:
-        if self.optimizer is None:
-            raise RuntimeError("the optimizer is built by init; rank 0 checks this before sending")
-        return self.optimizer
-
-    def _build(self, items: list[SequenceItem], packing: bool, extra_names: tuple[str, ...]) -> MicroBatch:
+    # --- forward passes (also policy_inputs.py's) ----------------------------------------------
+    def build_micro_batch(
+        self, items: list[SequenceItem], packing: bool, extra_names: tuple[str, ...]
+    ) -> MicroBatch:
+        """`items` laid out as one micro-batch with this run's padding and prefix sharing."""
         return build_micro_batch(
             items,
             packing=packing,
@@ -268,7 +262,7 @@ class TrainerEngine:
             share_prefixes=shares_prefixes(self.config, packing),
         )
 
-    def _logits(self, mb: MicroBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
+    def logits(self, mb: MicroBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
         """Logits [rows, targets, vocab] at the micro-batch's target columns only: lm_head (and
         everything after it) skips prompts and padding."""
         model = model or self.model
@@ -277,6 +271,22 @@ class TrainerEngine:
         if accepts_logits_to_keep(model):
             return model(**inputs, logits_to_keep=columns).logits
         return model(**inputs).logits.index_select(1, columns)
+
+    def reference_logits(self, mb: MicroBatch) -> torch.Tensor:
+        """Logits of the reference policy for a micro-batch (call under torch.no_grad()): the
+        policy with its LoRA adapters off, or the reference model, built on first use (reference.py)."""
+        if shares_policy(self.config):
+            with lora.adapters_disabled(self.model):
+                return self.logits(mb)
+        if self.reference is None:
+            self.reference = build_reference(self.config, self.info)
+        return self.logits(mb, model=self.reference)
+
+    # --- internals ------------------------------------------------------------------------
+    def _require_optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise RuntimeError("the optimizer is built by init; rank 0 checks this before sending")
+        return self.optimizer
 
     def accumulate_gradients(
         self,
@@ -301,7 +311,7 @@ class TrainerEngine:
             # Reduce-scatter once, after the last micro-batch; earlier ones accumulate locally.
             self.model.set_requires_gradient_sync(k == len(step.micro_batches) - 1)
             with timer.phase("data"):
-                mb = self._build(items, settings.packing, extra_names)
+                mb = self.build_micro_batch(items, settings.packing, extra_names)
             shares, sums = self._micro_batch_loss(mb, settings, spec, step.denominators, timer)
             per_sample.update(sums)
             for name, value in shares.items():
@@ -334,7 +344,7 @@ class TrainerEngine:
         """Forward and backward of one micro-batch; its (detached) shares of the step's metrics, on
         the device, and its samples' loss sums (per_source.py)."""
         with timer.phase("forward"):
-            logits = self._logits(mb)
+            logits = self.logits(mb)
             device = logits.device
             logp, entropy = token_log_probs(
                 logits,

@@ -14,34 +14,23 @@ largest value over the loss tokens of the global batch (metric_share, then combi
 reduce_shares across micro-batches and ranks). A term whose name starts with num_ is a per-token
 indicator and is reported as its sum over the loss tokens of the global batch (a count).
 
-A policy loss plugs in with `@register_loss("policy_loss", per_token_inputs=("advantages",
-"old_log_probs"))`: the listed Sample fields are validated, packed and passed in `extras`.
+The built-in losses are listed in LOSSES below; another one plugs in with
+`@register_loss("my_loss", per_token_inputs=("advantages",))`: the listed Sample fields are
+validated, packed and passed in `extras` (LossInputs, loss_inputs.py).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from rollway.trainer.config import TrainerConfig
+from rollway.trainer.loss_inputs import LossInputs
 from rollway.trainer.non_finite import non_finite_tokens
-
-
-@dataclass
-class LossInputs:
-    """A micro-batch's tensors at target positions ([rows, length])."""
-
-    log_probs: torch.Tensor  # log p(target) under the current policy (requires grad)
-    loss_mask: torch.Tensor  # float
-    sample_index: torch.Tensor  # request index of the owning sample, -1 for none
-    settings: TrainerConfig
-    entropy: torch.Tensor | None = None
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-token inputs by Sample field
-
+from rollway.trainer.policy_loss import policy_loss
 
 LossFn = Callable[[LossInputs], dict[str, torch.Tensor]]
 
@@ -55,7 +44,16 @@ class LossSpec:
     needs_entropy: bool = False
 
 
-LOSSES: dict[str, LossSpec] = {}
+def sft_loss(inputs: LossInputs) -> dict[str, torch.Tensor]:
+    """Negative log-likelihood of the target tokens. A non-finite log-prob stays in the loss (as
+    Miles' sft_loss_function; the step's non-finite grad_norm then skips the update) and is counted."""
+    return {"loss": -inputs.log_probs, "num_non_finite_tokens": non_finite_tokens(inputs.log_probs)}
+
+
+LOSSES: dict[str, LossSpec] = {
+    "sft_loss": LossSpec(sft_loss),
+    "policy_loss": LossSpec(policy_loss, per_token_inputs=("advantages",), needs_entropy=True),
+}
 
 
 def register_loss(name: str, per_token_inputs: tuple[str, ...] = (), needs_entropy: bool = False):
@@ -72,13 +70,6 @@ def get_loss(name: str) -> LossSpec:
     if name not in LOSSES:
         raise KeyError(f"loss_type: unknown {name!r}, expected one of {', '.join(sorted(LOSSES))}")
     return LOSSES[name]
-
-
-@register_loss("sft_loss")
-def sft_loss(inputs: LossInputs) -> dict[str, torch.Tensor]:
-    """Negative log-likelihood of the target tokens. A non-finite log-prob stays in the loss (as
-    Miles' sft_loss_function; the step's non-finite grad_norm then skips the update) and is counted."""
-    return {"loss": -inputs.log_probs, "num_non_finite_tokens": non_finite_tokens(inputs.log_probs)}
 
 
 @dataclass(frozen=True)
@@ -162,7 +153,3 @@ def reduce_shares(totals: dict[str, torch.Tensor]) -> dict[str, float]:
             if math.isfinite(value):
                 metrics[f"train/{name}"] = value
     return metrics
-
-
-# Registers policy_loss (it imports this module's names, so it comes last).
-from rollway.trainer import policy_loss as _policy_loss  # noqa: E402, F401

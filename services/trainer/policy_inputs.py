@@ -25,7 +25,6 @@ from rollway.trainer.config import TOKEN_LEVEL_ESTIMATORS, TrainerConfig
 from rollway.trainer.kl import approx_kl
 from rollway.trainer.log_probs import response_values, token_log_probs
 from rollway.trainer.micro_batch import SequenceItem
-from rollway.trainer.reference import reference_logits
 from rollway.trainer.returns import reinforce_plus_plus_baseline, reinforce_plus_plus_returns, whiten
 from rollway.trainer.step_timer import StepTimer
 
@@ -70,7 +69,7 @@ def sample_fields(samples: Sequence, settings: TrainerConfig) -> tuple[str, ...]
 
 def _forward_log_probs(engine, mb, settings: TrainerConfig, reference: bool) -> dict[int, list[float]]:
     with torch.no_grad():
-        logits = reference_logits(engine, mb) if reference else engine._logits(mb)
+        logits = engine.reference_logits(mb) if reference else engine.logits(mb)
         logp, _ = token_log_probs(
             logits,
             mb.target_ids.to(logits.device),
@@ -85,7 +84,7 @@ def _compute_log_probs(engine, steps, settings: TrainerConfig, names: list[str],
     for step in steps:
         for items in step.micro_batches:  # every rank has as many micro-batches: FSDP collectives match
             with timer.phase("data"):
-                mb = engine._build(items, settings.packing, extra_names=())
+                mb = engine.build_micro_batch(items, settings.packing, extra_names=())
             for name in names:
                 # perf/log_probs_time (the old policy) or perf/ref_log_probs_time
                 with timer.phase("ref_log_probs" if name == "ref_log_probs" else "log_probs"):

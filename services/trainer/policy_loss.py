@@ -16,7 +16,8 @@ old_logp is the trainer's own no-grad forward before the first optimizer step of
 (policy_inputs.py), the rollout's log-probs with --use-rollout-logprobs, or - when the rollout
 makes a single optimizer step and nothing else needs it - the current log-probs detached, which
 is the same number without the extra forward. Every term is per token; the engine aggregates
-them all the same way (losses.aggregate) and reports each as train/<name>.
+them all the same way (losses.aggregate) and reports each as train/<name>. Registered as
+`--loss-type policy_loss` in losses.LOSSES.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from rollway.trainer.kl import approx_kl
-from rollway.trainer.losses import LossInputs, register_loss
+from rollway.trainer.loss_inputs import LossInputs
 from rollway.trainer.non_finite import finite_log_ratio, non_finite_tokens, zero_non_finite
 from rollway.trainer.rollout_correction import per_sample_totals, rollout_correction
 
@@ -88,7 +89,6 @@ def kl_loss_term(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: 
     return torch.nan_to_num(kl, nan=0.0, posinf=0.0, neginf=0.0)  # k3 overflows past ~88
 
 
-@register_loss("policy_loss", per_token_inputs=("advantages",), needs_entropy=True)
 def policy_loss(inputs: LossInputs) -> dict[str, torch.Tensor]:
     """Per-token terms of the policy loss (see the module docstring)."""
     s = inputs.settings

@@ -3,7 +3,8 @@
 A second FSDP2 model, frozen, sharded like the policy but with CPUOffloadPolicy: its shards live
 in host memory and each layer visits the accelerator only during its own forward (Miles keeps
 its reference on CPU the same way). It is built on first use - the first TrainStep that needs
-ref log-probs, or ComputeLogProbs with use_reference - by every rank at once.
+ref log-probs, or ComputeLogProbs with use_reference - by every rank at once; the engine holds it
+and computes its logits (TrainerEngine.reference_logits).
 
 With LoRA and no --ref-load the reference is the policy itself with its adapters switched off:
 exactly the base model, at no extra memory.
@@ -16,7 +17,6 @@ from dataclasses import replace
 import torch
 
 from rollway.common.log import get_logger
-from rollway.trainer.lora import adapters_disabled
 from rollway.trainer.model_loading import ModelLoadError, load_model, read_hf_config
 from rollway.trainer.sharding import shard_model
 from rollway.trainer.tiled_mlp import enable_tiled_mlp
@@ -58,13 +58,3 @@ def build_reference(config, info) -> torch.nn.Module:
     model.eval()
     get_logger("rollway.trainer.reference").info("reference model ready", path=ref_config.hf_checkpoint)
     return model
-
-
-def reference_logits(engine, mb) -> torch.Tensor:
-    """Logits of the reference policy for a micro-batch (call under torch.no_grad())."""
-    if shares_policy(engine.config):
-        with adapters_disabled(engine.model):
-            return engine._logits(mb)
-    if engine.reference is None:
-        engine.reference = build_reference(engine.config, engine.info)
-    return engine._logits(mb, model=engine.reference)

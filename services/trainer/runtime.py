@@ -2,8 +2,8 @@
 
     start():  store (rank 0 hosts it) -> spawn ranks 1..N-1 -> wait until they reach the store
               -> process group -> TrainerEngine (load + shard, collectives with every rank)
-    run(cmd, payloads): post payloads[1:] to the workers, run engine.<cmd>(payloads[0]) here.
-    shutdown(): post `shutdown`, wait for the workers, kill stragglers by pid.
+    run(commands):  post commands[1:] to the workers, execute commands[0] here (commands.py).
+    shutdown():     post Shutdown, wait for the workers, kill stragglers by pid.
 
 Rank 0's commands all run on one thread of their own (`trainer-compute`), whichever gRPC thread
 asked: torch's OpenMP team belongs to the thread that computes, and a step that lands on another
@@ -28,6 +28,7 @@ import torch.distributed as dist
 from rollway.common.errors import FailedPrecondition, Unavailable
 from rollway.common.log import get_logger
 from rollway.common.tracing import in_current_context
+from rollway.trainer.commands import Command, Shutdown, command_name, execute
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.distributed import CommandChannel, command_key, create_store, init_process_group
 from rollway.trainer.engine import TrainerEngine
@@ -37,6 +38,11 @@ from rollway.trainer.ranks import WorkerRanks
 def _log():
     """The logger, bound at call time: logging is configured by the server after this import."""
     return get_logger("rollway.trainer.runtime")
+
+
+# After a command fails on rank 0, how long to wait for a worker that failed with it to say why
+# (its error in the store, then its exit). A failure of rank 0 alone waits this long in vain.
+WORKER_REASON_SECONDS = 2.0
 
 
 class RankRuntime:
@@ -78,6 +84,23 @@ class RankRuntime:
                     raise TimeoutError(f"trainer rank {rank} did not start within the distributed timeout")
                 time.sleep(0.05)
 
+    def _worker_failure(self, timeout_s: float) -> str | None:
+        """The reason of a worker that failed or died, waiting up to `timeout_s` for one: a worker
+        that failed leaves its error in the store, then exits (worker.py)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            reason = self._dead_reason()
+            if reason or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)  # polling the processes and the store, not a fixed delay
+        if reason:
+            return reason
+        for rank in range(1, self.config.world_size):  # reported, but still exiting
+            error = self.channel.read_error(rank)
+            if error:
+                return f"trainer rank {rank} failed: {error.splitlines()[0]}"
+        return None
+
     def _dead_reason(self) -> str | None:
         dead = self.workers.dead()
         if not dead:
@@ -106,8 +129,8 @@ class RankRuntime:
         _log().error("trainer ranks broken", reason=reason)
         self.on_broken(reason)
 
-    def run(self, command: str, payloads: list[dict[str, Any]]) -> Any:
-        """Run `command` on every rank (payloads[r] for rank r); rank 0's result is returned."""
+    def run(self, commands: list[Command]) -> Any:
+        """Run commands[r] on rank r, for every rank; rank 0's result is returned."""
         if self.engine is None:
             raise Unavailable("the trainer is still loading the model")
         if self.broken:
@@ -120,20 +143,22 @@ class RankRuntime:
             raise FailedPrecondition(
                 f"the trainer's ranks are out of service ({reason}); restart the trainer"
             )
-        return self._compute.submit(in_current_context(self._run_here), command, payloads).result()
+        return self._compute.submit(in_current_context(self._run_here), commands).result()
 
-    def _run_here(self, command: str, payloads: list[dict[str, Any]]) -> Any:
+    def _run_here(self, commands: list[Command]) -> Any:
         assert self.engine is not None
-        self.channel.send(command, payloads)
+        self.channel.send(commands)
+        name = command_name(commands[0])
         try:
-            return getattr(self.engine, command)(**payloads[0])
+            return execute(self.engine, commands[0])
         except Exception as exc:
-            _log().exception("command failed on rank 0", command=command)
+            _log().exception("command failed on rank 0", command=name)
             if self.config.world_size > 1:
-                time.sleep(0.5)  # let a dying worker exit so its reason can be read
-                reason = self._dead_reason() or f"{command} failed on rank 0: {type(exc).__name__}: {exc}"
+                reason = self._worker_failure(WORKER_REASON_SECONDS) or (
+                    f"{name} failed on rank 0: {type(exc).__name__}: {exc}"
+                )
                 self._mark_broken(reason)
-                raise Unavailable(f"{command} failed: {reason}") from exc
+                raise Unavailable(f"{name} failed: {reason}") from exc
             raise
 
     def shutdown(self, timeout_s: float = 15.0) -> None:
@@ -142,7 +167,7 @@ class RankRuntime:
         posted = False
         try:
             if not self.broken and self.engine is not None:
-                self.channel.send("shutdown", [{}] * self.config.world_size)
+                self.channel.send([Shutdown()] * self.config.world_size)
                 posted = True
         except Exception:  # the store may already be unusable; the pids are what count
             _log().warning("could not post shutdown to the ranks")

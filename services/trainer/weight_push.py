@@ -2,9 +2,9 @@
 
     InitWeightGroup(spec):  same spec as the live group -> no-op; otherwise destroy it, then form a
                             new group as rank 0 (hosting its TCPStore at master_port)
-    PushWeights(v):         check v -> "plan" on every rank (gather + per-bucket checksums)
+    PushWeights(v):         check v -> PlanWeights on every rank (gather + per-bucket checksums)
                             -> yield the manifest (the coordinator forwards it to the receivers)
-                            -> "broadcast" on every rank (rank 0 sends) or "write" (disk path)
+                            -> BroadcastWeights on every rank (rank 0 sends) or WriteWeights (disk)
                             -> record v as pushed -> yield the timings
 
 Versions only move forward: v below the last pushed version is refused; v equal to it re-sends
@@ -21,6 +21,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from rollway.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
@@ -42,6 +43,7 @@ from rollway.common.weight_group import (
     WeightGroupError,
 )
 from rollway.common.weights_checksum import dtype_from_name
+from rollway.trainer.commands import BroadcastWeights, Command, PlanWeights, WriteWeights
 from rollway.trainer.sharding import DTYPE_NAMES
 from rollway.trainer.v1 import trainer_pb2
 from rollway.trainer.weight_send import SenderState, SendResult
@@ -152,18 +154,12 @@ class WeightPusher:
             self._check_version(version)
             if transport == "distributed":
                 self._require_group()
-                plan = self._run("plan", dtype=dtype, bucket_size_bytes=bucket_size)
+                plan = self._run(PlanWeights(dtype, bucket_size))
                 chunk = request.broadcast_chunk_bytes
                 manifest = to_manifest(plan.buckets, version, transport, broadcast_chunk_bytes=chunk)
                 yield trainer_pb2.PushWeightsResponse(manifest=manifest)
-                sent = self._run(
-                    "broadcast",
-                    dtype=dtype,
-                    bucket_size_bytes=bucket_size,
-                    sender=self.sender,
-                    acknowledge=request.acknowledge,
-                    chunk_bytes=chunk,
-                )
+                broadcast = BroadcastWeights(dtype, bucket_size, request.acknowledge, chunk)
+                sent = self._run(replace(broadcast, sender=self.sender), workers=broadcast)
                 self._check_delivery(version, sent)
             else:
                 plan, sent, directory = self._write(request.disk_path, version, dtype, bucket_size)
@@ -205,11 +201,11 @@ class WeightPusher:
                 f"the weight group is broken ({self.group.broken}); call InitWeightGroup again"
             )
 
-    def _run(self, phase: str, sender: SenderState | None = None, **kwargs) -> SendResult:
-        payload = {"phase": phase, **kwargs}
-        # Rank 0's payload is handed to its engine directly (never pickled): it may carry the group.
-        payloads = [{**payload, "sender": sender}] + [payload] * (self.controller.world_size - 1)
-        return self.controller.runtime.run("weight_push", payloads)
+    def _run(self, command: Command, workers: Command | None = None) -> SendResult:
+        """`command` on rank 0, `workers` (default: the same) on the others. Rank 0's command is
+        handed to its engine directly (never pickled): it may carry the group."""
+        others = [workers or command] * (self.controller.world_size - 1)
+        return self.controller.runtime.run([command, *others])
 
     def _write(self, disk_path: str, version: int, dtype: str, bucket_size: int):
         """Disk path: write into a temporary directory, fsync, rename into place atomically."""
@@ -220,7 +216,7 @@ class WeightPusher:
             tmp.mkdir()
         except OSError as exc:
             raise InvalidArgument("disk_path", f"cannot write under {root}: {exc}") from None
-        sent = self._run("write", dtype=dtype, bucket_size_bytes=bucket_size, directory=str(tmp))
+        sent = self._run(WriteWeights(dtype, bucket_size, str(tmp)))
         if sent.error:
             shutil.rmtree(tmp, ignore_errors=True)
             raise Unavailable(f"weight version {version} was not written: {sent.error}")

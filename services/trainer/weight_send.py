@@ -282,26 +282,22 @@ def _wait_all(works: list, group: WeightGroup) -> str:
     return error
 
 
-def run_phase(
+def plan_weights(engine, dtype: str, bucket_size_bytes: int) -> SendResult | None:
+    """The buckets of a push and their checksums (on rank 0), without gathering."""
+    with torch.no_grad():
+        buckets = plan_layout(engine.model, dtype_from_name(dtype), bucket_size_bytes)
+        return checksum_pass(engine.model, buckets, engine.info.rank)
+
+
+def broadcast_weights(
     engine,
-    phase: str,
     dtype: str,
     bucket_size_bytes: int,
-    sender: SenderState | None = None,
-    directory: str = "",
-    acknowledge: bool = False,
-    chunk_bytes: int = 0,
+    sender: SenderState | None,
+    acknowledge: bool,
+    chunk_bytes: int,
 ) -> SendResult | None:
-    """One pass ("plan", "broadcast" or "write") of a weight update on this rank."""
-    from rollway.trainer.weight_write import write_pass
-
-    buckets = plan_layout(engine.model, dtype_from_name(dtype), bucket_size_bytes)
-    rank = engine.info.rank
+    """Gather and broadcast every bucket over the weight group (rank 0 sends: `sender`)."""
     with torch.no_grad():
-        if phase == "plan":
-            return checksum_pass(engine.model, buckets, rank)
-        if phase == "broadcast":
-            return broadcast_pass(engine.model, buckets, rank, sender, acknowledge, chunk_bytes)
-        if phase == "write":
-            return write_pass(engine.model, buckets, rank, directory, engine.hf_config)  # weight_write.py
-    raise ValueError(f"unknown weight push phase {phase!r}")
+        buckets = plan_layout(engine.model, dtype_from_name(dtype), bucket_size_bytes)
+        return broadcast_pass(engine.model, buckets, engine.info.rank, sender, acknowledge, chunk_bytes)

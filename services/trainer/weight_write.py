@@ -21,8 +21,9 @@ from safetensors.torch import save_file
 
 from rollway.common.bucket_checksum import BucketChecksum, as_bytes
 from rollway.common.weight_buckets import Bucket, bucket_file_name
+from rollway.common.weights_checksum import dtype_from_name
 from rollway.trainer import weight_gather
-from rollway.trainer.weight_send import SendResult, gathered_tensors
+from rollway.trainer.weight_send import SendResult, gathered_tensors, plan_layout
 
 
 def write_pass(
@@ -105,3 +106,10 @@ def _write_index(directory: Path, buckets: list[Bucket]) -> None:
     weight_map = {e.name: bucket_file_name(b.index, len(buckets)) for b in buckets for e in b.entries}
     index = {"metadata": {"total_size": sum(b.num_bytes for b in buckets)}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=1, sort_keys=True))
+
+
+def write_weights(engine, dtype: str, bucket_size_bytes: int, directory: str) -> SendResult | None:
+    """Gather and write every bucket as safetensors into `directory` (rank 0 writes)."""
+    with torch.no_grad():
+        buckets = plan_layout(engine.model, dtype_from_name(dtype), bucket_size_bytes)
+        return write_pass(engine.model, buckets, engine.info.rank, directory, engine.hf_config)

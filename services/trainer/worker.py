@@ -1,7 +1,7 @@
 """`python -m rollway.trainer.worker`: trainer rank 1..N-1, started by rank 0 (ranks.py).
 
 It joins rank 0's store and process group, builds its model shard, then runs the commands rank 0
-posts until `shutdown`. Any error is left in the store for rank 0 and ends the process: after a
+posts (commands.py) until Shutdown. Any error is left in the store for rank 0 and ends the process: after a
 failed command the ranks' collectives are out of step, and rank 0 reports the trainer as broken.
 """
 
@@ -18,6 +18,7 @@ from rollway.common.config import from_dict
 from rollway.common.log import bind_run_context, configure_logging, get_logger
 from rollway.common.parent_watch import watch_parent
 from rollway.common.process_exit import exit_without_teardown
+from rollway.trainer.commands import Shutdown, execute
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.distributed import (
     CommandChannel,
@@ -46,10 +47,10 @@ def main() -> int:
         engine = TrainerEngine(config, init_process_group(store, rank, world_size, timeout))
         log.info("rank ready", num_parameters=engine.num_parameters)
         while True:
-            command, payload = channel.receive(lambda: os.getppid() == parent)
-            if command == "shutdown":
+            command = channel.receive(lambda: os.getppid() == parent)
+            if isinstance(command, Shutdown):
                 break
-            getattr(engine, command)(**payload)
+            execute(engine, command)
     except CommandRefused as exc:  # rank 0 learns why this rank left (read_error)
         channel.report_error(str(exc))
         log.error("rank exiting", reason=str(exc))

@@ -25,6 +25,7 @@ from rollway.common.bound_store import StoreBindError, host_store, listen_socket
 from rollway.common.group_proof import check_members, group_secret
 from rollway.common.local_address import address_towards, interface_of
 from rollway.common.weight_group import GroupSpec, WeightGroup, WeightGroupError
+from rollway.trainer.commands import Checksum, Load
 from rollway.trainer.distributed import CommandChannel, CommandRefused, command_key, create_store
 
 RUN_ADDRESS = "127.0.0.2"
@@ -231,8 +232,8 @@ def test_a_trainer_command_written_without_the_runs_token_is_refused_before_unpi
     rank0 = CommandChannel(store, 0, command_key("run-token"))
     worker_store = create_store(1, 2, RUN_ADDRESS, store.port, 10.0)
     worker = CommandChannel(worker_store, 1, command_key("run-token"))
-    rank0.send("train_step", [{}, {"batch": [1, 2]}])
-    assert worker.receive(lambda: True) == ("train_step", {"batch": [1, 2]})
+    rank0.send([Load("/ckpt/rank0", 1), Load("/ckpt/iter_1", 1)])
+    assert worker.receive(lambda: True) == Load("/ckpt/iter_1", 1)
 
     # Someone who reaches the store writes the next command: unsigned, or signed with a guess.
     intruder = dist.TCPStore(RUN_ADDRESS, store.port, is_master=False, timeout=timedelta(seconds=10))
@@ -244,10 +245,10 @@ def test_a_trainer_command_written_without_the_runs_token_is_refused_before_unpi
     # A worker whose token differs from rank 0's refuses rank 0's own commands too.
     stranger = CommandChannel(worker_store, 1, command_key("another-token"))
     stranger.seq = 1
-    rank0.send("train_step", [{}, {"batch": [3]}])
+    rank0.send([Checksum("float32"), Checksum("bfloat16")])
     with pytest.raises(CommandRefused):
         stranger.receive(lambda: True)
-    assert worker.receive(lambda: True) == ("train_step", {"batch": [3]})
+    assert worker.receive(lambda: True) == Checksum("bfloat16")
 
 
 def test_the_trainer_ranks_gloo_interface_is_the_one_holding_the_runs_address():

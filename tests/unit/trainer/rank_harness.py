@@ -126,7 +126,7 @@ def _logits(engine: TrainerEngine, items: list[SequenceItem]) -> torch.Tensor:
     mb = build_micro_batch(items, packing=False, pad_multiple=1, pad_token_id=0)
     mb.logit_columns = torch.arange(mb.input_ids.shape[1])  # every position, not only the targets
     with torch.no_grad():
-        return engine._logits(mb).detach().clone()
+        return engine.logits(mb).detach().clone()
 
 
 SCENARIOS = {

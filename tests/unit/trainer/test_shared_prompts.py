@@ -283,7 +283,7 @@ def test_grpo_gradient_and_log_probs_equal_plain_per_sample_transformers(engine_
 
 
 def test_a_model_without_logits_to_keep_gets_the_same_target_logits(tiny_model_dir):
-    """engine._logits falls back to full logits and picks the target columns itself."""
+    """engine.logits falls back to full logits and picks the target columns itself."""
 
     class FullLogitsOnly(torch.nn.Module):
         def __init__(self, inner):
@@ -305,7 +305,7 @@ def test_a_model_without_logits_to_keep_gets_the_same_target_logits(tiny_model_d
     mb = build_micro_batch(ITEMS, packing=True, pad_multiple=16, pad_token_id=0, share_prefixes=True)
     assert accepts_logits_to_keep(model) and not accepts_logits_to_keep(FullLogitsOnly(model))
     with torch.no_grad():
-        kept = TrainerEngine._logits(engine, mb)
-        picked = TrainerEngine._logits(engine, mb, model=FullLogitsOnly(model))
+        kept = TrainerEngine.logits(engine, mb)
+        picked = TrainerEngine.logits(engine, mb, model=FullLogitsOnly(model))
     assert kept.shape == (1, mb.logit_columns.numel(), model.config.vocab_size)
     torch.testing.assert_close(kept, picked, atol=1e-5, rtol=1e-5)
