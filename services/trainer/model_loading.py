@@ -147,5 +147,5 @@ def broadcast_buffers(model: torch.nn.Module, buffers: dict[str, torch.Tensor], 
         value = buffers[name].to(device) if dist.get_rank() == 0 else torch.empty_like(buf, device=device)
         dist.broadcast(value, src=0)
         module_name, _, attr = name.rpartition(".")
-        module = model.get_submodule(module_name)
-        module._buffers[attr] = value.to(buf.dtype)
+        # nn.Module's setattr replaces a registered buffer in place (persistence unchanged)
+        setattr(model.get_submodule(module_name), attr, value.to(buf.dtype))

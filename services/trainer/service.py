@@ -89,14 +89,15 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
         self.controller = controller
         self.pusher = WeightPusher(controller, auth_token)
 
-    def _engine(self):
+    def require_engine(self):
+        """Rank 0's engine, or UNAVAILABLE while the model is still loading."""
         engine = self.controller.engine
         if engine is None:
             raise Unavailable("the trainer is still loading the model")
         return engine
 
     def TrainStep(self, request_iterator, context):
-        engine = self._engine()
+        engine = self.require_engine()
         if self.controller.settings is None:
             raise FailedPrecondition("TrainStep before Init: call Init first")
         header, samples = read_stream(request_iterator, "TrainStepHeader")
@@ -132,7 +133,7 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
         )
 
     def ComputeLogProbs(self, request_iterator, context):
-        engine = self._engine()
+        engine = self.require_engine()
         header, samples = read_stream(request_iterator, "ComputeLogProbsHeader")
         temperature = header.temperature or 1.0
         if not temperature > 0 or temperature == float("inf"):
@@ -152,7 +153,7 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
             )
 
     def ForwardBackward(self, request, context):
-        engine = self._engine()
+        engine = self.require_engine()
         config = dict(request.loss_fn_config)
         spec = datum_loss(request.loss_fn, config)
         items = to_datum_items(request.data, spec, engine.vocab_size)
@@ -170,12 +171,12 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
         )
 
     def OptimStep(self, request, context):
-        self._engine()
+        self.require_engine()
         global_step, metrics = self.controller.optim_step(**adam_settings(request))
         return trainer_pb2.OptimStepResponse(global_step=global_step, metrics=metrics)
 
     def SaveCheckpoint(self, request, context):
-        self._engine()
+        self.require_engine()
         directory, hf_dir, step = self.controller.save_checkpoint(
             request.path, request.hf_export, struct_to_dict(request.extra_state)
         )
@@ -184,7 +185,7 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
         )
 
     def LoadCheckpoint(self, request, context):
-        self._engine()
+        self.require_engine()
         directory, step, extra_state, skipped = self.controller.load_checkpoint(request.path)
         return trainer_pb2.LoadCheckpointResponse(
             checkpoint_dir=str(directory),
@@ -194,18 +195,18 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
         )
 
     def InitWeightGroup(self, request, context):
-        self._engine()
+        self.require_engine()
         if not request.HasField("group"):
             raise InvalidArgument("group", "is required")
         already = self.pusher.init_group(request.group)
         return trainer_pb2.InitWeightGroupResponse(already_initialized=already)
 
     def PushWeights(self, request, context):
-        self._engine()
+        self.require_engine()
         yield from self.pusher.push(request)
 
     def WeightChecksum(self, request, context):
-        self._engine()
+        self.require_engine()
         digest, count = self.controller.weight_checksum(request.dtype)
         return trainer_pb2.WeightChecksumResponse(
             checksum=common_pb2.WeightsChecksum(
@@ -230,7 +231,7 @@ class TrainerRuns:
             bind_run_context(run_id=request.run_id)
         settings = run_settings(self.startup, struct_to_dict(request.config))
         servicer, already, rebuilt = self.host.init(request.run_id, settings, rebuild=request.rebuild)
-        engine = servicer._engine()
+        engine = servicer.require_engine()
         self.server.set_serving()  # a rebuild replaces ranks a failed run may have broken
         repeat = servicer.controller.init(
             {k: v for k, v in to_dict(settings).items() if k in TRAINING_SETTINGS}

@@ -36,8 +36,8 @@ def weight_names(model: torch.nn.Module) -> list[str]:
     persistent = {
         hf_name(f"{module_name}.{name}" if module_name else name)
         for module_name, module in model.named_modules()
-        for name in module._buffers
-        if name not in module._non_persistent_buffers_set
+        for name, _ in module.named_buffers(recurse=False, remove_duplicate=False)
+        if name not in module._non_persistent_buffers_set  # torch has no public accessor
     }
     return sorted(set(parameter_names(model)) | persistent)
 

@@ -115,7 +115,7 @@ def swap_named_tensors(model: torch.nn.Module, named_tensors: Iterable[tuple[str
         for name, tensor in pairs:
             if name in buffers:
                 module_name, _, attr = name.rpartition(".")
-                model.get_submodule(module_name)._buffers[attr] = tensor
+                setattr(model.get_submodule(module_name), attr, tensor)  # stays a buffer, as persistent
             else:
                 targets[name].data = tensor
     return len(pairs)
