@@ -6,9 +6,9 @@ gRPC (in a run the control hop carries only the manifest: a few ms):
     trainer ranks (1 or 2)  default gloo group; a Qwen3 model of the size with random fp32
                             weights, sharded by the trainer's shard_model (FSDP2); rank 0 forms
                             the weight group (rollway.common.weight_group). Every rank runs
-                            rollway.trainer.weight_send.run_phase("plan") then ("broadcast"):
+                            rollway.trainer.weight_sync.registry.run_phase("plan") then ("broadcast"):
                             exactly TrainerEngine.weight_push as PushWeights runs it
-    rollout processes (1|2) rollway.rollout.weight_receive.WeightReceiver over an engine whose
+    rollout processes (1|2) rollway.rollout.weight_sync.receiver.WeightReceiver over an engine whose
                             weight hooks are the hf engine's (loadable_tensors, swap_named_tensors):
                             receive into staging, verify every bucket, acknowledge, swap, commit
     the manifest            rank 0 -> each receiver through a multiprocessing queue
@@ -28,7 +28,7 @@ broadcast in 16 MiB pieces, acknowledgements on. Figures:
                             reads, verifies and swaps in (files still in the page cache)
 On a 2-core machine every process shares the cores with the loopback transport. With 2 trainer
 ranks the broadcast pass gathers each bucket onto rank 0 point to point (each rank sends its
-shards' byte ranges; rollway.trainer.weight_gather): rank 0 receives half the bytes before it
+shards' byte ranges; rollway.trainer.weight_sync.gather): rank 0 receives half the bytes before it
 broadcasts them. With one bucket (10M, 100M) that gather is not overlapped; with several (500M)
 the gather of bucket i+1 overlaps the broadcast of bucket i.
 """
@@ -81,9 +81,9 @@ PRELOAD = [
     "torch",
     "torch.distributed.fsdp",
     "transformers",
-    "rollway.trainer.weight_send",
+    "rollway.trainer.weight_sync.distributed",
     "rollway.trainer.sharding",
-    "rollway.rollout.weight_receive",
+    "rollway.rollout.weight_sync.receiver",
     "bench.bench_weight_sync",
 ]
 
@@ -163,7 +163,8 @@ def _trainer(rank: int, topology: dict, ports, queues, results, workdir) -> None
     from rollway.common.weight_group import GroupSpec, WeightGroup
     from rollway.trainer.config import TrainerConfig
     from rollway.trainer.distributed import create_store, init_process_group
-    from rollway.trainer.weight_send import SenderState, run_phase
+    from rollway.trainer.weight_sync.distributed import SenderState
+    from rollway.trainer.weight_sync.registry import run_phase
 
     num_ranks, with_disk = topology["trainer_ranks"], topology["with_disk"]
     config = TrainerConfig(hf_checkpoint="bench", dtype="float32", world_size=num_ranks)
@@ -250,7 +251,7 @@ def _receiver(index: int, topology: dict, ports, queue, results) -> None:
     torch.set_num_threads(1)
     from rollway.common.v1 import common_pb2
     from rollway.rollout.v1 import rollout_pb2
-    from rollway.rollout.weight_receive import WeightReceiver
+    from rollway.rollout.weight_sync.receiver import WeightReceiver
 
     model = _meta_model(_hf_config(topology["size"])).to_empty(device="cpu")
     model.tie_weights()  # to_empty made the tied pair two tensors

@@ -7,7 +7,7 @@ install, OMP_NUM_THREADS=1, fp32), driven through the engine's own calls:
     update_from_disk         /update_weights_from_disk of the model's own safetensors directory
     update_from_distributed  a gloo weight group between this process (rank 0) and the server;
                              the session, one flattened bucket per <= 512 MiB, end of session:
-                             the engine's calls of a real update (weight_receive_sglang.py)
+                             the engine's calls of a real update (rollout/weight_sync/sglang.py)
 
 Weight updates are timed UPDATES times each; the median is reported, with seconds per MB.
 """

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from rollway.common import progress
 from rollway.common.config import from_dict
 from rollway.common.cpu_threads import apply_cpu_threads
-from rollway.trainer import checkpoint, export, lora, weight_send
+from rollway.trainer import checkpoint, export, lora
 from rollway.trainer.attention import SHARED_PREFIX_KERNELS, model_inputs
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.datum_losses import DATUM_LOSSES
@@ -45,6 +45,7 @@ from rollway.trainer.reference import reference_logits
 from rollway.trainer.sharding import resolve_dtype, shard_model
 from rollway.trainer.step_timer import StepTimer
 from rollway.trainer.tiled_mlp import enable_tiled_mlp
+from rollway.trainer.weight_sync.registry import run_phase
 from rollway.trainer.weights import full_weights_checksum
 
 
@@ -249,8 +250,8 @@ class TrainerEngine:
         return full_weights_checksum(self.model, resolve_dtype(dtype))
 
     def weight_push(self, phase: str, **kwargs: Any) -> Any:
-        """One pass of a weight update ("plan", "broadcast", "write"; weight_send.py)."""
-        return weight_send.run_phase(self, phase, **kwargs)
+        """One pass of a weight update ("plan", "broadcast", "write"; weight_sync/registry.py)."""
+        return run_phase(self, phase, **kwargs)
 
     # --- internals ------------------------------------------------------------------------
     def _require_optimizer(self) -> torch.optim.Optimizer:

@@ -19,7 +19,7 @@ from rollway.common.errors import FailedPrecondition, InvalidArgument, RollwayEr
 from rollway.common.v1 import common_pb2
 from rollway.common.weight_buckets import TensorEntry, bucket_file_name, plan_buckets, to_manifest
 from rollway.rollout.v1 import rollout_pb2
-from rollway.rollout.weight_receive import WeightReceiver
+from rollway.rollout.weight_sync.receiver import WeightReceiver
 
 
 def _spec(world_size=3, rank_offset=1) -> common_pb2.WeightGroupSpec:

@@ -30,8 +30,8 @@ def _model() -> torch.nn.Module:
 
 
 def _rank(rank: int, store_path: str, out_path: str) -> None:
-    from rollway.trainer.weight_gather import RangeGather, possible
-    from rollway.trainer.weight_send import checksum_pass, plan_layout
+    from rollway.trainer.weight_sync.base import checksum_pass, plan_layout
+    from rollway.trainer.weight_sync.gather import RangeGather, possible
 
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, 2)

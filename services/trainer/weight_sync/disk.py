@@ -1,28 +1,93 @@
-"""The disk path of a weight update: one safetensors file per bucket, written by trainer rank 0.
+"""The disk transport's send side: one safetensors file per bucket, written by trainer rank 0.
 
-    every rank gathers each bucket (by byte ranges, weight_gather.py, where the placements allow;
-    otherwise tensor by tensor, weight_send.gathered_tensors); rank 0 adds it up into the
-    bucket's checksum and writes
-    model-0000i-of-0000n.safetensors; then model.safetensors.index.json and config.json, so the
-    directory loads like a sharded Hugging Face checkpoint (SGLang's update_weights_from_disk).
+    write:  every rank gathers each bucket (by byte ranges, gather.py, where the placements
+            allow; otherwise tensor by tensor, base.gathered_tensors); rank 0 adds it up into the
+            bucket's checksum and writes model-0000i-of-0000n.safetensors; then
+            model.safetensors.index.json and config.json, so the directory loads like a sharded
+            Hugging Face checkpoint (SGLang's update_weights_from_disk)
+    send:   write into a temporary directory under disk_path, fsync, rename it into place
+            atomically as weights-v<version> -> the manifest names it
 
-The directory is temporary until WeightPusher renames it into place (after an fsync).
+Receivers read the directory after the manifest; the previous version stays for a receiver still
+reading it, older ones are deleted.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
 
 from rollway.common.bucket_checksum import BucketChecksum, as_bytes
-from rollway.common.weight_buckets import Bucket, bucket_file_name
-from rollway.trainer import weight_gather
-from rollway.trainer.weight_send import SendResult, gathered_tensors
+from rollway.common.errors import InvalidArgument, Unavailable
+from rollway.common.manifest import fsync_tree
+from rollway.common.weight_buckets import Bucket, bucket_file_name, to_manifest
+from rollway.trainer.v1 import trainer_pb2
+from rollway.trainer.weight_sync import gather as weight_gather
+from rollway.trainer.weight_sync.base import Sender, SendResult, gathered_tensors
+
+if TYPE_CHECKING:
+    from rollway.trainer.weight_sync.pusher import WeightPusher
+
+DISK_PREFIX = "weights-v"
+
+
+class DiskSender(Sender):
+    """Write the version's files, rename them into place, then the manifest names the directory."""
+
+    phase = "write"
+
+    def check(self, request: trainer_pb2.PushWeightsRequest) -> None:
+        if not request.disk_path:
+            raise InvalidArgument("disk_path", "is required for the disk transport")
+
+    def send(self, pusher: WeightPusher, request, transport: str, dtype: str, bucket_size: int):
+        version = request.weight_version
+        sent, directory = _write(pusher, request.disk_path, version, dtype, bucket_size)
+        yield trainer_pb2.PushWeightsResponse(
+            manifest=to_manifest(sent.buckets, version, transport, str(directory))
+        )
+        return SendResult(), sent
+
+    def run_pass(self, engine, buckets: list[Bucket], directory: str = "") -> SendResult | None:
+        return write_pass(engine.model, buckets, engine.info.rank, directory, engine.hf_config)
+
+
+def _write(pusher: WeightPusher, disk_path: str, version: int, dtype: str, bucket_size: int):
+    """Write into a temporary directory, fsync, rename into place atomically."""
+    root = Path(disk_path)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f".{DISK_PREFIX}{version:08d}.tmp-{os.getpid()}-{time.monotonic_ns()}"
+        tmp.mkdir()
+    except OSError as exc:
+        raise InvalidArgument("disk_path", f"cannot write under {root}: {exc}") from None
+    sent = pusher.run_on_ranks("write", dtype=dtype, bucket_size_bytes=bucket_size, directory=str(tmp))
+    if sent.error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise Unavailable(f"weight version {version} was not written: {sent.error}")
+    fsync_tree(tmp)
+    final = root / f"{DISK_PREFIX}{version:08d}"
+    if final.exists():  # a retry of the same version: replace the earlier copy
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _remove_old_versions(root, keep_from=version - 1)
+    return sent, final
+
+
+def _remove_old_versions(root: Path, keep_from: int) -> None:
+    """Delete versions older than `keep_from` (the previous one stays for a receiver still reading it)."""
+    for path in root.glob(f"{DISK_PREFIX}*"):
+        suffix = path.name.removeprefix(DISK_PREFIX)
+        if suffix.isdigit() and int(suffix) < keep_from:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def write_pass(
@@ -78,7 +143,7 @@ def _buckets_by_tensor(model, buckets: list[Bucket], rank: int) -> Iterator[tupl
 
 
 def _ranged_buckets(model, buckets: list[Bucket], rank: int) -> Iterator[tuple[Bucket, dict]]:
-    """The same, gathered bucket by bucket by byte ranges (weight_gather.py)."""
+    """The same, gathered bucket by bucket by byte ranges (gather.py)."""
     ranges = weight_gather.RangeGather(model, buckets, rank)
     if rank != 0:
         for bucket in buckets:
