@@ -27,7 +27,17 @@ from rollway.common.v1 import common_pb2
 from rollway.common.weights_checksum import dtype_from_name
 
 DEFAULT_BUCKET_SIZE_BYTES = 512 * 1024 * 1024
-TRANSPORTS = ("distributed", "disk")
+
+
+@dataclass(frozen=True)
+class Transport:
+    """What the coordinator must know of a weight transport (each side's registry has the rest)."""
+
+    uses_group: bool  # bytes travel on the weight group: members join it first, receivers may acknowledge
+
+
+# The transports of the protocol, by the name a manifest carries.
+TRANSPORTS = {"distributed": Transport(uses_group=True), "disk": Transport(uses_group=False)}
 
 
 class ManifestError(ValueError):
