@@ -5,7 +5,7 @@ gRPC (in a run the control hop carries only the manifest: a few ms):
 
     trainer ranks (1 or 2)  default gloo group; a Qwen3 model of the size with random fp32
                             weights, sharded by the trainer's shard_model (FSDP2); rank 0 forms
-                            the weight group (rollway.common.weight_group). Every rank runs
+                            the weight group (rollway.common.weight_sync.group). Every rank runs
                             rollway.trainer.weight_sync.registry.run_phase("plan") then ("broadcast"):
                             exactly TrainerEngine.weight_push as PushWeights runs it
     rollout processes (1|2) rollway.rollout.weight_sync.receiver.WeightReceiver over an engine whose
@@ -159,8 +159,8 @@ def _trainer(rank: int, topology: dict, ports, queues, results, workdir) -> None
     from types import SimpleNamespace
 
     from rollway.common.manifest import fsync_tree
-    from rollway.common.weight_buckets import to_manifest
-    from rollway.common.weight_group import GroupSpec, WeightGroup
+    from rollway.common.weight_sync.buckets import to_manifest
+    from rollway.common.weight_sync.group import GroupSpec, WeightGroup
     from rollway.trainer.config import TrainerConfig
     from rollway.trainer.distributed import create_store, init_process_group
     from rollway.trainer.weight_sync.distributed import SenderState

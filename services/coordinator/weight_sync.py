@@ -32,7 +32,7 @@ import grpc
 from rollway.common.log import get_logger
 from rollway.common.tracing import in_current_context
 from rollway.common.v1 import common_pb2
-from rollway.common.weight_buckets import TRANSPORTS
+from rollway.common.weight_sync.transports import TRANSPORTS
 from rollway.coordinator.remote import Services
 from rollway.rollout.v1 import rollout_pb2
 from rollway.trainer.v1 import trainer_pb2

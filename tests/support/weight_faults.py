@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 import torch
 
-from rollway.common.weight_group import WeightGroup
+from rollway.common.weight_sync.group import WeightGroup
 from rollway.rollout.weight_sync.distributed import DistributedReceiver
 from rollway.rollout.weight_sync.registry import register
 

@@ -16,7 +16,7 @@ import torch
 
 from rollway.common.errors import RollwayError
 from rollway.common.v1 import common_pb2
-from rollway.common.weight_buckets import Bucket
+from rollway.common.weight_sync.buckets import Bucket
 
 if TYPE_CHECKING:
     from rollway.rollout.weight_sync.receiver import WeightReceiver

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import safe_open
 
-from rollway.common.bucket_checksum import BucketChecksum, as_bytes
 from rollway.common.errors import FailedPrecondition
 from rollway.common.v1 import common_pb2
-from rollway.common.weight_buckets import Bucket, bucket_file_name
+from rollway.common.weight_sync.bucket_checksum import BucketChecksum, as_bytes
+from rollway.common.weight_sync.buckets import Bucket, bucket_file_name
 from rollway.rollout.weight_sync.base import Received, Receiver, ReceiveResult
 
 if TYPE_CHECKING:

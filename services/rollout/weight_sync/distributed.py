@@ -3,7 +3,7 @@
     post recv(pieces 0..3) ─> wait(0) ─> post recv(4) ─> checksum(0) ─> wait(1) ─> post recv(5) ─> ...
 
 A piece is a bucket (manifest.broadcast_chunk_bytes 0) or a consecutive part of one
-(rollway.common.weight_buckets.bucket_pieces, the same function the sender uses).
+(rollway.common.weight_sync.buckets.bucket_pieces, the same function the sender uses).
 
 Buckets land in staging buffers that the served model does not use, so the engine keeps serving
 the old weights until every checksum matched. The pool holds two sets of buffers: after a
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rollway.common.bucket_checksum import BucketChecksum
 from rollway.common.errors import Unavailable
 from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
-from rollway.common.weight_buckets import Bucket, bucket_pieces, bucket_views
-from rollway.common.weight_group import WeightGroup, WeightGroupError
+from rollway.common.weight_sync.bucket_checksum import BucketChecksum
+from rollway.common.weight_sync.buckets import Bucket, bucket_pieces, bucket_views
+from rollway.common.weight_sync.group import WeightGroup, WeightGroupError
 from rollway.rollout.weight_sync.base import Received, Receiver, ReceiveResult
 
 if TYPE_CHECKING:

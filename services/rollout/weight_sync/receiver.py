@@ -26,8 +26,8 @@ from rollway.common.errors import (
 )
 from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
-from rollway.common.weight_buckets import Bucket, ManifestError, manifest_layout
-from rollway.common.weight_group import (
+from rollway.common.weight_sync.buckets import Bucket, ManifestError, manifest_layout
+from rollway.common.weight_sync.group import (
     STATUS_ALREADY_APPLIED,
     STATUS_CHECKSUM_MISMATCH,
     STATUS_OK,

@@ -28,8 +28,8 @@ from rollway.common import progress
 from rollway.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
-from rollway.common.weight_buckets import Bucket
-from rollway.common.weight_group import GroupSpec
+from rollway.common.weight_sync.buckets import Bucket
+from rollway.common.weight_sync.group import GroupSpec
 from rollway.rollout.engines.base import EngineError
 from rollway.rollout.v1 import rollout_pb2
 from rollway.rollout.weight_sync.base import WeightsCorrupt

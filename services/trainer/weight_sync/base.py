@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from rollway.common.bucket_checksum import as_bytes, format_digest, partial_sums
-from rollway.common.weight_buckets import Bucket, TensorEntry, dtype_name, plan_buckets
+from rollway.common.weight_sync.bucket_checksum import as_bytes, format_digest, partial_sums
+from rollway.common.weight_sync.buckets import Bucket, TensorEntry, dtype_name, plan_buckets
 from rollway.trainer.lora import adapters_by_weight, full, hf_named_tensors, merged
 from rollway.trainer.v1 import trainer_pb2
 from rollway.trainer.weight_sync import gather as weight_gather

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors.torch import save_file
 
-from rollway.common.bucket_checksum import BucketChecksum, as_bytes
 from rollway.common.errors import InvalidArgument, Unavailable
 from rollway.common.manifest import fsync_tree
-from rollway.common.weight_buckets import Bucket, bucket_file_name, to_manifest
+from rollway.common.weight_sync.bucket_checksum import BucketChecksum, as_bytes
+from rollway.common.weight_sync.buckets import Bucket, bucket_file_name, to_manifest
 from rollway.trainer.v1 import trainer_pb2
 from rollway.trainer.weight_sync import gather as weight_gather
 from rollway.trainer.weight_sync.base import Sender, SendResult, gathered_tensors

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rollway.common.bucket_checksum import as_bytes
 from rollway.common.errors import FailedPrecondition, Unavailable
-from rollway.common.weight_buckets import Bucket, bucket_pieces, to_manifest
-from rollway.common.weight_group import (
+from rollway.common.weight_sync.bucket_checksum import as_bytes
+from rollway.common.weight_sync.buckets import Bucket, bucket_pieces, to_manifest
+from rollway.common.weight_sync.group import (
     STATUS_ALREADY_APPLIED,
     STATUS_NAMES,
     STATUS_OK,

@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from rollway.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
-from rollway.common.weight_buckets import DEFAULT_BUCKET_SIZE_BYTES, check_chunk_bytes
-from rollway.common.weight_group import GroupSpec, WeightGroup, WeightGroupError
+from rollway.common.weight_sync.buckets import DEFAULT_BUCKET_SIZE_BYTES, check_chunk_bytes
+from rollway.common.weight_sync.group import GroupSpec, WeightGroup, WeightGroupError
 from rollway.common.weights_checksum import dtype_from_name
 from rollway.trainer.sharding import DTYPE_NAMES
 from rollway.trainer.v1 import trainer_pb2

@@ -1,6 +1,6 @@
 """Weight transports are organised the same way on both sides (rollway.*.weight_sync).
 
-Every transport of the protocol (rollway.common.weight_buckets.TRANSPORTS) has a Sender in the
+Every transport of the protocol (rollway.common.weight_sync.transports.TRANSPORTS) has a Sender in the
 trainer's registry and a Receiver in the rollout service's, each in a module named after the
 transport; the choice of a transport goes through those registries, never through a comparison
 with a transport's name; and no production weight-sync module reads the environment (tests inject
@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from rollway.common.weight_buckets import TRANSPORTS
+from rollway.common.weight_sync.transports import TRANSPORTS
 from rollway.rollout.weight_sync.base import Receiver
 from rollway.rollout.weight_sync.registry import RECEIVERS
 from rollway.trainer.weight_sync.base import Sender

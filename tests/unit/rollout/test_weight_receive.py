@@ -17,8 +17,8 @@ from transformers import AutoModelForCausalLM
 
 from rollway.common.errors import FailedPrecondition, InvalidArgument, RollwayError
 from rollway.common.v1 import common_pb2
-from rollway.common.weight_buckets import to_manifest
-from rollway.common.weight_group import (
+from rollway.common.weight_sync.buckets import to_manifest
+from rollway.common.weight_sync.group import (
     STATUS_ALREADY_APPLIED,
     STATUS_CHECKSUM_MISMATCH,
     STATUS_OK,

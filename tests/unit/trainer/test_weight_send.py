@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.fsdp import fully_shard
 
-from rollway.common.bucket_checksum import BucketChecksum, as_bytes
 from rollway.common.process_exit import exit_without_teardown
+from rollway.common.weight_sync.bucket_checksum import BucketChecksum, as_bytes
 
 BUCKET_BYTES = 96
 

@@ -22,22 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-from rollway.common.bucket_checksum import ALGORITHM, WORD_BYTES
 from rollway.common.v1 import common_pb2
+from rollway.common.weight_sync.bucket_checksum import ALGORITHM, WORD_BYTES
+from rollway.common.weight_sync.transports import TRANSPORTS
 from rollway.common.weights_checksum import dtype_from_name
 
 DEFAULT_BUCKET_SIZE_BYTES = 512 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Transport:
-    """What the coordinator must know of a weight transport (each side's registry has the rest)."""
-
-    uses_group: bool  # bytes travel on the weight group: members join it first, receivers may acknowledge
-
-
-# The transports of the protocol, by the name a manifest carries.
-TRANSPORTS = {"distributed": Transport(uses_group=True), "disk": Transport(uses_group=False)}
 
 
 class ManifestError(ValueError):
