@@ -158,5 +158,7 @@ class WeightPusher:
         """Run one weight-push pass (registry.run_phase) on every trainer rank; rank 0's result."""
         payload = {"phase": phase, **kwargs}
         # Rank 0's payload is handed to its engine directly (never pickled): it may carry the group.
-        payloads = [{**payload, "sender": sender}] + [payload] * (self.controller.world_size - 1)
+        # Only the distributed pass takes a sender: other passes get no such argument.
+        own = {**payload, "sender": sender} if sender is not None else payload
+        payloads = [own] + [payload] * (self.controller.world_size - 1)
         return self.controller.runtime.run("weight_push", payloads)
