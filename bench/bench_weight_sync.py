@@ -5,10 +5,10 @@ gRPC (in a run the control hop carries only the manifest: a few ms):
 
     trainer ranks (1 or 2)  default gloo group; a Qwen3 model of the size with random fp32
                             weights, sharded by the trainer's shard_model (FSDP2); rank 0 forms
-                            the weight group (rollway.common.weight_group). Every rank runs
-                            rollway.trainer.weight_send.plan_weights then broadcast_weights:
-                            exactly TrainerEngine.weight_push as PushWeights runs it
-    rollout processes (1|2) rollway.rollout.weight_receive.WeightReceiver over an engine whose
+                            the weight group (rollway.common.weight_sync.group). Every rank runs
+                            rollway.trainer.weight_sync.registry.plan_weights then send_weights:
+                            exactly the PlanWeights and SendWeights commands as PushWeights runs them
+    rollout processes (1|2) rollway.rollout.weight_sync.receiver.WeightReceiver over an engine whose
                             weight hooks are the hf engine's (loadable_tensors, swap_named_tensors):
                             receive into staging, verify every bucket, acknowledge, swap, commit
     the manifest            rank 0 -> each receiver through a multiprocessing queue
@@ -28,7 +28,7 @@ broadcast in 16 MiB pieces, acknowledgements on. Figures:
                             reads, verifies and swaps in (files still in the page cache)
 On a 2-core machine every process shares the cores with the loopback transport. With 2 trainer
 ranks the broadcast pass gathers each bucket onto rank 0 point to point (each rank sends its
-shards' byte ranges; rollway.trainer.weight_gather): rank 0 receives half the bytes before it
+shards' byte ranges; rollway.trainer.weight_sync.gather): rank 0 receives half the bytes before it
 broadcasts them. With one bucket (10M, 100M) that gather is not overlapped; with several (500M)
 the gather of bucket i+1 overlaps the broadcast of bucket i.
 """
@@ -81,9 +81,9 @@ PRELOAD = [
     "torch",
     "torch.distributed.fsdp",
     "transformers",
-    "rollway.trainer.weight_send",
+    "rollway.trainer.weight_sync.distributed",
     "rollway.trainer.sharding",
-    "rollway.rollout.weight_receive",
+    "rollway.rollout.weight_sync.receiver",
     "bench.bench_weight_sync",
 ]
 
@@ -159,12 +159,13 @@ def _trainer(rank: int, topology: dict, ports, queues, results, workdir) -> None
     from types import SimpleNamespace
 
     from rollway.common.manifest import fsync_tree
-    from rollway.common.weight_buckets import to_manifest
-    from rollway.common.weight_group import GroupSpec, WeightGroup
+    from rollway.common.weight_sync.buckets import to_manifest
+    from rollway.common.weight_sync.group import GroupSpec, WeightGroup
     from rollway.trainer.config import TrainerConfig
     from rollway.trainer.distributed import create_store, init_process_group
-    from rollway.trainer.weight_send import SenderState, broadcast_weights, plan_weights
-    from rollway.trainer.weight_write import write_weights
+    from rollway.trainer.weight_sync.disk import WriteArguments
+    from rollway.trainer.weight_sync.distributed import BroadcastArguments, SenderState
+    from rollway.trainer.weight_sync.registry import plan_weights, send_weights
 
     num_ranks, with_disk = topology["trainer_ranks"], topology["with_disk"]
     config = TrainerConfig(hf_checkpoint="bench", dtype="float32", world_size=num_ranks)
@@ -177,9 +178,9 @@ def _trainer(rank: int, topology: dict, ports, queues, results, workdir) -> None
     if rank != 0:  # the gathers of the updates and of the disk write, in rank 0's order
         for _ in range(UPDATES):
             plan_weights(engine, **phase)
-            broadcast_weights(engine, **phase, sender=None, acknowledge=False, chunk_bytes=0)
+            send_weights(engine, "distributed", **phase, arguments=BroadcastArguments(False, 0))
         if with_disk:
-            write_weights(engine, **phase, directory="")
+            send_weights(engine, "disk", **phase, arguments=WriteArguments(""))
         return
     group = WeightGroup(
         GroupSpec.from_proto(_group_spec(ports["weights"], 1 + topology["rollout_services"])), 0
@@ -193,7 +194,9 @@ def _trainer(rank: int, topology: dict, ports, queues, results, workdir) -> None
         manifest = to_manifest(plan.buckets, version, "distributed", broadcast_chunk_bytes=CHUNK_BYTES)
         for q in queues:
             q.put(manifest.SerializeToString())
-        sent = broadcast_weights(engine, **phase, sender=sender, acknowledge=True, chunk_bytes=CHUNK_BYTES)
+        sent = send_weights(
+            engine, "distributed", **phase, arguments=BroadcastArguments(True, CHUNK_BYTES, sender)
+        )
         assert not sent.error and set(sent.receiver_status) == {0}, (sent.error, sent.receiver_status)
     row.update(num_bytes=sent.num_bytes, num_buckets=len(plan.buckets), plan_seconds=plan.gather_seconds
                + plan.checksum_seconds, send_seconds=sent.wire_seconds)  # fmt: skip
@@ -202,7 +205,7 @@ def _trainer(rank: int, topology: dict, ports, queues, results, workdir) -> None
         row["disk_started"] = time.monotonic()
         tmp, final = Path(workdir, ".weights.tmp"), Path(workdir, f"weights-v{UPDATES + 1:08d}")
         tmp.mkdir()
-        written = write_weights(engine, **phase, directory=str(tmp))
+        written = send_weights(engine, "disk", **phase, arguments=WriteArguments(str(tmp)))
         fsync_tree(tmp)
         os.replace(tmp, final)
         for q in queues:
@@ -252,7 +255,7 @@ def _receiver(index: int, topology: dict, ports, queue, results) -> None:
     torch.set_num_threads(1)
     from rollway.common.v1 import common_pb2
     from rollway.rollout.v1 import rollout_pb2
-    from rollway.rollout.weight_receive import WeightReceiver
+    from rollway.rollout.weight_sync.receiver import WeightReceiver
 
     model = _meta_model(_hf_config(topology["size"])).to_empty(device="cpu")
     model.tie_weights()  # to_empty made the tied pair two tensors

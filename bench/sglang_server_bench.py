@@ -7,7 +7,7 @@ install, OMP_NUM_THREADS=1, fp32), driven through the engine's own calls:
     update_from_disk         /update_weights_from_disk of the model's own safetensors directory
     update_from_distributed  a gloo weight group between this process (rank 0) and the server;
                              the session, one flattened bucket per <= 512 MiB, end of session:
-                             the engine's calls of a real update (weight_receive_sglang.py)
+                             the engine's calls of a real update (rollout/weight_sync/sglang.py)
 
 Weight updates are timed UPDATES times each; the median is reported, with seconds per MB.
 """
@@ -72,7 +72,7 @@ def _buckets(model_dir: Path):
     import torch
     from safetensors.torch import load_file
 
-    from rollway.common.weight_buckets import TensorEntry, bucket_views, dtype_name, plan_buckets
+    from rollway.common.weight_sync.buckets import TensorEntry, bucket_views, dtype_name, plan_buckets
 
     tensors = {}
     for path in sorted(model_dir.glob("*.safetensors")):
@@ -90,7 +90,7 @@ def _buckets(model_dir: Path):
 def weight_updates(engine, model_dir: Path) -> list[dict]:
     """Rows: seconds (median of UPDATES) and seconds per MB of a disk and a distributed update."""
     from rollway.common.v1 import common_pb2
-    from rollway.common.weight_group import GroupSpec, WeightGroup
+    from rollway.common.weight_sync.group import GroupSpec, WeightGroup
 
     buckets, num_bytes = _buckets(model_dir)
     megabytes = num_bytes / 1e6

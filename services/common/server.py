@@ -145,7 +145,7 @@ class RollwayServer:
         self.log = get_logger(f"rollway.{service}")
         interceptors: list[grpc.ServerInterceptor] = [server_interceptor()]
         token = config.auth_token or os.environ.get("ROLLWAY_AUTH_TOKEN", "")
-        # Also the root of the weight groups' secret (rollway.common.group_proof).
+        # Also the root of the weight groups' secret (rollway.common.weight_sync.group_proof).
         self.auth_token = token
         if token:
             interceptors.append(AuthInterceptor(token))

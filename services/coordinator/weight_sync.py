@@ -32,6 +32,7 @@ import grpc
 from rollway.common.log import get_logger
 from rollway.common.tracing import in_current_context
 from rollway.common.v1 import common_pb2
+from rollway.common.weight_sync.transports import TRANSPORTS
 from rollway.coordinator.remote import Services
 from rollway.rollout.v1 import rollout_pb2
 from rollway.trainer.v1 import trainer_pb2
@@ -109,7 +110,7 @@ def init_weight_group(
 
     Every call uses a new group name (and, with master_port 0, a new port), so every member
     rebuilds: a member that restarted can never meet a stale group. None for the disk transport."""
-    if settings.transport == "disk":
+    if not TRANSPORTS[settings.transport].uses_group:
         return None
     infos = _rollout_infos(services)  # a dead service fails here, before anyone blocks in a rendezvous
     base = common_pb2.WeightGroupSpec(
@@ -201,7 +202,7 @@ def _sync_once(
     if versions and all(v == weight_version for v in versions) and not awaiting:
         log.info("weights already synced", weight_version=weight_version)
         return _metrics(None, [], 0.0, time.perf_counter() - start)
-    if awaiting and settings.transport != "disk":
+    if awaiting and TRANSPORTS[settings.transport].uses_group:
         init_weight_group(services, settings)  # a restarted worker is in no group yet
     paused = []
     try:
@@ -242,8 +243,9 @@ def _metrics(sender, receivers, pause_seconds: float, total: float) -> dict[str,
 
 
 def _push_and_receive(services: Services, weight_version: int, settings: WeightSyncSettings, infos):
-    distributed = settings.transport == "distributed"
-    acknowledge = distributed and all(info.acknowledges_weight_updates for info in infos)
+    acknowledge = TRANSPORTS[settings.transport].uses_group and all(
+        info.acknowledges_weight_updates for info in infos
+    )
     dtypes = {info.dtype for info in infos}
     if not settings.dtype and len(dtypes) > 1:
         raise WeightSyncError(

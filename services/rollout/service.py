@@ -2,7 +2,7 @@
 
 The servicer validates requests, owns the pause gate and the reward runner, and delegates
 generation to the engine chosen by --rollout-engine. InitWeightGroup and UpdateWeights (the
-receive side of weight sync) go to the WeightReceiver (weight_receive.py).
+receive side of weight sync) go to the WeightReceiver (weight_sync/receiver.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from rollway.rollout.request_validation import plan_generation
 from rollway.rollout.rewards import RewardRunner, build_rewards
 from rollway.rollout.runs import EngineKeeper, RolloutRuns, close_servicer
 from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
-from rollway.rollout.weight_receive import WeightReceiver
+from rollway.rollout.weight_sync.receiver import WeightReceiver
 
 log = get_logger("rollway.rollout")
 

@@ -1,6 +1,6 @@
 """The commands rank 0 runs on every trainer rank, and the one place that executes them.
 
-    controller.py / weight_push.py -> RankRuntime.run([command for rank 0, rank 1, ...])
+    controller.py / weight_sync/pusher.py -> RankRuntime.run([command for rank 0, rank 1, ...])
         rank 0: execute(engine, commands[0])          workers (worker.py): execute(engine, received)
 
 Each command is a frozen dataclass with typed fields (its rank's share of the work), so a reader
@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from rollway.trainer import weight_send, weight_write
 from rollway.trainer.engine import OptimizerStepPlan, TrainerEngine
 from rollway.trainer.micro_batch import SequenceItem
+from rollway.trainer.weight_sync.registry import plan_weights, send_weights
 
 
 @dataclass(frozen=True)
@@ -97,25 +97,15 @@ class PlanWeights:
 
 
 @dataclass(frozen=True)
-class BroadcastWeights:
-    """Gather and broadcast every bucket over the weight group (rank 0 sends).
+class SendWeights:
+    """One transport's pass of a push on every rank (weight_sync/registry.py: the transport's
+    Sender.run_pass). `arguments` is that transport's own frozen dataclass (distributed.py:
+    BroadcastArguments, disk.py: WriteArguments), so a new transport needs no new command."""
 
-    `sender` is rank 0's group and buffers: only rank 0's command carries it (it is never pickled)."""
-
+    transport: str
     dtype: str
     bucket_size_bytes: int
-    acknowledge: bool
-    chunk_bytes: int
-    sender: weight_send.SenderState | None = None
-
-
-@dataclass(frozen=True)
-class WriteWeights:
-    """Gather and write the weights as safetensors into `directory` (rank 0 writes)."""
-
-    dtype: str
-    bucket_size_bytes: int
-    directory: str
+    arguments: Any
 
 
 @dataclass(frozen=True)
@@ -125,7 +115,7 @@ class Shutdown:
 
 Command = (
     Init | Train | LogProbs | ForwardBackward | OptimStep | Save | Load | Checksum
-    | PlanWeights | BroadcastWeights | WriteWeights | Shutdown
+    | PlanWeights | SendWeights | Shutdown
 )  # fmt: skip
 
 
@@ -154,13 +144,9 @@ def execute(engine: TrainerEngine, command: Command) -> Any:
         case Checksum(dtype):
             return engine.checksum(dtype)
         case PlanWeights(dtype, bucket_size_bytes):
-            return weight_send.plan_weights(engine, dtype, bucket_size_bytes)
-        case BroadcastWeights(dtype, bucket_size_bytes, acknowledge, chunk_bytes, sender):
-            return weight_send.broadcast_weights(
-                engine, dtype, bucket_size_bytes, sender, acknowledge, chunk_bytes
-            )
-        case WriteWeights(dtype, bucket_size_bytes, directory):
-            return weight_write.write_weights(engine, dtype, bucket_size_bytes, directory)
+            return plan_weights(engine, dtype, bucket_size_bytes)
+        case SendWeights(transport, dtype, bucket_size_bytes, arguments):
+            return send_weights(engine, transport, dtype, bucket_size_bytes, arguments)
         case Shutdown():
             return None
     raise TypeError(f"not a trainer command: {command!r}")

@@ -29,7 +29,7 @@ from rollway.trainer.policy_inputs import sample_fields
 from rollway.trainer.reference import check_reference
 from rollway.trainer.runtime import RankRuntime
 from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
-from rollway.trainer.weight_push import WeightPusher
+from rollway.trainer.weight_sync.pusher import WeightPusher
 
 
 def _log():

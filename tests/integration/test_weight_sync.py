@@ -7,10 +7,12 @@ a push (generation equals the trainer's export), retries and refusals, the disk 
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import pytest
@@ -33,6 +35,8 @@ from rollway.trainer.v1 import trainer_pb2
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 20.0
+TESTS_DIR = str(Path(__file__).resolve().parents[1])  # support.weight_faults lives there
+FAULTS_ENV = {"PYTHONPATH": os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")])}
 METRICS = {
     "perf/weight_sync_gather_time",
     "perf/weight_sync_pause_time",
@@ -226,8 +230,8 @@ def test_check_weight_update_equal_scrambles_syncs_and_compares(cluster, setting
 
 
 def test_a_corrupted_bucket_is_refused_and_the_old_weights_keep_serving(cluster, settings, tiny_model_dir):
-    corrupt = ServiceProcess("rollout", rollout_args(tiny_model_dir), cluster["workdir"],
-                             env={"ROLLWAY_TEST_CORRUPT_RECEIVE": "1"})  # fmt: skip
+    corrupt = ServiceProcess("rollout", [*rollout_args(tiny_model_dir), "--corrupt-receive"], cluster["workdir"],
+                             module="support.weight_faults", env=FAULTS_ENV)  # fmt: skip
     with corrupt:
         both = Services.connect(trainer=cluster["trainer"].address,
                                 rollouts=[cluster["rollouts"][0].address, corrupt.address])  # fmt: skip
@@ -249,8 +253,8 @@ def test_a_receiver_killed_mid_transfer_fails_the_push_and_a_rebuilt_group_succe
     cluster, settings, tiny_model_dir
 ):
     workdir = cluster["workdir"]
-    slow = ServiceProcess("rollout", rollout_args(tiny_model_dir), workdir,
-                          env={"ROLLWAY_TEST_SLOW_RECEIVE_SECONDS": "0.3"})  # fmt: skip
+    slow = ServiceProcess("rollout", [*rollout_args(tiny_model_dir), "--slow-receive", "0.3"], workdir,
+                          module="support.weight_faults", env=FAULTS_ENV)  # fmt: skip
     first = cluster["rollouts"][0].address
     with slow:
         pair = Services.connect(trainer=cluster["trainer"].address, rollouts=[first, slow.address])

@@ -21,7 +21,7 @@ from support.waiting import names_a_gone_peer, wait_until
 
 from rollway.common.client import open_channel
 from rollway.common.v1 import common_pb2
-from rollway.common.weight_group import REFUSED_GRACE_SECONDS
+from rollway.common.weight_sync.group import REFUSED_GRACE_SECONDS
 from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 

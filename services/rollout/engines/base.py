@@ -7,7 +7,7 @@ owns pausing, rewards and streaming; the engine owns the model and the decoding.
 
 Weight hooks (`load_weights`, `swap_weights`, `weight_tensors`, `named_parameters`,
 `weights_checksum`, `scramble_weights`, `weight_version`) are what the weight-sync receiver
-(weight_receive.py) builds on; engines that cannot offer one raise EngineUnsupported.
+(weight_sync/receiver.py) builds on; engines that cannot offer one raise EngineUnsupported.
 """
 
 from __future__ import annotations

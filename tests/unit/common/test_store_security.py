@@ -22,9 +22,9 @@ import torch.distributed as dist
 from support.waiting import wait_until
 
 from rollway.common.bound_store import StoreBindError, host_store, listen_socket
-from rollway.common.group_proof import check_members, group_secret
 from rollway.common.local_address import address_towards, interface_of
-from rollway.common.weight_group import GroupSpec, WeightGroup, WeightGroupError
+from rollway.common.weight_sync.group import GroupSpec, WeightGroup, WeightGroupError
+from rollway.common.weight_sync.group_proof import check_members, group_secret
 from rollway.trainer.commands import Checksum, Load
 from rollway.trainer.distributed import CommandChannel, CommandRefused, command_key, create_store
 
@@ -91,7 +91,7 @@ class Host:
             f"""
             import sys, torch
             from rollway.common.process_exit import exit_without_teardown
-            from rollway.common.weight_group import GroupSpec, WeightGroup, WeightGroupError
+            from rollway.common.weight_sync.group import GroupSpec, WeightGroup, WeightGroupError
             spec = GroupSpec("g-run", {RUN_ADDRESS!r}, {port}, 2, 0, "gloo", {TIMEOUT}, True)
             try:
                 group = WeightGroup(spec, rank=0, auth_token={token!r})

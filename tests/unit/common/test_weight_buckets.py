@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollway.common.bucket_checksum import (
+from rollway.common.weight_sync.bucket_checksum import (
     BLOCK_WORDS,
     BucketChecksum,
     as_bytes,
@@ -13,7 +13,7 @@ from rollway.common.bucket_checksum import (
     format_digest,
     partial_sums,
 )
-from rollway.common.weight_buckets import (
+from rollway.common.weight_sync.buckets import (
     ManifestError,
     TensorEntry,
     bucket_pieces,

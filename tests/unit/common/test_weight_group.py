@@ -19,7 +19,7 @@ import pytest
 import torch
 from support.waiting import names_a_gone_peer
 
-from rollway.common.weight_group import (
+from rollway.common.weight_sync.group import (
     POLL_SECONDS,
     REFUSED_GRACE_SECONDS,
     GroupSpec,
@@ -49,7 +49,7 @@ class Host:
         code = textwrap.dedent(
             f"""
             import sys, torch
-            from rollway.common.weight_group import GroupSpec, WeightGroup
+            from rollway.common.weight_sync.group import GroupSpec, WeightGroup
             spec = GroupSpec("g", "127.0.0.1", {port}, {world_size}, 0, "gloo", {TIMEOUT})
             group = WeightGroup(spec, rank=0)
             print("joined", flush=True)

@@ -1,6 +1,6 @@
 """The rollout receiver (WeightReceiver over an hf engine) against the trainer's real send code.
 
-The sender is rollway.trainer.weight_send on a plain (unsharded) copy of the model, in a thread of
+The sender is rollway.trainer.weight_sync on a plain (unsharded) copy of the model, in a thread of
 this process; the two ends form a real two-rank gloo group on loopback.
 """
 
@@ -12,12 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 import torch
+from support.weight_faults import FaultyReceiver, injected
 from transformers import AutoModelForCausalLM
 
 from rollway.common.errors import FailedPrecondition, InvalidArgument, RollwayError
 from rollway.common.v1 import common_pb2
-from rollway.common.weight_buckets import to_manifest
-from rollway.common.weight_group import (
+from rollway.common.weight_sync.buckets import to_manifest
+from rollway.common.weight_sync.group import (
     STATUS_ALREADY_APPLIED,
     STATUS_CHECKSUM_MISMATCH,
     STATUS_OK,
@@ -30,9 +31,9 @@ from rollway.coordinator.weight_sync import free_port
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines.hf import HFEngine
 from rollway.rollout.v1 import rollout_pb2
-from rollway.rollout.weight_receive import WeightReceiver
-from rollway.rollout.weight_staging import CORRUPT_RECEIVE_ENV
-from rollway.trainer.weight_send import SenderState, broadcast_pass, checksum_pass, plan_layout
+from rollway.rollout.weight_sync.receiver import WeightReceiver
+from rollway.trainer.weight_sync.base import checksum_pass, plan_layout
+from rollway.trainer.weight_sync.distributed import SenderState, broadcast_pass
 
 BUCKET = 256 * 1024
 
@@ -141,7 +142,7 @@ def test_update_verifies_swaps_in_and_commits_then_retries_and_regressions_chang
     receiver.close()
 
 
-def test_corrupt_bucket_is_refused_and_the_old_weights_keep_serving(engine, trained, monkeypatch):
+def test_corrupt_bucket_is_refused_and_the_old_weights_keep_serving(engine, trained):
     receiver = WeightReceiver(engine)
     sender = _connect(receiver)
     version, before = engine.weight_version, _checksum(engine.named_parameters())
@@ -149,13 +150,12 @@ def test_corrupt_bucket_is_refused_and_the_old_weights_keep_serving(engine, trai
         moved = {name: p + 1.0 for name, p in trained.named_parameters()}
         for name, p in trained.named_parameters():
             p.copy_(moved[name])
-    monkeypatch.setenv(CORRUPT_RECEIVE_ENV, "1")
-    error, sent = _push(receiver, sender, trained, version=version + 1, chunk=64 * 1024)
+    with injected(FaultyReceiver(corrupt=True)):
+        error, sent = _push(receiver, sender, trained, version=version + 1, chunk=64 * 1024)
     assert isinstance(error, RollwayError) and error.code == grpc.StatusCode.DATA_LOSS
     assert "bucket(s) [0]" in error.message
     assert sent.receiver_status == [STATUS_CHECKSUM_MISMATCH]
     assert engine.weight_version == version and _checksum(engine.named_parameters()) == before
-    monkeypatch.delenv(CORRUPT_RECEIVE_ENV)
     reply, _ = _push(receiver, sender, trained, version=version + 1)  # the same group still works
     assert reply.weight_version == version + 1
     assert _checksum(engine.named_parameters()) == _checksum(trained.named_parameters())

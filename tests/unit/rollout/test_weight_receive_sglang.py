@@ -14,12 +14,12 @@ import torch
 from safetensors.torch import save_file
 from support.sglang_engine import start_sglang_engine as _engine
 
-from rollway.common.bucket_checksum import BucketChecksum, as_bytes
 from rollway.common.errors import FailedPrecondition, InvalidArgument, RollwayError
 from rollway.common.v1 import common_pb2
-from rollway.common.weight_buckets import TensorEntry, bucket_file_name, plan_buckets, to_manifest
+from rollway.common.weight_sync.bucket_checksum import BucketChecksum, as_bytes
+from rollway.common.weight_sync.buckets import TensorEntry, bucket_file_name, plan_buckets, to_manifest
 from rollway.rollout.v1 import rollout_pb2
-from rollway.rollout.weight_receive import WeightReceiver
+from rollway.rollout.weight_sync.receiver import WeightReceiver
 
 
 def _spec(world_size=3, rank_offset=1) -> common_pb2.WeightGroupSpec:

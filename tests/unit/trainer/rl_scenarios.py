@@ -83,8 +83,8 @@ def _full_weights(engine) -> dict[str, torch.Tensor]:
 def _pushed_weights(model, rank: int):
     """What a weight push would send: per-bucket checksums of the planning pass, checksums of the
     gathered bytes, and the gathered tensors (rank 0; None elsewhere)."""
-    from rollway.common.bucket_checksum import BucketChecksum, as_bytes
-    from rollway.trainer.weight_send import checksum_pass, gathered_tensors, plan_layout
+    from rollway.common.weight_sync.bucket_checksum import BucketChecksum, as_bytes
+    from rollway.trainer.weight_sync.base import checksum_pass, gathered_tensors, plan_layout
 
     buckets = plan_layout(model, torch.float32, 64 * 1024)
     planned = checksum_pass(model, buckets, rank)

@@ -11,9 +11,8 @@ import typing
 
 import pytest
 
-from rollway.trainer import commands, weight_send, weight_write
+from rollway.trainer import commands
 from rollway.trainer.commands import (
-    BroadcastWeights,
     Checksum,
     ForwardBackward,
     Init,
@@ -22,15 +21,17 @@ from rollway.trainer.commands import (
     OptimStep,
     PlanWeights,
     Save,
+    SendWeights,
     Shutdown,
     Train,
-    WriteWeights,
     command_name,
     execute,
 )
 from rollway.trainer.engine import OptimizerStepPlan
 from rollway.trainer.losses import GlobalDenominators
 from rollway.trainer.micro_batch import SequenceItem
+from rollway.trainer.weight_sync.disk import WriteArguments
+from rollway.trainer.weight_sync.distributed import BroadcastArguments
 
 
 class RecordingEngine:
@@ -60,18 +61,20 @@ CASES = [
     (Checksum("bfloat16"), ("checksum", ("bfloat16",))),
     (PlanWeights("bfloat16", 1 << 20), ("plan_weights", ("bfloat16", 1 << 20))),
     (
-        BroadcastWeights("bfloat16", 1 << 20, True, 4096),
-        ("broadcast_weights", ("bfloat16", 1 << 20, None, True, 4096)),
+        SendWeights("distributed", "bfloat16", 1 << 20, BroadcastArguments(True, 4096)),
+        ("send_weights", ("distributed", "bfloat16", 1 << 20, BroadcastArguments(True, 4096))),
     ),
-    (WriteWeights("float32", 1 << 20, "/w/tmp"), ("write_weights", ("float32", 1 << 20, "/w/tmp"))),
+    (
+        SendWeights("disk", "float32", 1 << 20, WriteArguments("/w/tmp")),
+        ("send_weights", ("disk", "float32", 1 << 20, WriteArguments("/w/tmp"))),
+    ),
 ]
 
 
 @pytest.mark.parametrize(("command", "call"), CASES, ids=[type(c).__name__ for c, _ in CASES])
 def test_a_command_runs_the_engine_method_it_names_with_its_fields(command, call, monkeypatch):
-    monkeypatch.setattr(weight_send, "plan_weights", weight_pass("plan_weights"))
-    monkeypatch.setattr(weight_send, "broadcast_weights", weight_pass("broadcast_weights"))
-    monkeypatch.setattr(weight_write, "write_weights", weight_pass("write_weights"))
+    monkeypatch.setattr(commands, "plan_weights", weight_pass("plan_weights"))
+    monkeypatch.setattr(commands, "send_weights", weight_pass("send_weights"))
     assert execute(RecordingEngine(), command) == call
     assert command_name(command) == call[0]  # the name errors and logs use ("train failed: ...")
     assert execute(RecordingEngine(), pickle.loads(pickle.dumps(command))) == call  # a worker's copy

@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.fsdp import fully_shard
 
-from rollway.common.bucket_checksum import BucketChecksum, as_bytes
 from rollway.common.process_exit import exit_without_teardown
+from rollway.common.weight_sync.bucket_checksum import BucketChecksum, as_bytes
 
 BUCKET_BYTES = 96
 
@@ -30,8 +30,8 @@ def _model() -> torch.nn.Module:
 
 
 def _rank(rank: int, store_path: str, out_path: str) -> None:
-    from rollway.trainer.weight_gather import RangeGather, possible
-    from rollway.trainer.weight_send import checksum_pass, plan_layout
+    from rollway.trainer.weight_sync.base import checksum_pass, plan_layout
+    from rollway.trainer.weight_sync.gather import RangeGather, possible
 
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, 2)

@@ -2,10 +2,10 @@
 
     InitWeightGroup(spec):  same spec as the live group -> no-op; otherwise destroy it, then form a
                             new group as rank 0 (hosting its TCPStore at master_port)
-    PushWeights(v):         check v -> PlanWeights on every rank (gather + per-bucket checksums)
-                            -> yield the manifest (the coordinator forwards it to the receivers)
-                            -> BroadcastWeights on every rank (rank 0 sends) or WriteWeights (disk)
-                            -> record v as pushed -> yield the timings
+    PushWeights(v):         check v -> the request's transport (registry.py: distributed.py,
+                            disk.py) yields the manifest (the coordinator forwards it to the
+                            receivers) and delivers the weights: PlanWeights and SendWeights
+                            commands on every rank -> record v as pushed -> yield the timings
 
 Versions only move forward: v below the last pushed version is refused; v equal to it re-sends
 the same weights (a retry after some receiver failed) unless the model has trained since, in
@@ -16,39 +16,24 @@ coordinator then rebuilds the group and retries. The trainer's own ranks stay in
 
 from __future__ import annotations
 
-import os
-import shutil
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
+from typing import Any
 
-from rollway.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
+from rollway.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from rollway.common.log import get_logger
-from rollway.common.manifest import fsync_tree
 from rollway.common.v1 import common_pb2
-from rollway.common.weight_buckets import (
-    DEFAULT_BUCKET_SIZE_BYTES,
-    TRANSPORTS,
-    check_chunk_bytes,
-    to_manifest,
-)
-from rollway.common.weight_group import (
-    STATUS_ALREADY_APPLIED,
-    STATUS_NAMES,
-    STATUS_OK,
-    GroupSpec,
-    WeightGroup,
-    WeightGroupError,
-)
+from rollway.common.weight_sync.buckets import DEFAULT_BUCKET_SIZE_BYTES, check_chunk_bytes
+from rollway.common.weight_sync.group import GroupSpec, WeightGroup, WeightGroupError
 from rollway.common.weights_checksum import dtype_from_name
-from rollway.trainer.commands import BroadcastWeights, Command, PlanWeights, WriteWeights
+from rollway.trainer.commands import Command, PlanWeights, SendWeights
 from rollway.trainer.sharding import DTYPE_NAMES
 from rollway.trainer.v1 import trainer_pb2
-from rollway.trainer.weight_send import SenderState, SendResult
-
-DISK_PREFIX = "weights-v"
+from rollway.trainer.weight_sync.base import SendResult
+from rollway.trainer.weight_sync.distributed import SenderState
+from rollway.trainer.weight_sync.registry import sender_for
 
 
 def _log():
@@ -115,10 +100,7 @@ class WeightPusher:
         if request.weight_version <= 0:
             raise InvalidArgument("weight_version", f"must be positive (got {request.weight_version})")
         transport = request.transport or "distributed"
-        if transport not in TRANSPORTS:
-            raise InvalidArgument("transport", f"must be one of {', '.join(TRANSPORTS)} (got {transport!r})")
-        if transport == "disk" and not request.disk_path:
-            raise InvalidArgument("disk_path", "is required for the disk transport")
+        sender_for(transport).check(request)
         problem = check_chunk_bytes(request.broadcast_chunk_bytes)
         if problem:
             raise InvalidArgument("broadcast_chunk_bytes", problem)
@@ -152,20 +134,8 @@ class WeightPusher:
         started = time.perf_counter()
         with self._lock, self.controller.lock:
             self._check_version(version)
-            if transport == "distributed":
-                self._require_group()
-                plan = self._run(PlanWeights(dtype, bucket_size))
-                chunk = request.broadcast_chunk_bytes
-                manifest = to_manifest(plan.buckets, version, transport, broadcast_chunk_bytes=chunk)
-                yield trainer_pb2.PushWeightsResponse(manifest=manifest)
-                broadcast = BroadcastWeights(dtype, bucket_size, request.acknowledge, chunk)
-                sent = self._run(replace(broadcast, sender=self.sender), workers=broadcast)
-                self._check_delivery(version, sent)
-            else:
-                plan, sent, directory = self._write(request.disk_path, version, dtype, bucket_size)
-                yield trainer_pb2.PushWeightsResponse(
-                    manifest=to_manifest(sent.buckets, version, transport, str(directory))
-                )
+            sender = sender_for(transport)
+            plan, sent = yield from sender.send(self, request, transport, dtype, bucket_size)
             self.controller.weight_version = version
             self.pushed_at = (version, self.controller.engine.global_step)
         timings = common_pb2.WeightSyncTimings(
@@ -178,22 +148,8 @@ class WeightPusher:
                     seconds=round(timings.total_seconds, 3))  # fmt: skip
         yield trainer_pb2.PushWeightsResponse(timings=timings)
 
-    def _check_delivery(self, version: int, sent: SendResult) -> None:
-        if sent.error:
-            self.close()
-            raise Unavailable(
-                f"weight version {version} was not delivered ({sent.error}); receivers keep their "
-                "version: call InitWeightGroup again, then retry"
-            )
-        refused = {rank: STATUS_NAMES.get(code, str(code)) for rank, code in enumerate(sent.receiver_status, 1)
-                   if code not in (STATUS_OK, STATUS_ALREADY_APPLIED)}  # fmt: skip
-        if refused:
-            ranks = ", ".join(f"rank {rank}: {name}" for rank, name in refused.items())
-            raise FailedPrecondition(
-                f"weight version {version} was not committed by every receiver ({ranks})"
-            )
-
-    def _require_group(self) -> None:
+    def require_group(self) -> None:
+        """FailedPrecondition unless a healthy weight group is formed."""
         if self.group is None:
             raise FailedPrecondition("no weight group: call InitWeightGroup first")
         if self.group.broken:
@@ -201,37 +157,21 @@ class WeightPusher:
                 f"the weight group is broken ({self.group.broken}); call InitWeightGroup again"
             )
 
+    def plan_on_ranks(self, dtype: str, bucket_size: int) -> SendResult:
+        """PlanWeights on every trainer rank (the buckets and their checksums); rank 0's result."""
+        return self._run(PlanWeights(dtype, bucket_size))
+
+    def send_on_ranks(
+        self, transport: str, dtype: str, bucket_size: int, arguments: Any, rank0_arguments: Any = None
+    ) -> SendResult:
+        """SendWeights: the transport's pass on every trainer rank; rank 0's result. Rank 0 may get
+        its own arguments (the distributed transport's group): its command is handed to its engine
+        directly, never pickled."""
+        workers = SendWeights(transport, dtype, bucket_size, arguments)
+        own = workers if rank0_arguments is None else replace(workers, arguments=rank0_arguments)
+        return self._run(own, workers)
+
     def _run(self, command: Command, workers: Command | None = None) -> SendResult:
-        """`command` on rank 0, `workers` (default: the same) on the others. Rank 0's command is
-        handed to its engine directly (never pickled): it may carry the group."""
+        """`command` on rank 0, `workers` (default: the same) on the others."""
         others = [workers or command] * (self.controller.world_size - 1)
         return self.controller.runtime.run([command, *others])
-
-    def _write(self, disk_path: str, version: int, dtype: str, bucket_size: int):
-        """Disk path: write into a temporary directory, fsync, rename into place atomically."""
-        root = Path(disk_path)
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            tmp = root / f".{DISK_PREFIX}{version:08d}.tmp-{os.getpid()}-{time.monotonic_ns()}"
-            tmp.mkdir()
-        except OSError as exc:
-            raise InvalidArgument("disk_path", f"cannot write under {root}: {exc}") from None
-        sent = self._run(WriteWeights(dtype, bucket_size, str(tmp)))
-        if sent.error:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise Unavailable(f"weight version {version} was not written: {sent.error}")
-        fsync_tree(tmp)
-        final = root / f"{DISK_PREFIX}{version:08d}"
-        if final.exists():  # a retry of the same version: replace the earlier copy
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _remove_old_versions(root, keep_from=version - 1)
-        return SendResult(), sent, final
-
-
-def _remove_old_versions(root: Path, keep_from: int) -> None:
-    """Delete versions older than `keep_from` (the previous one stays for a receiver still reading it)."""
-    for path in root.glob(f"{DISK_PREFIX}*"):
-        suffix = path.name.removeprefix(DISK_PREFIX)
-        if suffix.isdigit() and int(suffix) < keep_from:
-            shutil.rmtree(path, ignore_errors=True)

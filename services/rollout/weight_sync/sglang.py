@@ -28,11 +28,12 @@ from rollway.common import progress
 from rollway.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
-from rollway.common.weight_buckets import Bucket
-from rollway.common.weight_group import GroupSpec
+from rollway.common.weight_sync.buckets import Bucket
+from rollway.common.weight_sync.group import GroupSpec
 from rollway.rollout.engines.base import EngineError
 from rollway.rollout.v1 import rollout_pb2
-from rollway.rollout.weight_staging import WeightsCorrupt, read_disk_buckets
+from rollway.rollout.weight_sync.base import WeightsCorrupt
+from rollway.rollout.weight_sync.disk import read_disk_buckets
 
 log = get_logger("rollway.rollout.weights")
 LOAD_FORMAT = "flattened_bucket"
@@ -73,11 +74,7 @@ class SGLangReceiver:
             )
         timings = common_pb2.WeightSyncTimings()
         try:
-            if manifest.transport == "distributed":
-                self._receive(buckets, spec, version)
-            else:
-                timings.verify_seconds = self._verify_files(manifest.disk_path, buckets)
-                self.engine.update_weights_from_disk(manifest.disk_path, version)
+            timings.verify_seconds = self._transports[manifest.transport](manifest, buckets, spec)
         except EngineError as exc:
             # Also a refusal: SGLang answers a broken broadcast with the same 400 as a refusal, and
             # the coordinator's one retry on a rebuilt group is cheap.
@@ -94,7 +91,18 @@ class SGLangReceiver:
             weight_version=version, already_applied=version == current, timings=timings
         )
 
-    def _receive(self, buckets: list[Bucket], spec: GroupSpec | None, version: int) -> None:
+    @property
+    def _transports(self):
+        """The manifest's transport -> how the servers take it (returns the seconds spent verifying)."""
+        return {"distributed": self._receive, "disk": self._load_from_disk}
+
+    def _load_from_disk(self, manifest, buckets: list[Bucket], spec: GroupSpec | None) -> float:
+        verify_seconds = self._verify_files(manifest.disk_path, buckets)
+        self.engine.update_weights_from_disk(manifest.disk_path, manifest.weight_version)
+        return verify_seconds
+
+    def _receive(self, manifest, buckets: list[Bucket], spec: GroupSpec | None) -> float:
+        version = manifest.weight_version
         if spec is None:
             raise FailedPrecondition("no weight group: call InitWeightGroup first")
         self.engine.begin_weight_update(spec.group_name)
@@ -113,6 +121,7 @@ class SGLangReceiver:
             committed = version
         finally:
             self.engine.end_weight_update(committed)
+        return 0.0  # SGLang loads each bucket as it arrives: nothing here can verify it
 
     @staticmethod
     def _verify_files(directory: str, buckets: list[Bucket]) -> float:

@@ -47,9 +47,9 @@ import torch.distributed as dist
 
 from rollway.common import progress
 from rollway.common.bound_store import host_store
-from rollway.common.group_proof import check_members, group_secret
 from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
+from rollway.common.weight_sync.group_proof import check_members, group_secret
 
 BACKENDS = ("gloo", "nccl")
 log = get_logger("rollway.weight_group")
@@ -127,7 +127,7 @@ class WeightGroup:
     Joining blocks until every member joined (or fails, see the module doc); setting `cancel`
     from another thread makes a join in progress fail within POLL_SECONDS. Rank 0's store listens
     on `spec.master_address` only. With `spec.authenticate_members`, every member proves the
-    secret derived from `auth_token` before the group is usable (rollway.common.group_proof)."""
+    secret derived from `auth_token` before the group is usable (rollway.common.weight_sync.group_proof)."""
 
     def __init__(
         self, spec: GroupSpec, rank: int, cancel: threading.Event | None = None, auth_token: str = ""

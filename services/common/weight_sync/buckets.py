@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-from rollway.common.bucket_checksum import ALGORITHM, WORD_BYTES
 from rollway.common.v1 import common_pb2
+from rollway.common.weight_sync.bucket_checksum import ALGORITHM, WORD_BYTES
+from rollway.common.weight_sync.transports import TRANSPORTS
 from rollway.common.weights_checksum import dtype_from_name
 
 DEFAULT_BUCKET_SIZE_BYTES = 512 * 1024 * 1024
-TRANSPORTS = ("distributed", "disk")
 
 
 class ManifestError(ValueError):

@@ -26,8 +26,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from rollway.common.bucket_checksum import as_bytes
-from rollway.common.weight_buckets import Bucket, TensorEntry
+from rollway.common.weight_sync.bucket_checksum import as_bytes
+from rollway.common.weight_sync.buckets import Bucket, TensorEntry
 from rollway.trainer.lora import adapters_by_weight, hf_named_tensors
 
 

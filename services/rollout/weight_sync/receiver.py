@@ -1,14 +1,15 @@
 """The rollout service's side of weight sync: join the group, receive, verify, commit.
 
     InitWeightGroup(spec):   same spec as the live group -> no-op; else destroy it, join as rank_offset
-    UpdateWeights(manifest): check it against the served model -> receive every bucket into
-                             staging (weight_staging.py) -> [acknowledge to the sender] ->
-                             every checksum matched: swap the staged tensors in, commit the version
+    UpdateWeights(manifest): check it against the served model -> the manifest's transport
+                             (registry.py: distributed.py, disk.py) receives and verifies every
+                             bucket -> [acknowledge to the sender] -> every checksum matched:
+                             swap the received tensors in, commit the version
 
 The engine serves the old version until the commit. Versions only move forward: a manifest for
 the served version still takes part in the transfer (the sender broadcasts to the whole group)
 and is dropped (already_applied); a lower one is received and refused. Engines whose own
-workers join the group (sglang) go through weight_receive_sglang.py instead.
+workers join the group (sglang) go through sglang.py instead.
 """
 
 from __future__ import annotations
@@ -22,12 +23,11 @@ from rollway.common.errors import (
     FailedPrecondition,
     InvalidArgument,
     RollwayError,
-    Unavailable,
 )
 from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
-from rollway.common.weight_buckets import Bucket, ManifestError, bucket_views, manifest_layout
-from rollway.common.weight_group import (
+from rollway.common.weight_sync.buckets import Bucket, ManifestError, manifest_layout
+from rollway.common.weight_sync.group import (
     STATUS_ALREADY_APPLIED,
     STATUS_CHECKSUM_MISMATCH,
     STATUS_OK,
@@ -38,15 +38,10 @@ from rollway.common.weight_group import (
 )
 from rollway.rollout.engines.base import Engine, EngineError
 from rollway.rollout.v1 import rollout_pb2
-from rollway.rollout.weight_receive_sglang import SGLangReceiver
-from rollway.rollout.weight_staging import (
-    ReceiveResult,
-    StagingPool,
-    WeightsCorrupt,
-    check_against_model,
-    read_disk_buckets,
-    receive_buckets,
-)
+from rollway.rollout.weight_sync.base import WeightsCorrupt, check_against_model
+from rollway.rollout.weight_sync.distributed import StagingPool
+from rollway.rollout.weight_sync.registry import receiver_for
+from rollway.rollout.weight_sync.sglang import SGLangReceiver
 
 log = get_logger("rollway.rollout.weights")
 
@@ -148,7 +143,9 @@ class WeightReceiver:
             buckets = manifest_layout(manifest)
         except ManifestError as exc:
             raise InvalidArgument(exc.field, exc.problem) from None
-        if request.acknowledge and (manifest.transport != "distributed" or self.sglang is not None):
+        if request.acknowledge and (
+            self.sglang is not None or not receiver_for(manifest.transport).acknowledges
+        ):
             raise InvalidArgument(
                 "acknowledge",
                 f"needs the distributed transport and an in-process engine (not {self.engine.name})",
@@ -159,7 +156,8 @@ class WeightReceiver:
                 return self.sglang.update(manifest, buckets, self.spec)
             return self._update_in_process(manifest, buckets, request.acknowledge)
 
-    def _require_group(self) -> WeightGroup:
+    def require_group(self) -> WeightGroup:
+        """The live weight group; FailedPrecondition if there is none or it is broken."""
         if self.group is None:
             raise FailedPrecondition("no weight group: call InitWeightGroup first")
         if self.group.broken:
@@ -190,22 +188,13 @@ class WeightReceiver:
         started = time.perf_counter()
         version, current = manifest.weight_version, self.engine.weight_version
         status, refusal = self._status(version, buckets)
-        pool_index = None
-        if manifest.transport == "distributed":
-            group = self._require_group()
-            pool_index, buffers = self.pool.take(buckets, group.device)
-            log.info("receiving weights", weight_version=version, num_buckets=len(buckets))
-            received = self._receive(group, manifest, buckets, buffers, status == STATUS_OK)
-            named = [view for bucket in buckets for view in bucket_views(buffers[bucket.index], bucket)]
-        else:
-            received, named = ReceiveResult(bad_buckets=[]), []
-            if status == STATUS_OK:
-                named, received = self._read_disk(manifest.disk_path, buckets)
+        delivery = receiver_for(manifest.transport).receive(self, manifest, buckets, status == STATUS_OK)
+        received = delivery.result
         if status == STATUS_OK and received.bad_buckets:
             status = STATUS_CHECKSUM_MISMATCH
         if acknowledge:
             try:
-                group.exchange_status(status)
+                self.require_group().exchange_status(status)
             except WeightGroupError as exc:
                 self.close()
                 raise group_error(exc) from None
@@ -225,29 +214,13 @@ class WeightReceiver:
                 weight_version=current, already_applied=True, timings=timings
             )
         tick = time.perf_counter()
-        self._load(named, pool_index)
+        self._load(delivery.named, delivery.pool_index)
         self.engine.weight_version = version
         timings.load_seconds = time.perf_counter() - tick
         timings.total_seconds = time.perf_counter() - started
         log.info("weights updated", weight_version=version, transport=manifest.transport,
                  num_buckets=len(buckets), seconds=round(timings.total_seconds, 3))  # fmt: skip
         return rollout_pb2.UpdateWeightsResponse(weight_version=version, timings=timings)
-
-    def _receive(self, group: WeightGroup, manifest, buckets, buffers, verify: bool) -> ReceiveResult:
-        try:
-            return receive_buckets(group, buckets, buffers, verify, manifest.broadcast_chunk_bytes)
-        except WeightGroupError as exc:
-            self.close()
-            raise Unavailable(
-                f"weight version {manifest.weight_version} was not received ({exc}); still serving version "
-                f"{self.engine.weight_version}: call InitWeightGroup again"
-            ) from None
-
-    def _read_disk(self, directory: str, buckets: list[Bucket]):
-        try:
-            return read_disk_buckets(directory, buckets)
-        except (OSError, ValueError) as exc:
-            raise FailedPrecondition(f"manifest.disk_path: {exc}") from None
 
     def _load(self, named, pool_index: int | None) -> None:
         """Swap the staged tensors in (copied first only where the engine's device differs)."""
