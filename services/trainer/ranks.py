@@ -24,6 +24,7 @@ from rollway.common.config import to_dict
 from rollway.common.cpu_threads import PASSIVE_WAIT_ENV
 from rollway.common.log import get_logger
 from rollway.common.parent_watch import child_env
+from rollway.common.rank_env import CONFIG_ENV
 from rollway.trainer.config import TrainerConfig
 
 
@@ -32,7 +33,6 @@ def _log():
     return get_logger("rollway.trainer.ranks")
 
 
-CONFIG_ENV = "ROLLWAY_TRAINER_CONFIG"
 # The trainer's auth token, handed to the ranks it spawns: their commands are signed with a key
 # derived from it (distributed.command_key). Ray's workers have it from their environment.
 AUTH_TOKEN_ENV = "ROLLWAY_AUTH_TOKEN"

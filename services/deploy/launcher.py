@@ -99,8 +99,8 @@ def run(argv: list[str]) -> int:
     given: dict = {}
     configs = parse_run_config(argv, given=given)
     c = configs["coordinator"]
+    from rollway.common.supervision.supervisor import LocalServiceGroup
     from rollway.coordinator.runs import check_run_id, new_run_id
-    from rollway.deploy.supervisor import LocalServiceGroup
 
     run_id = c.run_id or new_run_id()
     try:
