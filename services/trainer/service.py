@@ -31,10 +31,7 @@ from rollway.trainer.runtime import RankRuntime
 from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from rollway.trainer.weight_push import WeightPusher
 
-
-def _log():
-    """The logger, bound at call time: logging is configured by the server after this import."""
-    return get_logger("rollway.trainer.service")
+log = get_logger("rollway.trainer.service")
 
 
 RESULTS_PER_MESSAGE = 64
@@ -273,7 +270,7 @@ def build_for_run(settings: TrainerConfig, on_broken, auth_token: str = "") -> T
     except Exception:
         runtime.shutdown()
         raise
-    _log().info("trainer ready", world_size=settings.world_size, num_parameters=engine.num_parameters)
+    log.info("trainer ready", world_size=settings.world_size, num_parameters=engine.num_parameters)
     return servicer
 
 
@@ -297,7 +294,7 @@ def serve(server_config: ServerConfig, config: TrainerConfig) -> None:
             read_hf_config(config.hf_checkpoint)
             check_reference(config)
         except ModelLoadError as exc:
-            _log().error("cannot start", error=str(exc))
+            log.error("cannot start", error=str(exc))
             sys.exit(2)
 
     def on_broken(reason: str) -> None:
@@ -327,10 +324,10 @@ def serve(server_config: ServerConfig, config: TrainerConfig) -> None:
         if not bare:
             host.adopt(build_for_run(config, on_broken, server.auth_token), config)
     except Exception:
-        _log().exception("trainer failed to start")
+        log.exception("trainer failed to start")
         server.stop(0)
         sys.exit(1)
     if bare:
-        _log().info("trainer ready without a model: a run's Init configures it")
+        log.info("trainer ready without a model: a run's Init configures it")
     server.set_serving()
     server.wait_for_termination()
