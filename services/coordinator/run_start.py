@@ -24,9 +24,10 @@ import grpc
 
 from rollway.common.client import open_channel
 from rollway.common.log import get_logger
+from rollway.common.structs import to_struct
 from rollway.common.supervision.supervisor import LocalServiceGroup, ServiceGroup
 from rollway.common.tracing import in_current_context
-from rollway.coordinator.remote import LONG_CALL_SECONDS, Services, to_struct
+from rollway.coordinator.remote import LONG_CALL_SECONDS, Services
 from rollway.coordinator.run_config import COMPONENTS, RunConfig, jsonable
 from rollway.dataloader.v1 import dataloader_pb2, dataloader_pb2_grpc
 from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc

@@ -199,8 +199,8 @@ def _drive(
     import grpc
 
     from rollway.common.client import open_channel
+    from rollway.common.structs import to_struct
     from rollway.coordinator.metrics import ProgressLine
-    from rollway.coordinator.remote import to_struct
     from rollway.coordinator.run_config import jsonable
     from rollway.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 

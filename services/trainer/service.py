@@ -17,6 +17,7 @@ from rollway.common.errors import FailedPrecondition, InvalidArgument, Unavailab
 from rollway.common.log import bind_run_context, get_logger
 from rollway.common.run_host import RunHost, run_scoped_servicer
 from rollway.common.server import RollwayServer, ServerConfig
+from rollway.common.structs import to_struct
 from rollway.common.v1 import common_pb2
 from rollway.trainer.batch import to_items
 from rollway.trainer.config import TRAINING_SETTINGS, TrainerConfig
@@ -39,12 +40,6 @@ RESULTS_PER_MESSAGE = 64
 
 def struct_to_dict(struct: struct_pb2.Struct) -> dict:
     return json_format.MessageToDict(struct) if struct is not None else {}
-
-
-def dict_to_struct(data: dict) -> struct_pb2.Struct:
-    struct = struct_pb2.Struct()
-    struct.update(data or {})
-    return struct
 
 
 def read_stream(request_iterator, header_type: str) -> tuple[object, list]:
@@ -186,7 +181,7 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
         return trainer_pb2.LoadCheckpointResponse(
             checkpoint_dir=str(directory),
             global_step=step,
-            extra_state=dict_to_struct(extra_state),
+            extra_state=to_struct(extra_state),
             skipped_checkpoints=skipped,
         )
 
@@ -240,7 +235,7 @@ class TrainerRuns:
             already_initialized=already and repeat,
             run_id=request.run_id,
             vocab_size=engine.vocab_size,
-            settings=dict_to_struct(to_dict(settings)),
+            settings=to_struct(to_dict(settings)),
             rebuilt=rebuilt,
         )
 
