@@ -17,9 +17,8 @@ from rollway.common.supervision.service_process import ServiceProcess
 
 
 def main(argv: list[str] | None, prepare_assets: Callable[[Path], tuple[Path, Path]]) -> int:
-    """`rollway up`: start the four services with the tiny model and demo data, check health, stop.
-
-    `prepare_assets(workdir)` returns the model directory and the data directory (rl.parquet)."""
+    """`rollway up`: start the four services with the tiny model and demo data, check health, stop."""
+    # prepare_assets(workdir) builds (or finds) them: the model directory and the data directory.
     import argparse
     import tempfile
 
