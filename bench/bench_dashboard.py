@@ -70,12 +70,12 @@ def _watch(url: str, run_id: str, stop: threading.Event) -> None:
 
 def run(quick: bool) -> BenchResult:
     from rollway.common.client import open_channel
-    from rollway.common.demo_data import make_demo_data
-    from rollway.common.tiny_model import make_tiny_model
+    from rollway.common.structs import to_struct
+    from rollway.common.supervision.service_process import ServiceProcess
     from rollway.coordinator.dashboard import rollout_samples
-    from rollway.coordinator.remote import to_struct
     from rollway.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
-    from rollway.deploy.local_processes import ServiceProcess
+    from rollway.demo.data import make_demo_data
+    from rollway.demo.tiny_model import make_tiny_model
 
     num_steps, rounds = (4, 1) if quick else (12, 2)
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:

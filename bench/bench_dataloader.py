@@ -120,7 +120,7 @@ def measure(
 
 
 def run(quick: bool) -> BenchResult:
-    from rollway.common.tiny_model import make_tiny_model
+    from rollway.demo.tiny_model import make_tiny_model
 
     small_rows = 20_000 if quick else 200_000
     batch_size, batches, step_ms = 128, (8 if quick else 40), 400.0

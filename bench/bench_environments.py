@@ -78,9 +78,9 @@ def _time_path(stub, request, rounds: int) -> tuple[float, list]:
 
 def run(quick: bool) -> BenchResult:
     from rollway.common.client import open_channel
-    from rollway.common.demo_data import make_demo_data
-    from rollway.common.tiny_model import make_tiny_model
-    from rollway.deploy.local_processes import ServiceProcess
+    from rollway.common.supervision.service_process import ServiceProcess
+    from rollway.demo.data import make_demo_data
+    from rollway.demo.tiny_model import make_tiny_model
     from rollway.rollout.environments.verifiers_env import export_prompts
     from rollway.rollout.v1 import rollout_pb2_grpc
 

@@ -37,8 +37,8 @@ def run(quick: bool) -> BenchResult:
     from tinker import types
 
     from rollway.common.client import open_channel
-    from rollway.common.tiny_model import make_tiny_model
-    from rollway.deploy.local_processes import ServiceProcess
+    from rollway.common.supervision.service_process import ServiceProcess
+    from rollway.demo.tiny_model import make_tiny_model
     from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
     rounds = 5 if quick else 30

@@ -150,7 +150,7 @@ def _row(variant: str, num_tokens: int, first: float | None, total: float, num_s
 
 
 def run(quick: bool) -> BenchResult:
-    from rollway.common.tiny_model import count_parameters, make_tiny_model
+    from rollway.demo.tiny_model import count_parameters, make_tiny_model
 
     torch.set_num_threads(1)
     # (preset, prompts, samples per prompt, max running, max new tokens)

@@ -36,8 +36,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from bench.harness import BenchResult
-from rollway.common.demo_data import write_digit_share_reward
 from rollway.coordinator.prompt_ledger import PromptLedger
+from rollway.demo.data import write_digit_share_reward
 from rollway.deploy.chaos import ChaosRun, FillDisk, NoSmallDisk, random_schedule, run_with_chaos, small_disk
 
 SEED = 2024
@@ -171,8 +171,8 @@ def steps_once(run_dir: Path, num_steps: int) -> bool:
 
 
 def run(quick: bool) -> BenchResult:
-    from rollway.common.demo_data import make_demo_data
-    from rollway.common.tiny_model import make_tiny_model
+    from rollway.demo.data import make_demo_data
+    from rollway.demo.tiny_model import make_tiny_model
 
     num_steps, num_kills = (12, 4) if quick else (36, 16)
     schedule = random_schedule(num_kills, num_steps, SEED, freeze_share=FREEZE_SHARE)

@@ -33,7 +33,7 @@ import torch.multiprocessing as mp
 
 from bench.harness import BenchResult
 from rollway.common.config import from_dict, to_dict
-from rollway.common.tiny_model import make_tiny_model
+from rollway.demo.tiny_model import make_tiny_model
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.distributed import init_process_group
 from rollway.trainer.engine import TrainerEngine

@@ -68,7 +68,7 @@ def rollway_configs(
     workdir: Path, model: Path, data: Path, sft_steps: int, grpo_steps: int
 ) -> dict[str, Path]:
     """The demo's SFT and GRPO configs, without exports, evaluation or checkpoints."""
-    from rollway.demo import grpo_config, sft_config
+    from rollway.demo.addition import grpo_config, sft_config
 
     sft = sft_config(workdir, model, data, sft_steps, seed=0)
     grpo = grpo_config(workdir, model, data, grpo_steps, seed=0)
@@ -171,8 +171,8 @@ def median_of(runs: list[dict], key: str) -> float:
 def run(quick: bool) -> BenchResult:
     sft_steps, grpo_steps, repeats = (40, 12, 2) if quick else (200, 30, 3)
     python = ensure_trl_venv()
-    from rollway.common.demo_data import make_demo_data
-    from rollway.common.tiny_model import make_tiny_model
+    from rollway.demo.data import make_demo_data
+    from rollway.demo.tiny_model import make_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
         workdir = Path(tmp)

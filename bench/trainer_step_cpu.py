@@ -24,8 +24,8 @@ import torch.distributed as dist
 from transformers import AutoTokenizer
 
 from rollway.common.config import from_dict, to_dict
-from rollway.common.demo_data import make_demo_data
-from rollway.common.tiny_model import make_tiny_model
+from rollway.demo.data import make_demo_data
+from rollway.demo.tiny_model import make_tiny_model
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.distributed import init_process_group
 from rollway.trainer.engine import TrainerEngine

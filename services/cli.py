@@ -53,8 +53,8 @@ def _make_tiny_model(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from pathlib import Path
 
-    from rollway.common.demo_data import make_demo_data
-    from rollway.common.tiny_model import make_tiny_model
+    from rollway.demo.data import make_demo_data
+    from rollway.demo.tiny_model import make_tiny_model
 
     model_dir = make_tiny_model(Path(args.dir), seed=args.seed, preset=args.preset)
     print(f"model: {model_dir}")
@@ -65,19 +65,20 @@ def _make_tiny_model(argv: list[str]) -> int:
 
 
 def _up(argv: list[str]) -> int:
+    from rollway.demo.data import ensure_demo_assets
     from rollway.deploy.local_processes import main as up_main
 
-    return up_main(argv)
+    return up_main(argv, prepare_assets=ensure_demo_assets)
 
 
 def _run(argv: list[str]) -> int:
-    from rollway.launcher import run
+    from rollway.deploy.launcher import run
 
     return run(argv)
 
 
 def _plan(argv: list[str]) -> int:
-    from rollway.launcher import plan_main
+    from rollway.deploy.launcher import plan_main
 
     return plan_main(argv)
 
@@ -136,11 +137,11 @@ def _demo(argv: list[str]) -> int:
     task = argparse.ArgumentParser(add_help=False)
     task.add_argument("--task", choices=("addition", "tools"), default="addition")
     known, rest = task.parse_known_args(argv)
-    if known.task == "tools":  # tool use with the calculator environment (demo_tools.py)
-        from rollway.demo_tools import main as tools_main
+    if known.task == "tools":  # tool use with the calculator environment (demo/tools.py)
+        from rollway.demo.tools import main as tools_main
 
         return tools_main(rest)
-    from rollway.demo import main as demo_main
+    from rollway.demo.addition import main as demo_main
 
     return demo_main(rest)
 

@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A freshly built tiny Qwen3 model + tokenizer directory (the same one the demo uses)."""
-    from rollway.common.tiny_model import make_tiny_model
+    from rollway.demo.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
 
@@ -41,7 +41,7 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def demo_data_dir(tmp_path_factory):
     """The demo task's datasets (sft.parquet, rl.parquet, eval.parquet) for seed 0."""
-    from rollway.common.demo_data import make_demo_data
+    from rollway.demo.data import make_demo_data
 
     out = tmp_path_factory.mktemp("demo-data")
     make_demo_data(out, seed=0)

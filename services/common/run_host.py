@@ -34,8 +34,7 @@ C = TypeVar("C")  # the service's settings dataclass
 RUN_ID_METADATA = "x-rollway-run-id"
 
 
-def _log():
-    return get_logger("rollway.common.run_host")
+log = get_logger("rollway.common.run_host")
 
 
 def caller_run_id(context: grpc.ServicerContext | None) -> str:
@@ -127,7 +126,7 @@ class RunHost(Generic[S, C]):
         servicer = self._build(settings)
         self._servicer, self._settings, self._built_for, self._used = servicer, settings, run_id, False
         self._hold(run_id)
-        _log().info("built for run", service=self.service, run_id=run_id)
+        log.info("built for run", service=self.service, run_id=run_id)
         return servicer, False, True
 
     def end(self, run_id: str) -> bool:
@@ -136,7 +135,7 @@ class RunHost(Generic[S, C]):
             if not run_id or self.holder != run_id:
                 return False
             self.holder = ""
-            _log().info("run ended", service=self.service, run_id=run_id)
+            log.info("run ended", service=self.service, run_id=run_id)
             return True
 
     def _hold(self, run_id: str) -> None:

@@ -17,27 +17,19 @@ from collections.abc import Sequence
 from rollway.common.config import parse_components
 from rollway.common.interceptors import RUNNING_HANDLERS
 from rollway.common.process_exit import exit_without_teardown
+from rollway.common.run_components import run_components
 from rollway.common.server import PortInUseError, ServerConfig
 
-# The components whose settings make up one run config (the flat namespace of `rollway run`),
-# as (module, dataclass); their config modules import no torch.
 # How long a stopped service waits for RPC handlers still unwinding before it exits.
 HANDLERS_EXIT_SECONDS = 5.0
 PORT_IN_USE_EXIT_CODE = 2  # a usage error, as argparse's
-
-RUN_COMPONENTS = {
-    "coordinator": ("rollway.coordinator.config", "CoordinatorConfig"),
-    "dataloader": ("rollway.dataloader.config", "DataloaderConfig"),
-    "rollout": ("rollway.rollout.config", "RolloutConfig"),
-    "trainer": ("rollway.trainer.config", "TrainerConfig"),
-}
 
 
 def run_config_keys() -> set[str]:
     """Every key a run config may hold: the fields (and aliases) of every run component."""
     keys: set[str] = set()
-    for module, name in RUN_COMPONENTS.values():
-        for f in dataclasses.fields(getattr(importlib.import_module(module), name)):
+    for cls in run_components().values():
+        for f in dataclasses.fields(cls):
             keys.add(f.name)
             keys.update(alias.replace("-", "_") for alias in f.metadata.get("aliases", ()))
     return keys

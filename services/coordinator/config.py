@@ -73,7 +73,6 @@ class CoordinatorConfig:
     disable_rewards_normalization: bool = setting(
         False, "send raw rewards: no group mean/std normalisation for any estimator (Miles' flag)"
     )
-    disable_compute_advantages_and_returns: bool = setting(False, "SFT recipe: no advantages")
 
     # Async and weight sync
     async_mode: bool = setting(

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import grpc
 
 from rollway.common.client import ClientConfig, open_channel
+from rollway.common.supervision.supervisor import DeadService
 from rollway.common.v1 import progress_pb2, progress_pb2_grpc
-from rollway.deploy.supervisor import DeadService
 
 MIN_HUNG_SECONDS = 60.0
 # A kind of call that never completed yet has no usual duration: its first one (a big model's

@@ -16,6 +16,7 @@ import grpc
 from google.protobuf import struct_pb2
 
 from rollway.common.client import ClientConfig, RetryingStream, open_channel, wait_until_serving
+from rollway.common.structs import to_struct
 from rollway.common.tracing import in_current_context
 from rollway.common.v1 import common_pb2
 from rollway.dataloader.v1 import dataloader_pb2, dataloader_pb2_grpc
@@ -26,12 +27,6 @@ SAMPLES_PER_CHUNK = 64
 # Generation and training calls may run for a long time; everything else uses the client default.
 LONG_CALL_SECONDS = 3600.0
 CONTROL_CALL_SECONDS = 30.0
-
-
-def to_struct(mapping: dict) -> struct_pb2.Struct:
-    struct = struct_pb2.Struct()
-    struct.update(mapping)
-    return struct
 
 
 def from_struct(struct: struct_pb2.Struct) -> dict:

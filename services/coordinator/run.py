@@ -32,6 +32,7 @@ import grpc
 
 from rollway.common.log import bind_run_context, get_logger
 from rollway.common.manifest import remove_partial_dirs
+from rollway.common.structs import to_struct
 from rollway.common.tracing import in_current_context, tracer
 from rollway.common.v1 import common_pb2
 from rollway.coordinator import debug_data, run_state
@@ -41,7 +42,7 @@ from rollway.coordinator.engine_healer import EngineHealer
 from rollway.coordinator.evaluation import Evaluator
 from rollway.coordinator.metrics import MetricsSink, ProgressLine
 from rollway.coordinator.prompt_ledger import PromptLedger
-from rollway.coordinator.remote import Services, to_struct
+from rollway.coordinator.remote import Services
 from rollway.coordinator.rollout_collect import Rollout, collect_rollout
 from rollway.coordinator.run_state import RunState
 from rollway.coordinator.weight_sync import WeightSyncSettings, init_weight_group, sync_weights

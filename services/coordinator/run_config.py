@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rollway.common.config import ConfigError, coerce_setting, from_dict
+from rollway.common.run_components import run_components
 from rollway.coordinator import run_plan
 from rollway.coordinator.config import CoordinatorConfig
 from rollway.dataloader.config import DataloaderConfig
@@ -31,12 +32,7 @@ from rollway.rollout.config import (
 from rollway.trainer.config import TrainerConfig
 
 # Config modules import no torch, so parsing a run config is instant.
-COMPONENTS: dict[str, type] = {
-    "coordinator": CoordinatorConfig,
-    "dataloader": DataloaderConfig,
-    "rollout": RolloutConfig,
-    "trainer": TrainerConfig,
-}
+COMPONENTS: dict[str, type] = run_components()
 SERVICES = ("dataloader", "rollout", "trainer")
 # The environment_url of a run whose environment service the coordinator starts, until it has.
 STARTED_BY_COORDINATOR = "(started by the coordinator: remote_environment)"

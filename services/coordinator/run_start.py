@@ -24,11 +24,12 @@ import grpc
 
 from rollway.common.client import open_channel
 from rollway.common.log import get_logger
+from rollway.common.structs import to_struct
+from rollway.common.supervision.supervisor import LocalServiceGroup, ServiceGroup
 from rollway.common.tracing import in_current_context
-from rollway.coordinator.remote import LONG_CALL_SECONDS, Services, to_struct
+from rollway.coordinator.remote import LONG_CALL_SECONDS, Services
 from rollway.coordinator.run_config import COMPONENTS, RunConfig, jsonable
 from rollway.dataloader.v1 import dataloader_pb2, dataloader_pb2_grpc
-from rollway.deploy.supervisor import LocalServiceGroup, ServiceGroup
 from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
@@ -87,7 +88,7 @@ def start_missing_services(
         return addresses, None
     c = run.coordinator
     if c.launcher == "ray":
-        from rollway.deploy.ray_services import RayServiceGroup
+        from rollway.common.supervision.ray_services import RayServiceGroup
 
         group = RayServiceGroup(run, workdir, name=run_id or workdir.parent.name, ray_address=c.ray_address)
     else:

@@ -25,6 +25,13 @@ from pathlib import Path
 from rollway.common.config import to_dict
 from rollway.common.errors import AlreadyExists, InvalidArgument, NotFound, problems_error
 from rollway.common.log import bind_run_context, get_logger
+from rollway.common.supervision.supervisor import (
+    CannotRestart,
+    DeadService,
+    HealthWatch,
+    LocalServiceGroup,
+    ServiceGroup,
+)
 from rollway.common.v1 import common_pb2
 from rollway.coordinator.config import CoordinatorConfig
 from rollway.coordinator.dashboard import run_files
@@ -43,7 +50,6 @@ from rollway.coordinator.run_start import (
     start_missing_services,
 )
 from rollway.coordinator.run_state import CheckpointWriteError
-from rollway.deploy.supervisor import CannotRestart, DeadService, HealthWatch, LocalServiceGroup, ServiceGroup
 
 log = get_logger("rollway.coordinator.runs")
 

@@ -20,6 +20,7 @@ from rollway.common.errors import FailedPrecondition, InvalidArgument, Unavailab
 from rollway.common.log import get_logger
 from rollway.common.run_host import RunHost, run_scoped_servicer
 from rollway.common.server import RollwayServer, ServerConfig
+from rollway.common.structs import to_struct
 from rollway.dataloader.config import DataloaderConfig
 from rollway.dataloader.datasets import DataError, OpenedSource, open_sources
 from rollway.dataloader.encoder import Encoder, TokenizerError, load_tokenizer
@@ -182,7 +183,7 @@ class DataloaderService(dataloader_pb2_grpc.DataloaderServiceServicer):
                         name=spec.name, path=spec.spec, weight=spec.weight, format=spec.format
                     )
                 )
-        response.config.CopyFrom(_struct(to_dict(self.config)))
+        response.config.CopyFrom(to_struct(to_dict(self.config)))
         return response
 
 
@@ -201,12 +202,6 @@ def _source_info(source: OpenedSource) -> dataloader_pb2.SourceInfo:
 
 def _source_summary(source: OpenedSource) -> dict:
     return {"name": source.spec.name, "rows": source.num_rows, "usable": len(source.store)}
-
-
-def _struct(mapping: dict) -> struct_pb2.Struct:
-    struct = struct_pb2.Struct()
-    struct.update(mapping)
-    return struct
 
 
 class DataloaderRuns:
@@ -228,7 +223,7 @@ class DataloaderRuns:
         return dataloader_pb2.InitResponse(
             run_id=request.run_id,
             already_initialized=already,
-            settings=_struct(to_dict(settings)),
+            settings=to_struct(to_dict(settings)),
             vocab_size=servicer.vocab_size,
         )
 

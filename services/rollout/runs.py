@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from google.protobuf import json_format, struct_pb2
+from google.protobuf import json_format
 
 from rollway.common.config import ConfigError, from_dict, to_dict
 from rollway.common.errors import FailedPrecondition, InvalidArgument
 from rollway.common.log import bind_run_context, get_logger
 from rollway.common.run_host import RunHost
+from rollway.common.structs import to_struct
 from rollway.rollout.config import ENGINE_SETTINGS, PROCESS_SETTINGS, RolloutConfig, process_setting_problem
 from rollway.rollout.engines.base import Engine, EngineError
 from rollway.rollout.v1 import rollout_pb2
@@ -104,12 +105,10 @@ class RolloutRuns:
                 raise InvalidArgument(f"config.{name}", process_setting_problem(name))
         servicer, already, _ = self.host.init(request.run_id, settings, rebuild=request.rebuild)
         info = servicer.engine.model_info
-        struct = struct_pb2.Struct()
-        struct.update(to_dict(settings))
         return rollout_pb2.InitResponse(
             run_id=request.run_id,
             already_initialized=already,
-            settings=struct,
+            settings=to_struct(to_dict(settings)),
             model=info.model,
             vocab_size=info.vocab_size,
             weight_version=servicer.engine.weight_version,

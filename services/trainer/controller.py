@@ -45,10 +45,7 @@ from rollway.trainer.runtime import RankRuntime
 from rollway.trainer.sharding import DTYPE_NAMES
 from rollway.trainer.train_plan import plan_log_probs, plan_train_steps
 
-
-def _log():
-    """The logger, bound at call time: logging is configured by the server after this import."""
-    return get_logger("rollway.trainer.controller")
+log = get_logger("rollway.trainer.controller")
 
 
 MAX_STORED_RESULTS = 4096
@@ -117,9 +114,7 @@ class TrainerController:
                 return True
             self._broadcast(Init(to_dict(settings)))
             self.settings = settings
-            _log().info(
-                "initialized", **{k: v for k, v in to_dict(settings).items() if k in TRAINING_SETTINGS}
-            )
+            log.info("initialized", **{k: v for k, v in to_dict(settings).items() if k in TRAINING_SETTINGS})
             return False
 
     def _require_init(self, what: str) -> TrainerConfig:
@@ -269,7 +264,7 @@ class TrainerController:
             except OSError as exc:
                 raise self._write_failed(root, tmp, describe_os_error(exc)) from None
             self.last_checkpoint_bytes = checkpoint.size_bytes(final)
-        _log().info("checkpoint saved", directory=str(final), global_step=step, hf_export=hf_export,
+        log.info("checkpoint saved", directory=str(final), global_step=step, hf_export=hf_export,
                     size_bytes=self.last_checkpoint_bytes)  # fmt: skip
         return final, (final / "hf") if hf_export else None, step
 
@@ -277,7 +272,7 @@ class TrainerController:
         """Warn before a save that will likely not fit: less free space than the last one took."""
         free = shutil.disk_usage(root).free
         if self.last_checkpoint_bytes and free < self.last_checkpoint_bytes:
-            _log().warning("less free space than the last checkpoint took", path=str(root), free_bytes=free,
+            log.warning("less free space than the last checkpoint took", path=str(root), free_bytes=free,
                            last_checkpoint_bytes=self.last_checkpoint_bytes)  # fmt: skip
 
     def _write_failed(self, root: Path, tmp: Path | None, error: str) -> ResourceExhausted:
@@ -285,7 +280,7 @@ class TrainerController:
         once (not retried: a full disk stays full)."""
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        _log().error("checkpoint write failed", path=str(root), error=error, removed=str(tmp or ""))
+        log.error("checkpoint write failed", path=str(root), error=error, removed=str(tmp or ""))
         removed = f"; removed the partial {tmp}" if tmp is not None else ""
         return ResourceExhausted(f"checkpoint write failed under {root}: {error}{removed}", retry=False)
 
@@ -304,7 +299,7 @@ class TrainerController:
             raise FailedPrecondition(f"checkpoint refused: {exc}") from None
         directory, meta = found.directory, found.meta
         for reason in found.skipped:  # loudly: a resume from an older step than the caller expects
-            _log().warning("newer checkpoint skipped, falling back", reason=reason, loading=str(directory))
+            log.warning("newer checkpoint skipped, falling back", reason=reason, loading=str(directory))
         with self.lock:
             self._broadcast(Load(str(directory), int(meta["global_step"])))
             self.results = OrderedDict(
@@ -312,7 +307,7 @@ class TrainerController:
                 for k, v in meta.get("step_results", {}).items()
             )
             self.weight_version = int(meta.get("weight_version", 0))
-        _log().info("checkpoint loaded", directory=str(directory), global_step=meta["global_step"])
+        log.info("checkpoint loaded", directory=str(directory), global_step=meta["global_step"])
         return directory, int(meta["global_step"]), meta.get("extra_state", {}), found.skipped
 
     # --- weights --------------------------------------------------------------------------

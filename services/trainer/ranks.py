@@ -24,15 +24,12 @@ from rollway.common.config import to_dict
 from rollway.common.cpu_threads import PASSIVE_WAIT_ENV
 from rollway.common.log import get_logger
 from rollway.common.parent_watch import child_env
+from rollway.common.rank_env import CONFIG_ENV
 from rollway.trainer.config import TrainerConfig
 
-
-def _log():
-    """The logger, bound at call time: logging is configured by the server after this import."""
-    return get_logger("rollway.trainer.ranks")
+log = get_logger("rollway.trainer.ranks")
 
 
-CONFIG_ENV = "ROLLWAY_TRAINER_CONFIG"
 # The trainer's auth token, handed to the ranks it spawns: their commands are signed with a key
 # derived from it (distributed.command_key). Ray's workers have it from their environment.
 AUTH_TOKEN_ENV = "ROLLWAY_AUTH_TOKEN"
@@ -46,7 +43,7 @@ class WorkerRanks:
         # Popen.poll() from two threads at once answers "still running" to one of them.
         self._poll_lock = threading.Lock()
         if not config.spawn_workers:  # ranks 1..N-1 are started elsewhere (Ray) and join the store
-            _log().info("waiting for ranks started elsewhere", world_size=config.world_size)
+            log.info("waiting for ranks started elsewhere", world_size=config.world_size)
             return
         for rank in range(1, config.world_size):
             env = {
@@ -61,7 +58,7 @@ class WorkerRanks:
                 AUTH_TOKEN_ENV: auth_token,  # the key of rank 0's signed commands derives from it
             }
             self.procs[rank] = subprocess.Popen([sys.executable, "-m", "rollway.trainer.worker"], env=env)
-            _log().info("spawned rank", rank=rank, pid=self.procs[rank].pid)
+            log.info("spawned rank", rank=rank, pid=self.procs[rank].pid)
 
     @property
     def pids(self) -> dict[int, int]:
@@ -86,6 +83,6 @@ class WorkerRanks:
         """SIGKILL every worker still running, by pid, and reap it."""
         for rank, proc in self.procs.items():
             if proc.poll() is None:
-                _log().warning("killing rank", rank=rank, pid=proc.pid)
+                log.warning("killing rank", rank=rank, pid=proc.pid)
                 proc.kill()
                 proc.wait()

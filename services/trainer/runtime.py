@@ -34,10 +34,7 @@ from rollway.trainer.distributed import CommandChannel, command_key, create_stor
 from rollway.trainer.engine import TrainerEngine
 from rollway.trainer.ranks import WorkerRanks
 
-
-def _log():
-    """The logger, bound at call time: logging is configured by the server after this import."""
-    return get_logger("rollway.trainer.runtime")
+log = get_logger("rollway.trainer.runtime")
 
 
 # After a command fails on rank 0, how long to wait for a worker that failed with it to say why
@@ -126,7 +123,7 @@ class RankRuntime:
         if self.broken:
             return
         self.broken = reason
-        _log().error("trainer ranks broken", reason=reason)
+        log.error("trainer ranks broken", reason=reason)
         self.on_broken(reason)
 
     def run(self, commands: list[Command]) -> Any:
@@ -152,7 +149,7 @@ class RankRuntime:
         try:
             return execute(self.engine, commands[0])
         except Exception as exc:
-            _log().exception("command failed on rank 0", command=name)
+            log.exception("command failed on rank 0", command=name)
             if self.config.world_size > 1:
                 reason = self._worker_failure(WORKER_REASON_SECONDS) or (
                     f"{name} failed on rank 0: {type(exc).__name__}: {exc}"
@@ -170,11 +167,11 @@ class RankRuntime:
                 self.channel.send([Shutdown()] * self.config.world_size)
                 posted = True
         except Exception:  # the store may already be unusable; the pids are what count
-            _log().warning("could not post shutdown to the ranks")
+            log.warning("could not post shutdown to the ranks")
         self.workers.wait(timeout_s if posted else 0.5)
         self.workers.kill()
         # A command still running (its ranks gone) must not hold up the shutdown.
         self._compute.shutdown(wait=False, cancel_futures=True)
         if dist.is_initialized():
             dist.destroy_process_group()
-        _log().info("trainer ranks stopped")
+        log.info("trainer ranks stopped")

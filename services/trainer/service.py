@@ -17,6 +17,7 @@ from rollway.common.errors import FailedPrecondition, InvalidArgument, Unavailab
 from rollway.common.log import bind_run_context, get_logger
 from rollway.common.run_host import RunHost, run_scoped_servicer
 from rollway.common.server import RollwayServer, ServerConfig
+from rollway.common.structs import to_struct
 from rollway.common.v1 import common_pb2
 from rollway.trainer.batch import to_items
 from rollway.trainer.config import TRAINING_SETTINGS, TrainerConfig
@@ -31,10 +32,7 @@ from rollway.trainer.runtime import RankRuntime
 from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from rollway.trainer.weight_sync.pusher import WeightPusher
 
-
-def _log():
-    """The logger, bound at call time: logging is configured by the server after this import."""
-    return get_logger("rollway.trainer.service")
+log = get_logger("rollway.trainer.service")
 
 
 RESULTS_PER_MESSAGE = 64
@@ -42,12 +40,6 @@ RESULTS_PER_MESSAGE = 64
 
 def struct_to_dict(struct: struct_pb2.Struct) -> dict:
     return json_format.MessageToDict(struct) if struct is not None else {}
-
-
-def dict_to_struct(data: dict) -> struct_pb2.Struct:
-    struct = struct_pb2.Struct()
-    struct.update(data or {})
-    return struct
 
 
 def read_stream(request_iterator, header_type: str) -> tuple[object, list]:
@@ -190,7 +182,7 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
         return trainer_pb2.LoadCheckpointResponse(
             checkpoint_dir=str(directory),
             global_step=step,
-            extra_state=dict_to_struct(extra_state),
+            extra_state=to_struct(extra_state),
             skipped_checkpoints=skipped,
         )
 
@@ -244,7 +236,7 @@ class TrainerRuns:
             already_initialized=already and repeat,
             run_id=request.run_id,
             vocab_size=engine.vocab_size,
-            settings=dict_to_struct(to_dict(settings)),
+            settings=to_struct(to_dict(settings)),
             rebuilt=rebuilt,
         )
 
@@ -274,7 +266,7 @@ def build_for_run(settings: TrainerConfig, on_broken, auth_token: str = "") -> T
     except Exception:
         runtime.shutdown()
         raise
-    _log().info("trainer ready", world_size=settings.world_size, num_parameters=engine.num_parameters)
+    log.info("trainer ready", world_size=settings.world_size, num_parameters=engine.num_parameters)
     return servicer
 
 
@@ -298,7 +290,7 @@ def serve(server_config: ServerConfig, config: TrainerConfig) -> None:
             read_hf_config(config.hf_checkpoint)
             check_reference(config)
         except ModelLoadError as exc:
-            _log().error("cannot start", error=str(exc))
+            log.error("cannot start", error=str(exc))
             sys.exit(2)
 
     def on_broken(reason: str) -> None:
@@ -328,10 +320,10 @@ def serve(server_config: ServerConfig, config: TrainerConfig) -> None:
         if not bare:
             host.adopt(build_for_run(config, on_broken, server.auth_token), config)
     except Exception:
-        _log().exception("trainer failed to start")
+        log.exception("trainer failed to start")
         server.stop(0)
         sys.exit(1)
     if bare:
-        _log().info("trainer ready without a model: a run's Init configures it")
+        log.info("trainer ready without a model: a run's Init configures it")
     server.set_serving()
     server.wait_for_termination()

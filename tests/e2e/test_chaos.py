@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from support.small_disk import MIB, small_disk
 
-from rollway.common.demo_data import write_digit_share_reward
 from rollway.coordinator.prompt_ledger import PromptLedger
+from rollway.demo.data import write_digit_share_reward
 from rollway.deploy.chaos import FillDisk, Kill, run_with_chaos
 
 pytestmark = pytest.mark.slow

@@ -40,7 +40,7 @@ def test_the_stopping_rule_runs_sft_in_chunks_on_the_same_services(tmp_path):
     the rule stops it (here the cap: a threshold no model reaches); every run attaches to the
     services the demo started once."""
     script = (
-        "import sys; from rollway import demo;"
+        "import sys; from rollway.demo import addition as demo;"
         "demo.SFT_CHUNK, demo.SFT_MAX_STEPS, demo.SFT_STOP_DEV_ACCURACY = 3, 6, 2.0;"
         f"sys.exit(demo.main(['--workdir', {str(tmp_path)!r}, '--rl-steps', '2']))"
     )

@@ -44,7 +44,7 @@ def test_short_tools_demo_trains_through_an_openai_client_agent(tmp_path):
     summary = json.loads((demo_dir / "summary.json").read_text())
     assert summary["agent"] == "openai" and summary["rl_steps"] == 1
     config = (demo_dir / "configs" / "grpo-tools.yaml").read_text()
-    assert "environment: agent" in config and "rollway.demo_openai_agent:calculator_agent" in config
+    assert "environment: agent" in config and "rollway.demo.openai_agent:calculator_agent" in config
     # Every GRPO sample was an episode of the agent: its first request (chat-templated) is the prompt.
     grpo = demo_dir / "runs" / "grpo-tools"
     [record] = [

@@ -30,7 +30,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.processes import ServiceProcess
 
-from rollway.common.demo_data import write_digit_share_reward
+from rollway.demo.data import write_digit_share_reward
 
 pytestmark = pytest.mark.slow
 

@@ -44,7 +44,7 @@ def test_grpo_on_openai_agent_episodes(tiny_model_dir, tmp_path):
         "rollout_temperature": 1.0,
         "rollout_max_response_len": 96,  # per model turn: the tool call is ~70 tokens
         "environment": "agent",
-        "agent_function_path": "rollway.demo_openai_agent:calculator_agent",
+        "agent_function_path": "rollway.demo.openai_agent:calculator_agent",
         "generate_max_turns": 3,
         "lr": 1e-4,
         "use_dynamic_batch_size": True,

@@ -25,10 +25,10 @@ from support.processes import ServiceProcess, descendants, wait_all_gone
 from support.stack import coordinator_stub, start_run, wait_run
 
 from rollway.common.client import ClientConfig, open_channel
-from rollway.coordinator.remote import to_struct
+from rollway.common.structs import to_struct
 from rollway.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from rollway.dataloader.v1 import dataloader_pb2, dataloader_pb2_grpc
-from rollway.launcher import run
+from rollway.deploy.launcher import run
 
 ray = pytest.importorskip("ray")
 

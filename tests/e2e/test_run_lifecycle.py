@@ -170,7 +170,7 @@ def test_start_run_reports_every_config_error_at_once(bare_services):
 def test_attached_services_that_disagree_refuse_the_run_naming_both_values(
     tmp_path, tiny_model_dir, demo_data_dir
 ):
-    from rollway.common.tiny_model import make_tiny_model
+    from rollway.demo.tiny_model import make_tiny_model
 
     other_model = make_tiny_model(tmp_path / "other-model", seed=1)
     data_flags = [

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rollway import demo as demo_module
+from rollway.demo import addition as demo_module
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "deploy" / "docker-compose.yml"
@@ -248,8 +248,8 @@ def test_dashboard_published_restart_policies_and_sglang_pinned_with_torch():
 def test_cpu_profile_defaults_are_those_of_make_run():
     """The compose demo trains as `make run` does: the same GRPO rollouts, and a fixed SFT length (a
     static stack has no dev-accuracy stopping rule) within the rule's cap."""
-    from rollway import demo
-    from rollway.deploy import compose_demo
+    from rollway.demo import addition as demo
+    from rollway.demo import compose as compose_demo
 
     setup = interpolate(load_compose()["services"]["demo-setup"]["command"], {})
     assert int(setup[setup.index("--rl-steps") + 1]) == demo.RL_STEPS
@@ -260,7 +260,7 @@ def test_cpu_profile_defaults_are_those_of_make_run():
 
 def test_every_demo_prepared_on_the_volume_gets_its_own_runs(tmp_path, tiny_model_dir, demo_data_dir):
     """The services of a live stack keep state per run id: a second demo must not reuse the first's."""
-    from rollway.deploy import compose_demo
+    from rollway.demo import compose as compose_demo
 
     demo = tmp_path / "demo"
     demo.mkdir()

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from rollway.common.supervision.placement import PlacementError, check_fits, describe, plan_actors
 from rollway.coordinator import run_config
-from rollway.deploy.placement import PlacementError, check_fits, describe, plan_actors
-from rollway.launcher import parse_run_config
+from rollway.deploy.launcher import parse_run_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "ray" / "grpo-8gpu.yaml"
 

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.processes import ServiceProcess
 
 from rollway.common.client import UnreachableError, wait_until_serving
-from rollway.deploy.local_processes import ServiceExitedError
+from rollway.common.supervision.service_process import ServiceExitedError
 
 TESTS_DIR = str(Path(__file__).resolve().parents[1])
 

@@ -16,7 +16,7 @@ from grpc_status import rpc_status
 from support.processes import ServiceProcess
 from support.stack import coordinator_stub
 
-from rollway.coordinator.remote import to_struct
+from rollway.common.structs import to_struct
 from rollway.coordinator.v1 import coordinator_pb2
 
 

@@ -17,8 +17,8 @@ from support.processes import ServiceProcess
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from rollway.common.client import open_channel
-from rollway.common.tiny_model import build_tokenizer
 from rollway.common.v1 import common_pb2
+from rollway.demo.tiny_model import build_tokenizer
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines.base import SampleRequest
 from rollway.rollout.engines.hf import HFEngine

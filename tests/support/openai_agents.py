@@ -11,7 +11,7 @@ from pathlib import Path
 import openai
 from openai import AsyncOpenAI, OpenAI
 
-from rollway.demo_openai_agent import TOOLS, calculator_agent
+from rollway.demo.openai_agent import TOOLS, calculator_agent
 from rollway.rollout.environments.calculator import run_calculator
 
 

@@ -1,5 +1,6 @@
-"""Start rollway services as real processes for tests (see rollway.deploy.local_processes), and look
-at process trees through /proc (Linux): what a launcher started, and whether it is still running."""
+"""Start rollway services as real processes for tests (see rollway.common.supervision.service_process),
+and look at process trees through /proc (Linux): what a launcher started, and whether it is still
+running."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import threading
 import time
 from pathlib import Path
 
+from rollway.common.supervision.service_process import ServiceProcess
 from rollway.deploy.chaos import descendants
-from rollway.deploy.local_processes import ServiceProcess
 
 __all__ = ["ServiceProcess", "alive", "descendants", "read_until", "wait_all_gone"]
 

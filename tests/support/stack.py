@@ -6,7 +6,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from rollway.common.client import open_channel
-from rollway.coordinator.remote import to_struct
+from rollway.common.structs import to_struct
 from rollway.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from support.processes import ServiceProcess
 

@@ -26,9 +26,7 @@ from rollway.coordinator.tinker.tenants import SavedCheckpoint, Tenant, TenantSp
 from rollway.coordinator.tinker.wire import ForwardBackwardCall, encode_forward_backward_output
 from rollway.trainer.v1 import trainer_pb2
 
-
-def _log():
-    return get_logger("rollway.coordinator.tinker")
+log = get_logger("rollway.coordinator.tinker")
 
 
 def user_error(exc: grpc.RpcError) -> GatewayError:
@@ -89,15 +87,15 @@ class Gateway:
         """Release silent sessions' models; restart dead trainers from their last saved state."""
         while not self._stop.wait(0.5):
             for session in self.sessions.expire():
-                _log().info("session timed out; releasing its models", session_id=session.session_id,
+                log.info("session timed out; releasing its models", session_id=session.session_id,
                             models=sorted(session.model_ids))  # fmt: skip
                 self._release(session.model_ids, session.sampling_session_ids)
             for tenant in list(self.tenants.values()):
                 try:
                     if tenant.heal():
-                        _log().warning("trainer restarted", model_id=tenant.spec.model_id)
+                        log.warning("trainer restarted", model_id=tenant.spec.model_id)
                 except Exception:  # noqa: BLE001 - logged; the next pass tries again
-                    _log().exception("trainer restart failed", model_id=tenant.spec.model_id)
+                    log.exception("trainer restart failed", model_id=tenant.spec.model_id)
 
     def _release(self, model_ids: set[str], sampling_session_ids: set[str]) -> None:
         with self._lock:

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from rollway.common.client import open_channel
+from rollway.common.supervision.supervisor import LocalServiceGroup
 from rollway.common.v1 import common_pb2
 from rollway.coordinator.tinker.config import GatewayConfig
 from rollway.coordinator.tinker.errors import bad_request
 from rollway.coordinator.tinker.wire import encode_sample_response
-from rollway.deploy.supervisor import LocalServiceGroup
 from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
 MAX_SAMPLES = 64  # most sequences one sample call may ask for

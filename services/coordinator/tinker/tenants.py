@@ -22,9 +22,9 @@ from typing import Any
 import grpc
 
 from rollway.common.client import open_channel
+from rollway.common.supervision.supervisor import LocalServiceGroup, ServiceGroup
 from rollway.coordinator.tinker.config import GatewayConfig
 from rollway.coordinator.tinker.errors import RetryableFailure
-from rollway.deploy.supervisor import LocalServiceGroup, ServiceGroup
 from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
 
@@ -58,10 +58,10 @@ def trainer_group(spec: TenantSpec, workdir: Path, config: GatewayConfig) -> Ser
     if config.launcher == "ray":
         # The coordinator's Ray launcher, as for a run: it reads the trainer's settings from a run
         # config, here one with only the trainer's model settings given.
+        from rollway.common.supervision.ray_services import RayServiceGroup
         from rollway.coordinator.config import CoordinatorConfig
         from rollway.coordinator.run_config import RunConfig
         from rollway.dataloader.config import DataloaderConfig
-        from rollway.deploy.ray_services import RayServiceGroup
         from rollway.rollout.config import RolloutConfig
         from rollway.trainer.config import TrainerConfig
 

@@ -35,10 +35,7 @@ from rollway.trainer.weight_sync.base import SendResult
 from rollway.trainer.weight_sync.distributed import SenderState
 from rollway.trainer.weight_sync.registry import sender_for
 
-
-def _log():
-    """The logger, bound at call time: logging is configured by the server after this import."""
-    return get_logger("rollway.trainer.weight_push")
+log = get_logger("rollway.trainer.weight_sync")
 
 
 class WeightPusher:
@@ -79,7 +76,7 @@ class WeightPusher:
                 # Not UNAVAILABLE: clients retry that, and a lone retry of a collective join cannot succeed.
                 error = DeadlineExceeded if "timeout" in str(exc).lower() else FailedPrecondition
                 raise error(str(exc)) from None
-        _log().info(
+        log.info(
             "weight group formed", group=spec.group_name, world_size=spec.world_size, backend=spec.backend
         )
         return False
@@ -144,7 +141,7 @@ class WeightPusher:
             verify_seconds=plan.checksum_seconds,
             total_seconds=time.perf_counter() - started,
         )
-        _log().info("weights pushed", weight_version=version, transport=transport, num_bytes=sent.num_bytes,
+        log.info("weights pushed", weight_version=version, transport=transport, num_bytes=sent.num_bytes,
                     seconds=round(timings.total_seconds, 3))  # fmt: skip
         yield trainer_pb2.PushWeightsResponse(timings=timings)
 

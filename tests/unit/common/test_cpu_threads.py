@@ -11,7 +11,7 @@ import pytest
 
 from rollway.common.config import ConfigError, from_dict
 from rollway.common.cpu_threads import PASSIVE_WAIT_ENV, resolve_cpu_threads, usable_cores
-from rollway.deploy.local_processes import ServiceProcess
+from rollway.common.supervision.service_process import ServiceProcess
 from rollway.rollout.config import RolloutConfig
 from rollway.trainer.config import TrainerConfig
 

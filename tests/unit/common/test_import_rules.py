@@ -1,7 +1,17 @@
-"""Services never import each other: only the generated protos (rollway.<service>.v1), the shared
-runtime (rollway.common) and, as the schema of a run config, another service's settings module
-(rollway.<service>.config: torch-free dataclasses the coordinator validates a whole run against
-before anything starts). The coordinator also uses the launch code (rollway.deploy)."""
+"""Import rules: the package's layers, and services that never import each other.
+
+    cli, demo          the commands and the demo (above everything they use)
+    deploy             launch code: `rollway run`, `rollway up`, chaos
+    the four services  dataloader, rollout, trainer, coordinator
+    common             shared runtime (common/supervision: starting and watching a run's services)
+
+A module imports only its own layer and those below, so neither the coordinator <-> deploy nor the
+deploy <-> demo cycle can come back. Services never import each other: only the generated protos
+(rollway.<service>.v1), the shared runtime (rollway.common) and, as the schema of a run config,
+another service's settings module (rollway.<service>.config: torch-free dataclasses the
+coordinator validates a whole run against before anything starts). Of the services only the
+coordinator starts services (rollway.common.supervision).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +20,14 @@ from pathlib import Path
 
 SERVICES = ("dataloader", "rollout", "trainer", "coordinator")
 ROOT = Path(__file__).resolve().parents[3] / "services"
+# Each layer and the top-level parts of `rollway` it may import (its own and those below).
+LAYERS = {
+    "common": {"common"},
+    **{service: {"common", *SERVICES} for service in SERVICES},
+    "deploy": {"common", *SERVICES, "deploy"},
+    "demo": {"common", *SERVICES, "deploy", "demo"},
+    "cli": {"common", *SERVICES, "deploy", "demo", "cli"},
+}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -25,11 +43,31 @@ def imported_modules(path: Path) -> set[str]:
 
 def allowed(service: str, module: str) -> bool:
     parts = module.split(".")
+    if parts[1:3] == ["common", "supervision"]:
+        return service == "coordinator"
     if parts[1] in ("common", service):
         return True
     if parts[1] in SERVICES:
         return len(parts) >= 3 and parts[2] in ("v1", "config")
-    return service == "coordinator" and parts[1] == "deploy"
+    return False
+
+
+def layer_of(path: Path) -> str:
+    """`common`, a service, `deploy`, `demo` or `cli`: the first part of the path under services/."""
+    return path.relative_to(ROOT).parts[0].removesuffix(".py")
+
+
+def test_every_module_imports_only_its_own_layer_and_those_below():
+    broken = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if path.parent == ROOT and path.name == "__init__.py":
+            continue
+        layer = layer_of(path)
+        assert layer in LAYERS, f"{path.relative_to(ROOT)}: in no layer; add it to LAYERS"
+        for module in sorted(imported_modules(path)):
+            if module.split(".")[1] not in LAYERS[layer] | {"__version__"}:
+                broken.append(f"{path.relative_to(ROOT)} ({layer}) imports {module}")
+    assert not broken, "\n".join(broken)
 
 
 def test_services_import_only_protos_common_and_settings_schemas_of_each_other():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from rollway.common.supervision.supervisor import DeadService
 from rollway.coordinator.runs import RunRecord, _recover
-from rollway.deploy.supervisor import DeadService
 
 
 class FakeGroup:

@@ -6,6 +6,6 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_readme_shows_the_tested_example_agent_verbatim():
-    example = (ROOT / "services" / "demo_openai_agent.py").read_text()
+    example = (ROOT / "services" / "demo" / "openai_agent.py").read_text()
     readme = (ROOT / "README.md").read_text()
     assert "\n" + example + "```" in readme

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from unit.trainer.rank_harness import make_config, run_ranks
 
-from rollway.common.tiny_model import make_tiny_model
+from rollway.demo.tiny_model import make_tiny_model
 from rollway.trainer.micro_batch import SequenceItem
 
 pytestmark = pytest.mark.slow

@@ -110,7 +110,7 @@ def test_a_step_cannot_change_the_runs_advantage_settings():
 
 
 def test_ref_load_must_be_a_model_with_the_policys_vocabulary(tiny_model_dir, tmp_path):
-    from rollway.common.tiny_model import make_tiny_model
+    from rollway.demo.tiny_model import make_tiny_model
     from rollway.trainer.model_loading import ModelLoadError
     from rollway.trainer.reference import check_reference
 

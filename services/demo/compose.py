@@ -40,9 +40,9 @@ def prepare(
     workdir: Path, sft_steps: int, rl_steps: int, seed: int, demo_id: str | None = None
 ) -> dict[str, Path]:
     """Model, data and the two run configs of a new demo under `workdir` (earlier demos are kept)."""
-    from rollway.common.demo_data import make_demo_data
-    from rollway.common.tiny_model import make_tiny_model
-    from rollway.demo import grpo_config, sft_config
+    from rollway.demo.addition import grpo_config, sft_config
+    from rollway.demo.data import make_demo_data
+    from rollway.demo.tiny_model import make_tiny_model
 
     demo_id = demo_id or new_demo_id()
     # Made once per seed and never rewritten: services of a live stack may be reading them.
@@ -120,7 +120,7 @@ def summarize(workdir: Path) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m rollway.deploy.compose_demo", description=__doc__.splitlines()[0]
+        prog="python -m rollway.demo.compose", description=__doc__.splitlines()[0]
     )
     parser.add_argument("step", choices=("prepare", "publish-sft", "summarize"))
     parser.add_argument("workdir", help="the demo directory on the shared volume")

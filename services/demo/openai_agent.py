@@ -1,6 +1,6 @@
 """An agent written against the official `openai` client: it answers arithmetic questions with the
 help of a calculator tool. rollway runs it once per sample (--environment agent
---agent-function-path rollway.demo_openai_agent:calculator_agent) and trains on what it did.
+--agent-function-path rollway.demo.openai_agent:calculator_agent) and trains on what it did.
 
 The agent is an ordinary OpenAI tool-use loop; nothing in it is specific to rollway except its
 signature: (base_url, task) -> reward, where task has prompt, label, metadata and api_key.

@@ -209,7 +209,7 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m rollway.common.tiny_model OUT_DIR [--preset small] [--seed N]`."""
+    """`python -m rollway.demo.tiny_model OUT_DIR [--preset small] [--seed N]`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")

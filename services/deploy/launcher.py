@@ -27,24 +27,10 @@ from pathlib import Path
 
 from rollway.common.client import wait_until_serving
 from rollway.common.config import parse_components
+from rollway.common.run_components import run_components
 from rollway.coordinator.plan_text import plan
 
 TAIL_LINES = 30
-
-
-def component_classes() -> dict[str, type]:
-    """Settings dataclasses of every component (config modules import no torch)."""
-    from rollway.coordinator.config import CoordinatorConfig
-    from rollway.dataloader.config import DataloaderConfig
-    from rollway.rollout.config import RolloutConfig
-    from rollway.trainer.config import TrainerConfig
-
-    return {
-        "coordinator": CoordinatorConfig,
-        "dataloader": DataloaderConfig,
-        "rollout": RolloutConfig,
-        "trainer": TrainerConfig,
-    }
 
 
 def parse_run_config(
@@ -54,7 +40,7 @@ def parse_run_config(
     receives the settings as written (the file, then the flags): what StartRun is sent."""
     if argv and not argv[0].startswith("-"):
         argv = ["--config", argv[0], *argv[1:]]
-    classes = component_classes()
+    classes = run_components()
     parsed = parse_components(list(classes.values()), argv, prog=prog, given=given)
     return dict(zip(classes, parsed, strict=True))
 
@@ -69,7 +55,7 @@ def typed(given: dict) -> dict:
     out = {}
     for key, value in given.items():
         out[key] = value
-        for cls in component_classes().values():
+        for cls in run_components().values():
             names = {f.name: f.name for f in dataclasses.fields(cls)}
             names.update(
                 {a.replace("-", "_"): f.name for f in dataclasses.fields(cls) for a in f.metadata["aliases"]}
@@ -99,8 +85,8 @@ def run(argv: list[str]) -> int:
     given: dict = {}
     configs = parse_run_config(argv, given=given)
     c = configs["coordinator"]
+    from rollway.common.supervision.supervisor import LocalServiceGroup
     from rollway.coordinator.runs import check_run_id, new_run_id
-    from rollway.deploy.supervisor import LocalServiceGroup
 
     run_id = c.run_id or new_run_id()
     try:
@@ -199,8 +185,8 @@ def _drive(
     import grpc
 
     from rollway.common.client import open_channel
+    from rollway.common.structs import to_struct
     from rollway.coordinator.metrics import ProgressLine
-    from rollway.coordinator.remote import to_struct
     from rollway.coordinator.run_config import jsonable
     from rollway.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 

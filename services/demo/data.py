@@ -139,8 +139,20 @@ def make_demo_data(
     return paths
 
 
+def ensure_demo_assets(workdir: Path) -> tuple[Path, Path]:
+    """The tiny model's directory and the demo data directory under `workdir` (built if missing):
+    what `rollway up` serves."""
+    from rollway.demo.tiny_model import make_tiny_model
+
+    model_dir = workdir / "tiny-model"
+    if not (model_dir / "config.json").exists():
+        make_tiny_model(model_dir, seed=0)
+    make_demo_data(workdir / "data", seed=0)
+    return model_dir, workdir / "data"
+
+
 def main(argv: list[str] | None = None) -> None:
-    """`python -m rollway.common.demo_data OUT_DIR [--seed N] [--jsonl]`."""
+    """`python -m rollway.demo.data OUT_DIR [--seed N] [--jsonl]`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rollway.common.demo_data import make_demo_data, split_pairs
+from rollway.demo.data import make_demo_data, split_pairs
 
 MESSAGES_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
 METADATA_TYPE = pa.struct([("a", pa.int64()), ("b", pa.int64())])

@@ -33,11 +33,11 @@ from pathlib import Path
 from rollway.common.client import wait_until_serving
 from rollway.common.config import non_default_settings, to_dict
 from rollway.common.log import get_logger
-from rollway.deploy.placement import ActorSpec, PlacementError, check_fits, describe, plan_actors
-from rollway.deploy.ray_actors import ServiceHost
-from rollway.deploy.supervisor import CannotRestart, DeadService, ServiceGroup
+from rollway.common.supervision.placement import ActorSpec, PlacementError, check_fits, describe, plan_actors
+from rollway.common.supervision.ray_actors import ServiceHost
+from rollway.common.supervision.supervisor import CannotRestart, DeadService, ServiceGroup
 
-log = get_logger("rollway.deploy.ray")
+log = get_logger("rollway.common.supervision.ray")
 
 PLACEMENT_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 600.0

@@ -35,8 +35,8 @@ from pathlib import Path
 import grpc
 
 from rollway.common.client import ClientConfig, open_channel
+from rollway.common.supervision.service_process import ServiceProcess
 from rollway.common.tracing import trace_file_environment
-from rollway.deploy.local_processes import ServiceProcess
 
 TAIL_LINES = 30
 WATCH_SLACK_SECONDS = 1.0  # a health check's own timeout: silence shorter than this is no sign

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import yaml
 
+from rollway.common.rank_env import CONFIG_ENV
+
 PR_SET_PDEATHSIG = 1
 LOG_TAIL_LINES = 30
 
@@ -81,8 +83,6 @@ class ServiceHost:
 
     def start_trainer_worker(self, rank: int, world_size: int, master: str, port: int, settings: dict) -> int:
         """Start trainer rank `rank` joining rank 0's store at master:port (torchrun's variables); the pid."""
-        from rollway.trainer.ranks import CONFIG_ENV
-
         env = {
             "RANK": str(rank),
             "LOCAL_RANK": "0",  # the actor sees only its own GPU

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from rollway.launcher import run as launch_run
+from rollway.deploy.launcher import run as launch_run
 
 MIN_OPERAND, MAX_OPERAND = 100, 9999
 EVAL_BATCH = 256
@@ -112,7 +112,7 @@ def sft_config(workdir: Path, model_dir: Path, data: Path, name: str, steps: int
 
 # The GRPO run's episodes: the built-in calculator environment, or the openai-client agent.
 AGENTS = ("builtin", "openai")
-OPENAI_AGENT = "rollway.demo_openai_agent:calculator_agent"
+OPENAI_AGENT = "rollway.demo.openai_agent:calculator_agent"
 
 
 def grpo_config(
@@ -160,8 +160,8 @@ def grpo_config(
 def evaluate(model_dir: Path, eval_path: Path, environment: str, workdir: Path) -> float:
     """Greedy accuracy on the held-out sums, through a rollout service serving `model_dir`."""
     from rollway.common.client import open_channel
+    from rollway.common.supervision.service_process import ServiceProcess
     from rollway.common.v1 import common_pb2
-    from rollway.deploy.local_processes import ServiceProcess
     from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
     rows = [json.loads(line) for line in eval_path.read_text().splitlines() if line.strip()]
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     workdir = (Path(args.workdir) / time.strftime("%Y%m%d-%H%M%S")).resolve()
 
-    from rollway.common.tiny_model import make_tiny_model
+    from rollway.demo.tiny_model import make_tiny_model
 
     model_dir = make_tiny_model(workdir / "tiny-model", seed=args.seed)
     data_dir = workdir / "data"

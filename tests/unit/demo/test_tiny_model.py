@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
-from rollway.common.tiny_model import (
+from rollway.demo.tiny_model import (
     PROMPT_WORDS,
     build_config,
     build_tokenizer,

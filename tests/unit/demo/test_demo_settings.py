@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from rollway import demo
-from rollway.common.demo_data import make_demo_data
 from rollway.coordinator.run_config import parse_run_config
-from rollway.demo_dev import DEV_ROWS, dev_accuracy
+from rollway.demo import addition as demo
+from rollway.demo.data import make_demo_data
+from rollway.demo.dev_set import DEV_ROWS, dev_accuracy
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 

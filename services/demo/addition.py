@@ -15,7 +15,7 @@ exact match (1 for the right sum, else 0) and evaluation is greedy on 200 held-o
 model learns to carry abruptly, within ~50 SFT steps, at a step that differs by seed (seed 1
 around 150-200, seeds 0 and 2 around 200-250); RL hardly lifts a model that has not begun to, and
 one that has learnt it leaves little room. So SFT stops by a rule, not at a fixed step: it runs in
-chunks of SFT_CHUNK steps and stops once greedy accuracy on a dev split (demo_dev.py: RL prompts,
+chunks of SFT_CHUNK steps and stops once greedy accuracy on a dev split (dev_set.py: RL prompts,
 not the held-out sums) first reaches SFT_STOP_DEV_ACCURACY. SFT at lr 1e-3 with a short warmup
 reaches that point on every seed within 300 steps (at 3e-3 seed 0 sat at 0.1-0.14 for 800 steps).
 GRPO then needs enough optimizer steps at a large enough learning rate, decayed to 0 (cosine) so
@@ -34,9 +34,9 @@ from pathlib import Path
 
 import yaml
 
-from rollway.demo_dev import dev_accuracy
-from rollway.deploy.supervisor import LocalServiceGroup
-from rollway.launcher import run as launch_run
+from rollway.common.supervision.supervisor import LocalServiceGroup
+from rollway.demo.dev_set import dev_accuracy
+from rollway.deploy.launcher import run as launch_run
 from rollway.rollout.engines.sglang_cpu import DEFAULT_VENV, cpu_settings, installed_version
 
 # SFT stops by a rule: in chunks of SFT_CHUNK steps (each a `rollway run` that resumes the last
@@ -179,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     workdir = (Path(args.workdir) / time.strftime("%Y%m%d-%H%M%S")).resolve()
 
-    from rollway.common.demo_data import make_demo_data
-    from rollway.common.tiny_model import make_tiny_model
+    from rollway.demo.data import make_demo_data
+    from rollway.demo.tiny_model import make_tiny_model
 
     model_dir = make_tiny_model(workdir / "tiny-model", seed=args.seed)
     data_dir = workdir / "data"
