@@ -514,8 +514,8 @@ def test_ratio_extremes_are_the_range_over_every_micro_batch():
 
 @pytest.mark.slow
 def test_dr_grpo_and_whitened_losses_are_the_reference_on_one_or_two_ranks(tiny_model_dir, tmp_path):
-    from unit.trainer.rl_harness import run_scenarios
-    from unit.trainer.rl_scenarios import rl_batch, scenario_gradients
+    from support.rl_harness import run_scenarios
+    from support.rl_scenarios import rl_batch, scenario_gradients
 
     items = rl_batch(0)
     runs = {

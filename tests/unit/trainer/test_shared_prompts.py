@@ -15,9 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from support.rl_harness import make_config, new_engine, run_scenarios, step_gradients
+from support.rl_scenarios import log_probs
 from transformers import AutoModelForCausalLM
-from unit.trainer.rl_harness import make_config, new_engine, run_scenarios, step_gradients
-from unit.trainer.rl_scenarios import log_probs
 
 from rollway.common.config import from_dict
 from rollway.trainer.attention import (
