@@ -17,6 +17,7 @@ import time
 
 import pytest
 import torch
+from support.ports import free_port
 from support.waiting import names_a_gone_peer, wait_until
 
 from rollway.common.weight_group import (
@@ -28,12 +29,6 @@ from rollway.common.weight_group import (
 )
 
 TIMEOUT = 120.0  # the group timeout: every failure below must come long before it
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spec(port: int, world_size: int = 2) -> GroupSpec:

@@ -7,6 +7,7 @@ import signal
 import sys
 
 import pytest
+from support.ports import free_port
 
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines.base import EngineError, SampleRequest
@@ -39,18 +40,10 @@ HTTPServer(("127.0.0.1", port), H).serve_forever()
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _stand_in(tmp_path, mode: str) -> ServerProcess:
     script = tmp_path / "stand_in_server.py"
     script.write_text(STAND_IN)
-    port = _free_port()
+    port = free_port()
     return ServerProcess(
         [sys.executable, str(script), str(port), mode],
         f"http://127.0.0.1:{port}",
@@ -110,7 +103,7 @@ def test_real_sglang_server_generates_with_log_probs(tiny_model_dir, tmp_path):
         hf_checkpoint=str(tiny_model_dir),
         rollout_engine="sglang",
         sglang_log_dir=str(tmp_path),
-        sglang_port=_free_port(),
+        sglang_port=free_port(),
         sglang_mem_fraction_static=0.3,
     )
     engine = SGLangEngine(config)
