@@ -51,6 +51,12 @@ sglang-cpu: $(SGLANG_CPU)
 test: setup proto-check $(COMPOSE_V1)/bin/docker-compose $(SGLANG_CPU)
 	PATH="$(CURDIR)/$(COMPOSE_V1)/bin:$$PATH" $(PY) -m pytest -q --durations=25
 
+# The fast tier (tests/unit, in-process, no test marked slow): a couple of minutes; .venv only,
+# none of the compose or SGLang installs `make test` needs. Only tests/unit is collected: importing
+# the integration and e2e modules just to deselect them costs ~30 s.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" --durations=10 tests/unit
+
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

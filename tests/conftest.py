@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+UNIT = Path(__file__).parent / "unit"
 
 
 def _has_cuda() -> bool:
@@ -21,7 +24,13 @@ def _has_cuda() -> bool:
         return False
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
+    # The fast tier is tests/unit (in-process); tests/integration and tests/e2e start processes,
+    # servers and ranks, so every test there is slow without each module having to say so.
+    for item in items:
+        if UNIT not in item.path.parents:
+            item.add_marker(pytest.mark.slow)
     if _has_cuda():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import openai
 import pytest
 from openai import OpenAI
+from support.ports import free_port
 from support.processes import ServiceProcess
 from support.tool_calling_model import ANSWER, QUESTION, make_tool_calling_model
 from support.waiting import wait_until
@@ -316,14 +316,8 @@ def test_the_services_auth_token_guards_the_endpoint(tiny_model_dir, tmp_path):
     assert seen["wrong_key_status"] == 401 and seen["models"] == [str(tiny_model_dir)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_plain_v1_requests_serve_the_current_policy(tiny_model_dir, tmp_path):
-    port = _free_port()
+    port = free_port()
     args = ["--hf-checkpoint", str(tiny_model_dir), "--dtype", "float32", "--openai-api-port", str(port)]
     with ServiceProcess("rollout", args, tmp_path):
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)

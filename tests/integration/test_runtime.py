@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -16,8 +15,10 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.ports import free_port
 from support.probe_service import SERVICE
 from support.processes import ServiceProcess
+from support.waiting import wait_until
 
 from rollway.common.client import ClientConfig, RetryingStream, open_channel
 
@@ -55,7 +56,7 @@ def test_health_goes_serving_then_not_serving_on_sigterm_and_in_flight_call_comp
             target=lambda: result.update(reply=call(channel, "Sleep", b"2.0", timeout=30))
         )
         in_flight.start()
-        time.sleep(0.5)  # the Sleep call is now being handled
+        wait_until(lambda: "probe sleeping" in svc.log_text(), 20, "the Sleep call to be handled")
         svc.signal(signal.SIGTERM)
         in_flight.join(30)
         watch.cancel()
@@ -190,14 +191,8 @@ def test_errors_map_to_statuses_without_tracebacks_and_the_service_keeps_serving
         assert "Traceback" in svc.log_text(), "the traceback belongs in the service log"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_client_retries_only_idempotent_calls_on_unavailable(tmp_path):
-    port = _free_port()
+    port = free_port()
     address = f"127.0.0.1:{port}"
     config = ClientConfig(max_retries=6, retry_backoff_seconds=0.2, timeout_seconds=30)
     channel = open_channel(address, config)
@@ -299,7 +294,7 @@ def test_log_lines_carry_service_rpc_and_run_context(tmp_path):
             ("x-rollway-weight-version", "3"),
         ]
         assert call(open_channel(svc.address), "Log", b"hello", metadata=metadata) == b"logged"
-        time.sleep(0.2)
+        wait_until(lambda: "probe log" in svc.log_text(), 20, "the probe's log line")
         lines = [json.loads(line) for line in svc.log_text().splitlines() if line.startswith("{")]
     event = next(line for line in lines if line.get("event") == "probe log")
     assert event["service"] == "probe"
@@ -313,6 +308,12 @@ def test_log_lines_carry_service_rpc_and_run_context(tmp_path):
     assert event["level"] == "info" and "timestamp" in event
 
 
+def _has_span(path: Path, kind: str, name_end: str) -> bool:
+    """A whole line in the trace file at `path` holds a `kind` span whose name ends with `name_end`."""
+    lines = path.read_text().split("\n")[:-1] if path.exists() else []  # the last may be half written
+    return any(s["kind"] == kind and s["name"].endswith(name_end) for s in map(json.loads, lines))
+
+
 def test_trace_context_propagates_from_one_service_to_another(tmp_path):
     with (
         probe(tmp_path / "b", env={"ROLLWAY_TRACE_FILE": str(tmp_path / "b.jsonl")}) as callee,
@@ -324,7 +325,8 @@ def test_trace_context_propagates_from_one_service_to_another(tmp_path):
         ) as caller,
     ):
         assert call(open_channel(caller.address), "Relay") == b"SERVING"
-        time.sleep(0.3)
+        wait_until(lambda: _has_span(tmp_path / "a.jsonl", "SERVER", "/Relay"), 20, "the caller's Relay span")
+        wait_until(lambda: _has_span(tmp_path / "b.jsonl", "SERVER", "/Check"), 20, "the callee's Check span")
     spans_a = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()]
     spans_b = [json.loads(x) for x in (tmp_path / "b.jsonl").read_text().splitlines()]
     relay_server = next(s for s in spans_a if s["kind"] == "SERVER" and s["name"].endswith("/Relay"))

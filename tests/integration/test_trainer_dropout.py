@@ -12,8 +12,8 @@ import queue
 
 import pytest
 import torch
-from google.protobuf import struct_pb2
 from support.processes import ServiceProcess
+from support.trainer_steps import struct
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from rollway.common.client import open_channel
@@ -83,12 +83,6 @@ def rollout_samples(model_dir) -> list[common_pb2.Sample]:
         )
         for k, r in enumerate(results)
     ]
-
-
-def struct(data: dict) -> struct_pb2.Struct:
-    s = struct_pb2.Struct()
-    s.update(data)
-    return s
 
 
 def train_step(stub, step_id: int, samples) -> dict[str, float]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from support.processes import ServiceProcess
+from support.processes import ServiceProcess, alive
 
 from rollway.common.client import open_channel
 from rollway.common.v1 import common_pb2
@@ -23,15 +23,6 @@ pytestmark = pytest.mark.slow
 def children(pid: int) -> list[int]:
     path = Path(f"/proc/{pid}/task/{pid}/children")
     return [int(p) for p in path.read_text().split()] if path.exists() else []
-
-
-def alive(pid: int) -> bool:
-    """Running and not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"
 
 
 def wait_for(predicate, timeout: float) -> bool:

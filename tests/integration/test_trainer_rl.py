@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from google.protobuf import struct_pb2
 from support.processes import ServiceProcess
+from support.trainer_steps import struct
 
 from rollway.common.advantages import group_normalised
 from rollway.common.client import open_channel
@@ -24,12 +24,6 @@ pytestmark = pytest.mark.slow
 PROMPTS = [[1, 40, 41, 42], [1, 70, 71]]
 RESPONSES = [[[50, 51, 52, 2], [60, 61, 2]], [[80, 81, 82, 83, 2], [90, 91, 2]]]  # two per prompt
 REWARDS = [1.0, 0.0, 0.0, 1.0]  # the 1st and 4th responses are the good ones
-
-
-def struct(data: dict) -> struct_pb2.Struct:
-    s = struct_pb2.Struct()
-    s.update(data)
-    return s
 
 
 def rl_samples(rollout_log_probs: list[list[float]] | None = None) -> list[common_pb2.Sample]:

@@ -13,9 +13,9 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.processes import ServiceProcess
+from support.trainer_steps import struct
 from transformers import AutoModelForCausalLM
 
 from rollway.common.client import open_channel
@@ -26,12 +26,6 @@ from rollway.trainer.v1 import trainer_pb2_grpc
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 64
-
-
-def struct(data: dict) -> struct_pb2.Struct:
-    s = struct_pb2.Struct()
-    s.update(data)
-    return s
 
 
 def sample(prompt: list[int], response: list[int], loss_mask: list[int] | None = None) -> common_pb2.Sample:

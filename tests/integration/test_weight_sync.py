@@ -19,6 +19,7 @@ import pytest
 from google.protobuf import struct_pb2
 from support.processes import ServiceProcess
 from support.trainer_steps import train_sft_step as train
+from support.waiting import wait_until
 
 from rollway.common.v1 import common_pb2
 from rollway.coordinator.remote import Services
@@ -273,7 +274,8 @@ def test_a_receiver_killed_mid_transfer_fails_the_push_and_a_rebuilt_group_succe
 
         thread = threading.Thread(target=sync)
         thread.start()
-        time.sleep(1.5)  # 17 buckets at 0.3 s each: mid-transfer
+        # Receiving has begun; 17 buckets at 0.3 s each: killed mid-transfer.
+        wait_until(lambda: "receiving weights" in slow.log_text(), 60, "the slow receiver to start receiving")
         slow.signal(signal.SIGKILL)
         thread.join(TIMEOUT + 30)
         assert not thread.is_alive()

@@ -74,6 +74,7 @@ def _handlers(config: ProbeConfig):
         yield b"2"
 
     def sleep(request: bytes, context) -> bytes:
+        log.info("probe sleeping")  # a test waits for this line: the call is being handled
         time.sleep(float(request or b"0"))
         return b"slept"
 

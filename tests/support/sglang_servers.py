@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines.sglang_cpu import cpu_settings, installed_version
 from rollway.rollout.engines.sglang_http import SGLangClient
 from rollway.rollout.engines.sglang_server import launch_command, launch_env
+from support.ports import free_port
 from support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,12 +51,6 @@ def rollout_settings(version: str, model_dir: Path, **overrides) -> dict:
         **cpu_settings(sglang_venv(version)),
         **overrides,
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class SGLangServer:

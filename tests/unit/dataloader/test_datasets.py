@@ -1,9 +1,6 @@
 """Opening datasets: parquet and jsonl, slicing, whole-file errors, bad rows named or skipped."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -141,22 +138,3 @@ def test_corrupt_row_group_is_reported_with_the_rows_it_holds(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(DataError, match=r"c.parquet: unreadable from row \d+ on \(corrupt\?\)"):
         open_source(parse_path(str(path), "c"), RL, tmp_path / "cache", skip_bad_rows=True)
-
-
-def test_parquet_is_read_a_record_batch_at_a_time(tmp_path):
-    """Arrow's peak allocation while opening stays near one row group, far below the file's size."""
-    rows = [{"prompt": os.urandom(200).hex(), "label": str(i)} for i in range(40_000)]
-    path = write_parquet(tmp_path / "big.parquet", rows, row_group_size=1000)
-    script = (
-        "import sys, pyarrow as pa; from pathlib import Path;"
-        "from rollway.dataloader.datasets import open_source; from rollway.dataloader.rows import RowRules;"
-        "from rollway.dataloader.sources import parse_path;"
-        f"s = open_source(parse_path({str(path)!r}, 'b'), RowRules('prompt', 'label'), Path({str(tmp_path)!r}), False);"
-        "print(len(s.store), pa.default_memory_pool().max_memory())"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
-    )
-    num_rows, peak_bytes = map(int, out.stdout.split())
-    assert num_rows == 40_000
-    assert path.stat().st_size > 12 * 2**20 and peak_bytes < 4 * 2**20, peak_bytes

@@ -1,9 +1,6 @@
 """Tokenisation and SFT loss masks, checked token for token against apply_chat_template."""
 
-import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -160,29 +157,3 @@ def test_a_tokenizer_without_chat_template_is_refused_for_chat(tmp_path, tiny_mo
         Encoder(tokenizer, sft=False, apply_chat_template=True)
     with pytest.raises(TokenizerError, match="not a directory"):
         load_tokenizer(str(tmp_path / "nope"))
-
-
-def test_named_tokenizer_class_loads_like_auto_tokenizer_without_torch(tmp_path, tiny_model_dir):
-    """tokenizer_config's class is loaded directly: the ids AutoTokenizer gives, without importing torch."""
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(tiny_model_dir / name, tmp_path / name)
-    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
-    (tmp_path / "tokenizer_config.json").write_text(
-        json.dumps({**config, "tokenizer_class": "Qwen2Tokenizer"})
-    )
-    script = (
-        "import sys, json; import rollway.dataloader.service;"
-        "from rollway.dataloader.encoder import load_tokenizer;"
-        f"t = load_tokenizer({str(tmp_path)!r}); ids = t('What is 12 + 345?  ok', add_special_tokens=False)['input_ids'];"
-        "print(json.dumps([type(t).__name__, 'torch' in sys.modules, ids]))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
-    )
-    class_name, imported_torch, ids = json.loads(out.stdout.strip().splitlines()[-1])
-    from transformers import AutoTokenizer
-
-    auto = AutoTokenizer.from_pretrained(str(tmp_path))
-    assert class_name == type(auto).__name__ == "Qwen2Tokenizer"
-    assert ids == auto("What is 12 + 345?  ok", add_special_tokens=False)["input_ids"]
-    assert imported_torch is False

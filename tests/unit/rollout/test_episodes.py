@@ -268,6 +268,8 @@ def test_an_episode_spanning_a_weight_update_records_each_turns_version(engine, 
     assert result.weight_version == before  # the oldest turn's: staleness is never understated
 
 
+# three 600-token greedy generations: ~10 s, the fast tier leaves it to make test
+@pytest.mark.slow
 def test_a_turn_cut_mid_way_continues_where_it_stopped(engine, tokenizer):
     # Greedy, no stop tokens: one 600-token turn. Cut it (turn timeout), continue it from the cut:
     # the same tokens as uncut, as two parts of one model turn.

@@ -92,6 +92,8 @@ def test_sampled_log_probs_equal_a_teacher_forced_forward(tiny_model_dir, refere
         torch.testing.assert_close(torch.tensor(result.log_probs), expected, atol=1e-4, rtol=0)
 
 
+# ~5 s of generation: the fast tier leaves it to make test
+@pytest.mark.slow
 def test_seeded_samples_do_not_depend_on_batching_or_batch_mates(tiny_model_dir):
     params = lambda i: SamplingParams(temperature=1.0, max_new_tokens=30, seed=7 + i)  # noqa: E731
     outputs = []

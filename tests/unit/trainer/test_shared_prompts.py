@@ -3,8 +3,8 @@
 A packed row holds its samples as a prefix tree (a GRPO group's prompt once, responses that
 begin alike once), and lm_head runs only where a response token is predicted. Neither may change
 the maths: the log-probs, every policy-loss metric and every gradient equal those of each sample
-run alone (the old path: one plain per-sample forward), for sdpa and eager attention, on real
-FSDP2 (one gloo rank).
+run alone (the old path: one plain per-sample forward), for sdpa and eager attention; on real
+FSDP2 (one gloo rank, spawned) in tests/integration/trainer/test_shared_prompts_ranks.py.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
-from unit.trainer.rl_harness import make_config, new_engine, run_scenarios, step_gradients
-from unit.trainer.rl_scenarios import log_probs
 
 from rollway.common.config import from_dict
 from rollway.trainer.attention import (
@@ -63,46 +61,7 @@ def grouped_batch(seed: int, groups: int = 3, group_size: int = 3) -> list[Seque
 
 
 ITEMS = grouped_batch(0)
-ALONE = {"micro_batch_size": 1}  # one sample per micro-batch: nothing shared
-SHARED = {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 4096}
-PADDED = {"packing": False, "micro_batch_size": 4}
-OPTIONS = {
-    "grpo": {"rollout_temperature": TEMPERATURE},
-    "gspo_per_token": {"advantage_estimator": "gspo", "calculate_per_token_loss": True},
-    "full": {
-        "use_tis": True,
-        "use_kl_loss": True,
-        "kl_loss_coef": 0.3,
-        "entropy_coef": 0.01,
-        "eps_clip_high": 0.28,
-        "num_steps_per_rollout": 2,  # the old-policy pre-pass
-    },
-}
-SPLITS = {"alone": ALONE, "shared": SHARED, "padded": PADDED}
-VARIANTS = {
-    # eager: the shared prompt through the explicit mask (the layout itself is sdpa's test).
-    "eager": {f"grpo/{s}": {**OPTIONS["grpo"], **SPLITS[s]} for s in ("alone", "shared")},
-    "sdpa": {f"{o}/{s}": {**OPTIONS[o], **SPLITS[s]} for o in OPTIONS for s in SPLITS},
-}
-
-
-def scenario_shared(info, model_dir: str, items, attn: str, variants: dict) -> dict:
-    """Per variant (metrics, gradients) of one step, and the ComputeLogProbs log-probs."""
-    config = make_config(model_dir, attn_implementation=attn)
-    engine = new_engine(info, config)
-    results = {
-        name: step_gradients(engine, items, from_dict(TrainerConfig, overrides, base=config))
-        for name, overrides in variants.items()
-    }
-    results["log_probs"] = log_probs(engine, items, use_reference=False)
-    return results
-
-
-@pytest.fixture(scope="module", params=["sdpa", "eager"])
-def engine_results(request, tiny_model_dir, tmp_path_factory):
-    attn = request.param
-    scenario = {"model_dir": str(tiny_model_dir), "items": ITEMS, "attn": attn, "variants": VARIANTS[attn]}
-    return run_scenarios(1, [(scenario_shared, scenario)], tmp_path_factory.mktemp("shared"))[0]
+SHARED = {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 4096}  # the group in one row
 
 
 @pytest.fixture(autouse=True)
@@ -244,42 +203,6 @@ def test_a_subtree_goes_as_one_block_where_that_costs_less_than_its_sequences():
     assert templated[1].prefix == ((0, 5),) and len(templated[1]) == 5 + 13 + 64
     first_response = templated[1].allowed(82)[5 + 13 + 2]
     assert first_response[: 5 + 13 + 3].all() and not first_response[5 + 13 + 3 :].any()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("option", list(OPTIONS))
-def test_shared_prompts_give_the_same_metrics_and_gradients(engine_results, option):
-    if f"{option}/alone" not in engine_results:
-        pytest.skip("runs with sdpa only")
-    alone_metrics, alone_grads = engine_results[f"{option}/alone"]
-    for split in ("shared", "padded"):
-        if f"{option}/{split}" not in engine_results:
-            continue
-        metrics, grads = engine_results[f"{option}/{split}"]
-        assert metrics.keys() == alone_metrics.keys()
-        for name, value in alone_metrics.items():
-            assert metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-6), f"{split}: {name}"
-        for name, grad in alone_grads.items():
-            torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=f"{split}: {name}")
-
-
-@pytest.mark.slow
-def test_grpo_gradient_and_log_probs_equal_plain_per_sample_transformers(engine_results, tiny_model_dir):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    with torch.no_grad():
-        for item in ITEMS:
-            expected = alone_log_probs(model, item).tolist()
-            assert engine_results["log_probs"][item.index] == pytest.approx(expected, abs=2e-5)
-    _, grads = engine_results["grpo/shared"]
-    loss = 0.0
-    for item in ITEMS:
-        logp = alone_log_probs(model, item, TEMPERATURE)
-        mask = torch.tensor(item.loss_mask, dtype=torch.float32)
-        advantage = item.extras["advantages"][0]
-        loss = loss + (-advantage * logp * mask).sum() / mask.sum().clamp(min=1) / len(ITEMS)
-    loss.backward()  # the PPO loss at ratio 1 has the gradient of -A * log p (not its value)
-    for name, param in model.named_parameters():
-        torch.testing.assert_close(grads[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_a_model_without_logits_to_keep_gets_the_same_target_logits(tiny_model_dir):

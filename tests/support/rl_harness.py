@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from unit.trainer.rank_harness import run_on_ranks
 
 from rollway.common.config import from_dict, to_dict
 from rollway.trainer.config import TrainerConfig
@@ -22,6 +21,7 @@ from rollway.trainer.engine import TrainerEngine
 from rollway.trainer.micro_batch import SequenceItem
 from rollway.trainer.policy_inputs import prepare_policy_inputs
 from rollway.trainer.train_plan import plan_train_steps
+from support.rank_harness import run_on_ranks
 
 
 def make_config(model_dir: str | Path, **settings: Any) -> TrainerConfig:

@@ -17,7 +17,8 @@ import time
 
 import pytest
 import torch
-from support.waiting import names_a_gone_peer
+from support.ports import free_port
+from support.waiting import names_a_gone_peer, wait_until
 
 from rollway.common.weight_sync.group import (
     POLL_SECONDS,
@@ -30,12 +31,6 @@ from rollway.common.weight_sync.group import (
 TIMEOUT = 120.0  # the group timeout: every failure below must come long before it
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def spec(port: int, world_size: int = 2) -> GroupSpec:
     return GroupSpec("g", "127.0.0.1", port, world_size, 1, "gloo", TIMEOUT)
 
@@ -43,14 +38,18 @@ def spec(port: int, world_size: int = 2) -> GroupSpec:
 class Host:
     """Rank 0 in a subprocess; it logs "weight group rendezvous" once its store listens, and prints
     'joined' once the group formed; then, with `broadcast`, waits for a line on stdin and
-    broadcasts [1, 2, 3, 4] (printing 'sent')."""
+    broadcasts [1, 2, 3, 4] (printing 'sent'). With `held`, it prints 'ready' once imported and
+    opens its store only at a line on stdin."""
 
-    def __init__(self, port: int, world_size: int = 2, broadcast: bool = False):
+    def __init__(self, port: int, world_size: int = 2, broadcast: bool = False, held: bool = False):
         code = textwrap.dedent(
             f"""
             import sys, torch
             from rollway.common.weight_sync.group import GroupSpec, WeightGroup
             spec = GroupSpec("g", "127.0.0.1", {port}, {world_size}, 0, "gloo", {TIMEOUT})
+            if {held}:
+                print("ready", flush=True)
+                sys.stdin.readline()
             group = WeightGroup(spec, rank=0)
             print("joined", flush=True)
             if {broadcast}:
@@ -145,11 +144,24 @@ def test_a_store_nobody_hosts_fails_after_the_refused_grace_not_the_timeout():
     assert "the trainer that hosts the group's store is gone" in str(info.value)
 
 
-def test_a_member_joining_before_the_host_opens_its_store_still_joins(hosts):
+def test_a_member_joining_before_the_host_opens_its_store_still_joins(hosts, monkeypatch):
     port = free_port()
+    host = hosts(port, held=True)
+    host.expect("ready")  # imported: once let go it opens its store well within the grace
+    refusals = []
+    connect = socket.create_connection
+
+    def counting_connect(*args, **kwargs):
+        try:
+            return connect(*args, **kwargs)
+        except ConnectionRefusedError:
+            refusals.append(time.monotonic())
+            raise
+
+    monkeypatch.setattr(socket, "create_connection", counting_connect)
     thread, outcome = join_in_thread(spec(port))
-    time.sleep(1.0)  # the member is refused meanwhile; the host turns up within the grace
-    host = hosts(port)
+    wait_until(lambda: refusals, timeout=30, what="the member to be refused by the unopened store")
+    host.send()  # the host turns up within the grace
     host.expect("weight group rendezvous")
     host.expect("joined")
     thread.join(30)

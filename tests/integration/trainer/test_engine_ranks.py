@@ -13,8 +13,8 @@ import random
 
 import pytest
 import torch
+from support.rank_harness import make_config, run_ranks
 from transformers import AutoModelForCausalLM
-from unit.trainer.rank_harness import make_config, run_ranks
 
 from rollway.demo.tiny_model import make_tiny_model
 from rollway.trainer.micro_batch import SequenceItem

@@ -7,7 +7,6 @@ import random
 
 import torch
 import torch.distributed as dist
-from unit.trainer.rl_harness import make_config, new_engine, step_gradients, train
 
 from rollway.common.config import from_dict
 from rollway.trainer.config import TrainerConfig
@@ -15,6 +14,7 @@ from rollway.trainer.lora import is_adapter_name
 from rollway.trainer.micro_batch import SequenceItem
 from rollway.trainer.tiled_mlp import TILED_ATTRIBUTE
 from rollway.trainer.train_plan import plan_log_probs
+from support.rl_harness import make_config, new_engine, step_gradients, train
 
 
 def rl_batch(seed: int, size: int = 6) -> list[SequenceItem]:

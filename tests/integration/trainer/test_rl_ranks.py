@@ -16,15 +16,15 @@ import math
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
-from unit.trainer.rl_harness import run_scenarios
-from unit.trainer.rl_scenarios import (
+from support.rl_harness import run_scenarios
+from support.rl_scenarios import (
     rl_batch,
     scenario_gradients,
     scenario_lora,
     scenario_step0,
     scenario_tiled,
 )
+from transformers import AutoModelForCausalLM
 
 from rollway.common.weights_checksum import weights_checksum
 
