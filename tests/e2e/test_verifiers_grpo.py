@@ -21,7 +21,7 @@ from rollway.rollout.environments.verifiers_env import export_prompts
 
 pytestmark = pytest.mark.slow
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "environments.md"
 NUM_STEPS = 6
 # The tiny model's random weights: a large step, and most tokens end a turn so that every turn is
 # answered within rollout_max_response_len (README says so next to the example).
@@ -42,7 +42,7 @@ def readme_block(first_line: str) -> str:
     for block in re.findall(r"```\w*\n(.*?)```", README.read_text(), re.DOTALL):
         if block.startswith(first_line):
             return block
-    raise AssertionError(f"README has no code block starting with {first_line!r}")
+    raise AssertionError(f"docs/environments.md has no code block starting with {first_line!r}")
 
 
 def test_readme_verifiers_example_runs_grpo_and_its_reward_rises(
