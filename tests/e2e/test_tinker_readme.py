@@ -1,5 +1,5 @@
-"""README's "Training as a service" loop, run as written against `rollway gateway` (the console
-command, as README starts it) on the tiny model: its loss falls, it saves, it samples."""
+"""docs/tinker.md's loop, run as written against `rollway gateway` (the console command, as the
+page starts it) on the tiny model: its loss falls, it saves, it samples."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ print or write), run by another test (TESTED_BY: its node id, checked to exist),
 in the suite (CANNOT_RUN_HERE: with the reason). The lists are checked both ways: a command the
 docs gain needs an entry, and an entry whose command left the docs fails too. Links between the
 pages (and their #anchors) and the repository paths they name in backticks must exist; the GRPO
-step walk of docs/architecture.md must match the counts it states.
+step walk of docs/architecture.md must match the counts it states. The two tests that build a
+model or draw charts are marked slow; the rest takes a few seconds.
 """
 
 from __future__ import annotations
@@ -198,6 +199,7 @@ def plan(config_text: str, path: Path) -> str:
     return "\n".join(" ".join(line.split()) for line in result.stdout.splitlines())
 
 
+@pytest.mark.slow  # builds the tiny model through the CLI (~10-20 s)
 def test_the_first_runs_plan_what_the_readme_says(made_tiny_model, tmp_path):
     readme = ROOT / "README.md"
     for name in ("sft.parquet", "rl.parquet", "eval.parquet"):
@@ -219,6 +221,7 @@ def test_a_service_lists_its_flags():
     assert "--prompt-data" in result.stdout and "--input-key" in result.stdout
 
 
+@pytest.mark.slow  # matplotlib in a fresh process
 def test_plot_writes_the_charts_of_a_run(tmp_path):
     from rollway.coordinator.metrics import MetricsSink
 
