@@ -1,4 +1,4 @@
-"""GRPO through the coordinator with the README's example agent (the `openai` client against the
+"""GRPO through the coordinator with docs/environments.md's example agent (the `openai` client against the
 rollout service's OpenAI-compatible endpoint): every sample is an agent episode, trained on with
 its model tokens masked in, the rewards the agent returned, and rollout log-probs that match the
 trainer's at the first step."""

@@ -1,5 +1,5 @@
-"""README's "Training as a service" loop, run as written against `rollway gateway` (the console
-command, as README starts it) on the tiny model: its loss falls, it saves, it samples."""
+"""docs/tinker.md's loop, run as written against `rollway gateway` (the console command, as the
+page starts it) on the tiny model: its loss falls, it saves, it samples."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from support.processes import wait_all_gone
 from support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "tinker.md"
 
 
 def readme_block(first_line: str) -> str:
     for block in re.findall(r"```\w*\n(.*?)```", README.read_text(), re.DOTALL):
         if block.startswith(first_line):
             return block
-    raise AssertionError(f"README has no code block starting with {first_line!r}")
+    raise AssertionError(f"docs/tinker.md has no code block starting with {first_line!r}")
 
 
 def test_readme_tinker_loop_trains_saves_and_samples_through_rollway_gateway(tmp_path, tiny_model_dir):

@@ -2,8 +2,8 @@
 sample with the current weights (save_weights_for_sampler), score on the demo's addition task,
 importance_sampling with group-centred advantages, optim_step.
 
-The reward is the verifiers example's (correct + 0.5 * starts_with_digit, README "verifiers
-environments") plus a readability term (see score), with that example's settings for the tiny
+The reward is the verifiers example's (correct + 0.5 * starts_with_digit, docs/environments.md,
+"verifiers environments") plus a readability term (see score), with that example's settings for the tiny
 model's random weights: a large step, short answers, most tokens end the answer. Fixed seeds; the
 reward must rise, every update must move the policy in its advantages' direction, and the
 trainer's log-probs of the sampled tokens must equal the sampler's.

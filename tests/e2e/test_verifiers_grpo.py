@@ -1,4 +1,4 @@
-"""GRPO through --environment verifiers, with README's example ("verifiers environments"): its
+"""GRPO through --environment verifiers, with docs/environments.md's example ("verifiers environments"): its
 taskset module (verifiers' own classes on the demo's addition data, a Python function tool), its
 prompts exported for the dataloader and its run config, run by the coordinator with every service
 started for the run on the tiny model. The rubric's reward rises and its parts reach metrics.jsonl
@@ -21,10 +21,10 @@ from rollway.rollout.environments.verifiers_env import export_prompts
 
 pytestmark = pytest.mark.slow
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "environments.md"
 NUM_STEPS = 6
 # The tiny model's random weights: a large step, and most tokens end a turn so that every turn is
-# answered within rollout_max_response_len (README says so next to the example).
+# answered within rollout_max_response_len (the page says so next to the example).
 TINY_MODEL_SETTINGS = {
     "lr": 1e-2,
     "rollout_max_response_len": 4,
@@ -42,7 +42,7 @@ def readme_block(first_line: str) -> str:
     for block in re.findall(r"```\w*\n(.*?)```", README.read_text(), re.DOTALL):
         if block.startswith(first_line):
             return block
-    raise AssertionError(f"README has no code block starting with {first_line!r}")
+    raise AssertionError(f"docs/environments.md has no code block starting with {first_line!r}")
 
 
 def test_readme_verifiers_example_runs_grpo_and_its_reward_rises(

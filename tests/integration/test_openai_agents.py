@@ -1,6 +1,6 @@
 """Agents written against the real `openai` client run episodes through a real rollout service's
 OpenAI-compatible endpoint: a tool call over several turns (the sample is exactly the recorded
-requests: token ids, masks, log-probs, weight versions), the README's example agent, streaming,
+requests: token ids, masks, log-probs, weight versions), docs/environments.md's example agent, streaming,
 the completions API, a rewritten history refused, a failing agent, 64 concurrent async agents
 with nothing lost or mixed up, an episode whose turns straddle a weight update, and plain /v1
 requests (no episode) served by the current policy."""

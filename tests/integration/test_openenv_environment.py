@@ -167,13 +167,13 @@ def test_a_killed_openenv_server_fails_its_samples_at_once(rollout, server, tmp_
 
 
 def _readme_example() -> str:
-    readme = (Path(TESTS_DIR).parent / "README.md").read_text()
+    readme = (Path(TESTS_DIR).parent / "docs" / "environments.md").read_text()
     [block] = re.findall(r"```python\n(# my_openenv\.py.*?)```", readme, re.S)
     return block
 
 
 def test_the_readme_example_runs_at_the_pinned_version(tmp_path, monkeypatch):
-    readme = (Path(TESTS_DIR).parent / "README.md").read_text()
+    readme = (Path(TESTS_DIR).parent / "docs" / "environments.md").read_text()
     pinned = re.search(r'"(openenv-core==[\d.]+)"', (Path(TESTS_DIR).parent / "pyproject.toml").read_text())
     assert f"tested with `{pinned.group(1)}`" in readme
     (tmp_path / "my_openenv.py").write_text(_readme_example())

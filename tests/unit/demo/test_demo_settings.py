@@ -1,7 +1,7 @@
-"""The shipped demo (`rollway demo`, make run): its settings are valid runs and are what README says.
+"""The shipped demo (`rollway demo`, make run): its settings are valid runs and are what docs/demo.md says.
 
-The figures README quotes are measured by `make bench` (bench/bench_demo.py) for these settings;
-this test pins the settings and the README's statement of them to each other, so that neither
+The figures docs/demo.md quotes are measured by `make bench` (bench/bench_demo.py) for these settings;
+this test pins the settings and the page's statement of them to each other, so that neither
 changes without the other.
 """
 
@@ -17,11 +17,11 @@ from rollway.demo import addition as demo
 from rollway.demo.data import make_demo_data
 from rollway.demo.dev_set import DEV_ROWS, dev_accuracy
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+DEMO_PAGE = Path(__file__).resolve().parents[3] / "docs" / "demo.md"
 
 
 def _demo_section() -> str:
-    text = README.read_text()
+    text = DEMO_PAGE.read_text()
     start = text.index("The demo (`rollway demo`)")
     return text[start : text.index("\n## ", start)]
 
@@ -41,7 +41,7 @@ def test_readme_states_the_shipped_settings(tmp_path, tiny_model_dir):
         r"steps until the greedy accuracy on (\d+) dev sums first reaches ([0-9.]+), at most (\d+) steps\)",
         section,
     )
-    assert stated, "README's demo section no longer states the SFT settings"
+    assert stated, "docs/demo.md's demo section no longer states the SFT settings"
     assert (int(stated[1]), float(stated[2]), int(stated[3]), int(stated[4])) == (
         sft["global_batch_size"],
         sft["lr"],
@@ -58,7 +58,7 @@ def test_readme_states_the_shipped_settings(tmp_path, tiny_model_dir):
         r"temperature ([0-9.]+), reward (\w+); the lr decays to 0 by a (\w+) over the run\)",
         section,
     )
-    assert stated, "README's demo section no longer states the GRPO settings"
+    assert stated, "docs/demo.md's demo section no longer states the GRPO settings"
     assert stated.groups() == (
         str(grpo["num_rollout"]),
         str(grpo["rollout_batch_size"]),

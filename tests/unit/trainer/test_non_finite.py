@@ -198,7 +198,7 @@ def test_truncated_is_clamps_infinite_ratios_as_miles(value):
 
 def test_truncated_is_of_a_nan_ratio_is_zero_where_miles_is_nan():
     """Deliberate difference: Miles' clamp keeps NaN, so its whole loss is NaN; rollway pops the
-    token, like IcePop (the README's rule for NaN log-ratios)."""
+    token, like IcePop (docs/algorithms.md's rule for NaN log-ratios)."""
     b = with_value("rollout_log_probs", math.nan)
     config = settings(use_tis=True, tis_clip_low=0.5, tis_clip=2.0)
     terms, loss, count, _ = rollway_terms(b, config)
