@@ -1,13 +1,13 @@
 """README.md and docs/*.md stay true.
 
 Every command in their shell blocks (```sh, bash, shell, console) is in exactly one of three
-lists below: run by this module (RUN_HERE: cheap commands, run as written, asserting on what they
-print or write), run by another test (TESTED_BY: its node id, checked to exist), or not runnable
+lists below: run as written by tests/integration/test_docs_commands.py (RUN_HERE: cheap commands,
+asserting on what they print or write), run by another test (TESTED_BY: its node id, checked to exist), or not runnable
 in the suite (CANNOT_RUN_HERE: with the reason). The lists are checked both ways: a command the
 docs gain needs an entry, and an entry whose command left the docs fails too. Links between the
 pages (and their #anchors) and the repository paths they name in backticks must exist; the GRPO
-step walk of docs/architecture.md must match the counts it states. The two tests that build a
-model or draw charts are marked slow; the rest takes a few seconds.
+step walk of docs/architecture.md must match the counts it states. These checks read files only
+(a few seconds, in `make test-fast`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from __future__ import annotations
 import ast
 import glob
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,18 +23,20 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_LANGUAGES = {"sh", "bash", "shell", "console"}
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
-ROLLWAY = str(Path(sys.executable).with_name("rollway"))
+# The tests that run RUN_HERE's commands (they start processes: not in the fast tier).
+COMMAND_TESTS = ROOT / "tests" / "integration" / "test_docs_commands.py"
 
-# Commands this module runs itself: command -> the test below that runs it.
+# Commands tests/integration/test_docs_commands.py runs as written: command -> its test there.
 RUN_HERE = {
     "make run": "test_make_targets_run_what_the_docs_say",
     "make test": "test_make_targets_run_what_the_docs_say",
+    "make test-fast": "test_make_targets_run_what_the_docs_say",
     ".venv/bin/rollway make-tiny-model /tmp/tiny": "test_the_first_runs_plan_what_the_readme_says",
     ".venv/bin/rollway plan sft.yaml": "test_the_first_runs_plan_what_the_readme_says",
     ".venv/bin/rollway plan grpo.yaml": "test_the_first_runs_plan_what_the_readme_says",
     "python -m rollway.dataloader --help": "test_a_service_lists_its_flags",
     ".venv/bin/rollway plot runs/RUN_ID": "test_plot_writes_the_charts_of_a_run",
-    "python -c \"from rollway.common.demo_data import make_demo_data; make_demo_data('data', seed=0)\"": (
+    "python -c \"from rollway.demo.data import make_demo_data; make_demo_data('data', seed=0)\"": (
         "test_the_verifiers_example_makes_its_data"
     ),
 }
@@ -158,8 +158,9 @@ def test_every_documented_command_is_run_tested_or_excused_and_every_entry_is_do
 
 
 def test_the_commands_run_here_have_their_test():
-    module = sys.modules[__name__]
-    assert all(callable(getattr(module, name, None)) for name in RUN_HERE.values())
+    tree = ast.parse(COMMAND_TESTS.read_text())
+    names = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+    assert set(RUN_HERE.values()) <= names, set(RUN_HERE.values()) - names
 
 
 @pytest.mark.parametrize("node_id", sorted(set(TESTED_BY.values())))
@@ -169,81 +170,6 @@ def test_the_tests_named_for_commands_exist(node_id):
     tree = ast.parse((ROOT / path).read_text())
     names = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
     assert name in names, f"{path} has no {name}"
-
-
-def test_make_targets_run_what_the_docs_say():
-    def dry_run(target: str) -> str:
-        result = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
-        assert result.returncode == 0, result.stderr
-        return result.stdout
-
-    assert "rollway demo --workdir runs/demo" in dry_run("run")
-    assert "-m pytest" in dry_run("test")
-
-
-@pytest.fixture(scope="module")
-def made_tiny_model(tmp_path_factory) -> Path:
-    """`rollway make-tiny-model DIR`, run as the README runs it."""
-    directory = tmp_path_factory.mktemp("docs") / "tiny"
-    result = subprocess.run(
-        [ROLLWAY, "make-tiny-model", str(directory)], capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
-    return directory
-
-
-def plan(config_text: str, path: Path) -> str:
-    path.write_text(config_text)
-    result = subprocess.run([ROLLWAY, "plan", str(path)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return "\n".join(" ".join(line.split()) for line in result.stdout.splitlines())
-
-
-@pytest.mark.slow  # builds the tiny model through the CLI (~10-20 s)
-def test_the_first_runs_plan_what_the_readme_says(made_tiny_model, tmp_path):
-    readme = ROOT / "README.md"
-    for name in ("sft.parquet", "rl.parquet", "eval.parquet"):
-        assert (made_tiny_model / "data" / name).is_file()  # what the README's comment promises
-    sft = block_starting(readme, "# sft.yaml").replace("/tmp/tiny", str(made_tiny_model))
-    out = plan(sft, tmp_path / "sft.yaml")
-    assert "mode SFT" in out and "samples per rollout 64" in out and "optimizer steps total 200" in out
-    grpo = block_starting(readme, "# grpo.yaml").replace("/tmp/tiny", str(made_tiny_model))
-    out = plan(grpo, tmp_path / "grpo.yaml")
-    assert "mode RL (grpo)" in out and "samples per prompt 8" in out and "samples per rollout 128" in out
-    assert "optimizer steps/rollout 1" in out  # "one optimizer step" a step, as the README says
-
-
-def test_a_service_lists_its_flags():
-    result = subprocess.run(
-        [sys.executable, "-m", "rollway.dataloader", "--help"], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    assert "--prompt-data" in result.stdout and "--input-key" in result.stdout
-
-
-@pytest.mark.slow  # matplotlib in a fresh process
-def test_plot_writes_the_charts_of_a_run(tmp_path):
-    from rollway.coordinator.metrics import MetricsSink
-
-    sink = MetricsSink(tmp_path, tensorboard=False)
-    for step in range(3):
-        sink.log(step, {"train/loss": 1.0 / (step + 1), "rollout/raw_reward": 0.1 * step})
-    sink.close()
-    result = subprocess.run([ROLLWAY, "plot", str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    written = {Path(line.strip()).name for line in result.stdout.splitlines()}
-    assert written == {"loss.png", "reward.png"}
-    assert all((tmp_path / "plots" / name).stat().st_size > 1000 for name in written)
-
-
-def test_the_verifiers_example_makes_its_data(tmp_path):
-    [command] = [c for c in RUN_HERE if c.startswith("python -c") and "make_demo_data" in c]
-    code = command.split('"')[1]
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
-    assert (tmp_path / "data" / "rl.parquet").is_file()
 
 
 def anchors(page: Path) -> set[str]:
