@@ -25,7 +25,7 @@ browser:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver; } \
 	|| echo "chromium/chromedriver not installed: the dashboard's browser tests will be skipped"
 
-# The demo: build the tiny model and data, start the services, run it (see README).
+# The demo: build the tiny model and data, start the services, run it (docs/demo.md).
 run: setup
 	$(VENV)/bin/rollway demo --workdir runs/demo
 

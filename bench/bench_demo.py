@@ -10,7 +10,7 @@ Rows: one per seed:
                                                          rollouts, the demo's own wall time (set-up
                                                          included)
 Summary:
-    min_lift, max_wall_s       the README quotes these; the goal is a lift >= 0.2 on every seed
+    min_lift, max_wall_s       docs/demo.md quotes these; the goal is a lift >= 0.2 on every seed
     all_seeds_lift_0_2         min_lift >= 0.2
 
 --quick runs seed 0 with 20 SFT steps and 2 rollouts: a smoke run of the path, not of the claim.

@@ -103,8 +103,8 @@ def rollout_stop(**options):
 def advantage_estimator(**options):
     return setting(
         "grpo",
-        "grpo, gspo, dr_grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline (README: Advantage "
-        "estimators); the coordinator computes the group part, the trainer the token part",
+        "grpo, gspo, dr_grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline (docs/algorithms.md); "
+        "the coordinator computes the group part, the trainer the token part",
         shared=True,
         **options,
     )

@@ -10,7 +10,7 @@ once and every run attaches to them (`--trainer-addr ...`): the services are reu
 run, so an SFT chunk costs its steps, not a start-up. The summary holds accuracy_before_rl,
 accuracy_after_rl, rl_steps, sft_steps, sft_dev_accuracy (per chunk) and wall_seconds.
 
-Why these settings (tuned with bench/bench_demo.py; figures in README, "The demo"): the reward is
+Why these settings (tuned with bench/bench_demo.py; figures in docs/demo.md): the reward is
 exact match (1 for the right sum, else 0) and evaluation is greedy on 200 held-out sums. The tiny
 model learns to carry abruptly, within ~50 SFT steps, at a step that differs by seed (seed 1
 around 150-200, seeds 0 and 2 around 200-250); RL hardly lifts a model that has not begun to, and

@@ -1,7 +1,7 @@
 """The demo's stopping rule for SFT: greedy exact-match accuracy on a dev split.
 
 The dev split is the first DEV_ROWS prompts of rl.parquet (the GRPO prompts): disjoint from the
-SFT conversations and from the held-out eval split that README reports, so stopping SFT on it
+SFT conversations and from the held-out eval split that docs/demo.md reports, so stopping SFT on it
 leaves the reported accuracy honest. Greedy, at most 8 new tokens and "last number equals the
 sum", as the coordinator's eval (temperature 0, exact_match) scores eval.parquet.
 """

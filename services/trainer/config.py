@@ -121,7 +121,7 @@ class TrainerConfig:
     )
     gamma: float = setting(1.0, "discount of reinforce_plus_plus returns")
     entropy_coef: float = setting(0.0, "subtract entropy_coef * entropy from the loss")
-    # Rollout corrections (README: Rollout corrections): train vs rollout policy, r = exp(old - rollout)
+    # Rollout corrections (docs/algorithms.md): train vs rollout policy, r = exp(old - rollout)
     use_tis: bool = setting(False, "importance-weight the pg loss by the token ratio r (tis_mode)")
     tis_mode: str = setting(
         "truncate",
