@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
 import pytest
+from support.ports import free_port
 from support.processes import ServiceProcess
 from support.waiting import names_a_gone_peer, wait_until
 
@@ -30,12 +30,6 @@ GROUP_TIMEOUT = 120.0  # every failure below must come long before it
 GRACE = 2.0  # --grace-seconds of both services
 MARGIN = 5.0  # what a stop may take beyond its grace (drain hooks, exit)
 FAST = 6.0  # "within a few seconds"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spec(port: int, world_size: int, rank_offset: int) -> common_pb2.WeightGroupSpec:
