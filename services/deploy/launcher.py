@@ -75,6 +75,17 @@ def parse_launcher_options(argv: list[str]) -> tuple[argparse.Namespace, list[st
     group.add_argument(
         "--trace-file", default="", help="JSON-lines span file of the coordinator this command starts"
     )
+    group.add_argument(
+        "--memory-budget",
+        type=float,
+        default=0.0,
+        help="GiB of memory the run may use (default: this machine's available memory)",
+    )
+    group.add_argument(
+        "--ignore-memory-plan",
+        action="store_true",
+        help="start the run even where its memory plan does not fit (coordinator/memory_plan.py)",
+    )
     if "-h" in argv or "--help" in argv:  # the run settings' help follows
         print(parser.format_help().split("\n\n", 1)[1])
     return parser.parse_known_args(argv)
@@ -93,6 +104,8 @@ def run(argv: list[str]) -> int:
         check_run_id(run_id)
     except Exception as exc:
         print(f"rollway run: {exc}", file=sys.stderr)
+        return 2
+    if not options.coordinator_addr and not memory_allows(configs, options):
         return 2
     run_dir = (Path(c.run_dir or "runs") / run_id).resolve()
     interrupted = threading.Event()
@@ -270,6 +283,42 @@ def _quiet(stream):
         return
 
 
+def memory_allows(configs: dict[str, object], options: argparse.Namespace) -> bool:
+    """The memory plan of the services this run starts here fits (or --ignore-memory-plan): else
+    the refusal, with the numbers and what to change, goes to stderr."""
+    from rollway.coordinator import memory_plan
+
+    started = memory_plan.services_started_here(configs)
+    budget = int(options.memory_budget * memory_plan.GIB) or memory_plan.available_memory()
+    if not started or not budget:
+        return True
+    try:
+        found = memory_plan.plan_memory(configs, budget, started, memory_plan.gpu_present())
+    except memory_plan.ModelShapeError as exc:  # a missing model is refused by StartRun's checks
+        print(f"memory plan: not checked: {exc}", file=sys.stderr)
+        return True
+    if found.fits:
+        return True
+    if options.ignore_memory_plan:
+        print(f"memory plan: {memory_plan.refusal(found, configs)} (ignored)", file=sys.stderr)
+        return True
+    print(f"run refused: {memory_plan.refusal(found, configs)}", file=sys.stderr)
+    print(memory_plan.memory_text(found), file=sys.stderr)
+    return False
+
+
 def plan_main(argv: list[str]) -> int:
-    print(plan(parse_run_config(argv, prog="rollway plan")))
+    from rollway.coordinator import memory_plan
+
+    options, argv = parse_launcher_options(argv)
+    configs = parse_run_config(argv, prog="rollway plan")
+    print(plan(configs))
+    started = memory_plan.services_started_here(configs) or ["dataloader", "rollout", "trainer"]
+    budget = int(options.memory_budget * memory_plan.GIB) or memory_plan.available_memory()
+    try:
+        found = memory_plan.plan_memory(configs, budget, started, memory_plan.gpu_present())
+    except memory_plan.ModelShapeError as exc:
+        print(f"memory plan: not available: {exc}")
+        return 0
+    print(memory_plan.memory_text(found))
     return 0
