@@ -4,7 +4,7 @@
     rollway run CONFIG --trainer-addr A --rollout-addr B ...   attach to running services
     rollway run CONFIG ... --coordinator-addr C           ... and to a running coordinator
     rollway run CONFIG --launcher ray [--ray-address R]   ... the coordinator starts them as Ray actors
-    rollway plan CONFIG                                   print the batch arithmetic and exit
+    rollway plan CONFIG [--memory-budget GIB]             print the batch arithmetic and memory plan
 
 The run config is one flat namespace (Miles' flags). Every component's settings dataclass is
 parsed from it, so a wrong value anywhere is reported, naming the setting, before anything

@@ -218,3 +218,17 @@ def test_the_tiny_model_fits_a_small_machine(tmp_path):
     plan = plan_memory(configs, 4 * GIB, memory_plan.services_started_here(configs))
     assert plan.fits  # 4 GiB: the e2e tests run the tiny model on small machines
     assert "trainer rank x 2" in memory_plan.memory_text(plan)
+
+
+def test_rollway_plan_prints_the_table_or_why_it_has_none(qwen_dir, tmp_path, capsys):
+    from rollway.deploy.launcher import plan_main
+
+    flags = ["--prompt-data", "train.jsonl", "--dtype", "bfloat16", "--memory-budget", "64"]
+    assert plan_main(["--hf-checkpoint", str(qwen_dir), *flags]) == 0
+    out = capsys.readouterr().out
+    assert "memory (predicted peak, GiB)" in out and "trainer rank: " in out and "KV cache" in out
+    assert "57.60 usable: fits" in out and "largest micro-batch that fits: " in out
+    assert plan_main(["--hf-checkpoint", str(tmp_path / "missing"), *flags]) == 0
+    assert f"memory plan: not available: hf_checkpoint {tmp_path / 'missing'} is not a directory" in (
+        capsys.readouterr().out
+    )
