@@ -287,6 +287,7 @@ def memory_allows(configs: dict[str, object], options: argparse.Namespace) -> bo
     """The memory plan of the services this run starts here fits (or --ignore-memory-plan): else
     the refusal, with the numbers and what to change, goes to stderr."""
     from rollway.coordinator import memory_plan
+    from rollway.coordinator.model_shape import ModelShapeError
 
     started = memory_plan.services_started_here(configs)
     budget = int(options.memory_budget * memory_plan.GIB) or memory_plan.available_memory()
@@ -294,7 +295,7 @@ def memory_allows(configs: dict[str, object], options: argparse.Namespace) -> bo
         return True
     try:
         found = memory_plan.plan_memory(configs, budget, started, memory_plan.gpu_present())
-    except memory_plan.ModelShapeError as exc:  # a missing model is refused by StartRun's checks
+    except ModelShapeError as exc:  # a missing model is refused by StartRun's checks
         print(f"memory plan: not checked: {exc}", file=sys.stderr)
         return True
     if found.fits:
@@ -309,6 +310,7 @@ def memory_allows(configs: dict[str, object], options: argparse.Namespace) -> bo
 
 def plan_main(argv: list[str]) -> int:
     from rollway.coordinator import memory_plan
+    from rollway.coordinator.model_shape import ModelShapeError
 
     options, argv = parse_launcher_options(argv)
     configs = parse_run_config(argv, prog="rollway plan")
@@ -317,7 +319,7 @@ def plan_main(argv: list[str]) -> int:
     budget = int(options.memory_budget * memory_plan.GIB) or memory_plan.available_memory()
     try:
         found = memory_plan.plan_memory(configs, budget, started, memory_plan.gpu_present())
-    except memory_plan.ModelShapeError as exc:
+    except ModelShapeError as exc:
         print(f"memory plan: not available: {exc}")
         return 0
     print(memory_plan.memory_text(found))

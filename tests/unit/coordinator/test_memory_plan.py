@@ -8,7 +8,8 @@ import json
 import pytest
 
 from rollway.coordinator import memory_plan
-from rollway.coordinator.memory_plan import GIB, ModelShapeError, model_shape, plan_memory
+from rollway.coordinator.memory_plan import GIB, plan_memory
+from rollway.coordinator.model_shape import ModelShapeError, model_shape, read_model_shape
 from rollway.deploy.launcher import memory_allows, parse_launcher_options, parse_run_config
 
 QWEN3_06B = dict(
@@ -78,12 +79,12 @@ def test_unknown_architecture_and_missing_keys_are_named(tmp_path):
             {k: v for k, v in QWEN3_06B.items() if k not in ("intermediate_size", "num_hidden_layers")}
         )
     with pytest.raises(ModelShapeError, match="does-not-exist is not a directory"):
-        memory_plan.read_model_shape(str(tmp_path / "does-not-exist"))
+        read_model_shape(str(tmp_path / "does-not-exist"))
     with pytest.raises(ModelShapeError, match="has no config.json"):
-        memory_plan.read_model_shape(str(tmp_path))
+        read_model_shape(str(tmp_path))
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ModelShapeError, match="cannot be read as JSON"):
-        memory_plan.read_model_shape(str(tmp_path))
+        read_model_shape(str(tmp_path))
 
 
 @pytest.fixture
@@ -99,7 +100,7 @@ def _configs(model_dir, *flags: str) -> dict:
 
 def _trainer(model_dir, *flags: str, tokens: int = 1024) -> dict[str, int]:
     configs = _configs(model_dir, *flags)
-    shape = memory_plan.read_model_shape(str(model_dir))
+    shape = read_model_shape(str(model_dir))
     return memory_plan.trainer_rank_memory(shape, configs["trainer"], tokens, on_gpu=False).components
 
 
