@@ -349,3 +349,17 @@ def services_started_here(configs: dict[str, object]) -> list[str]:
     run = RunConfig(**configs, given={})
     addresses = run.addresses()
     return [name for name in run.services_used() if not addresses.get(name)]
+
+
+def default_micro_batch(plan: MemoryPlan, configs: dict[str, object], given: dict) -> int | None:
+    """The token budget a run whose user left max_tokens_per_gpu unset gets when the default does
+    not fit: the largest that fits, if it still holds the longest sample the data settings allow
+    (a longer sample is refused by the trainer mid-run); None: keep the setting."""
+    c, d, t = configs["coordinator"], configs["dataloader"], configs["trainer"]
+    if plan.fits or plan.max_tokens is None or not t.dynamic_batching:
+        return None
+    if {"max_tokens_per_gpu", "max-tokens-per-gpu"} & set(given):
+        return None
+    prompt = d.rollout_max_prompt_len
+    longest = prompt if c.is_sft else prompt + c.rollout_max_response_len
+    return plan.max_tokens if prompt and plan.max_tokens >= longest else None

@@ -105,7 +105,7 @@ def run(argv: list[str]) -> int:
     except Exception as exc:
         print(f"rollway run: {exc}", file=sys.stderr)
         return 2
-    if not options.coordinator_addr and not memory_allows(configs, options):
+    if not options.coordinator_addr and not memory_allows(configs, options, given):
         return 2
     run_dir = (Path(c.run_dir or "runs") / run_id).resolve()
     interrupted = threading.Event()
@@ -283,9 +283,12 @@ def _quiet(stream):
         return
 
 
-def memory_allows(configs: dict[str, object], options: argparse.Namespace) -> bool:
+def memory_allows(configs: dict[str, object], options: argparse.Namespace, given: dict | None = None) -> bool:
     """The memory plan of the services this run starts here fits (or --ignore-memory-plan): else
-    the refusal, with the numbers and what to change, goes to stderr."""
+    the refusal, with the numbers and what to change, goes to stderr. An unset max_tokens_per_gpu
+    whose default does not fit is lowered to the largest that does (in `given` and `configs`)."""
+    import dataclasses
+
     from rollway.coordinator import memory_plan
     from rollway.coordinator.model_shape import ModelShapeError
 
@@ -293,11 +296,23 @@ def memory_allows(configs: dict[str, object], options: argparse.Namespace) -> bo
     budget = int(options.memory_budget * memory_plan.GIB) or memory_plan.available_memory()
     if not started or not budget:
         return True
+    on_gpu = memory_plan.gpu_present()
     try:
-        found = memory_plan.plan_memory(configs, budget, started, memory_plan.gpu_present())
+        found = memory_plan.plan_memory(configs, budget, started, on_gpu)
     except ModelShapeError as exc:  # a missing model is refused by StartRun's checks
         print(f"memory plan: not checked: {exc}", file=sys.stderr)
         return True
+    chosen = memory_plan.default_micro_batch(found, configs, given or {})
+    if chosen and given is not None:
+        print(
+            f"memory plan: max_tokens_per_gpu {chosen}, the largest micro-batch that fits "
+            f"(the default {configs['trainer'].max_tokens_per_gpu} would need {found.total / memory_plan.GIB:.2f} "
+            f"GiB, {found.budget / memory_plan.GIB:.2f} usable)",
+            file=sys.stderr,
+        )
+        given["max_tokens_per_gpu"] = chosen
+        configs["trainer"] = dataclasses.replace(configs["trainer"], max_tokens_per_gpu=chosen)
+        found = memory_plan.plan_memory(configs, budget, started, on_gpu)
     if found.fits:
         return True
     if options.ignore_memory_plan:
@@ -313,7 +328,8 @@ def plan_main(argv: list[str]) -> int:
     from rollway.coordinator.model_shape import ModelShapeError
 
     options, argv = parse_launcher_options(argv)
-    configs = parse_run_config(argv, prog="rollway plan")
+    given: dict = {}
+    configs = parse_run_config(argv, prog="rollway plan", given=given)
     print(plan(configs))
     started = memory_plan.services_started_here(configs) or ["dataloader", "rollout", "trainer"]
     budget = int(options.memory_budget * memory_plan.GIB) or memory_plan.available_memory()
@@ -323,4 +339,7 @@ def plan_main(argv: list[str]) -> int:
         print(f"memory plan: not available: {exc}")
         return 0
     print(memory_plan.memory_text(found))
+    chosen = memory_plan.default_micro_batch(found, configs, given)
+    if chosen:
+        print(f"  max_tokens_per_gpu is unset: rollway run lowers it to {chosen}, the largest that fits")
     return 0

@@ -233,3 +233,29 @@ def test_rollway_plan_prints_the_table_or_why_it_has_none(qwen_dir, tmp_path, ca
     assert f"memory plan: not available: hf_checkpoint {tmp_path / 'missing'} is not a directory" in (
         capsys.readouterr().out
     )
+
+
+def _given_configs(model_dir, *flags: str) -> tuple[dict, dict]:
+    given: dict = {}
+    argv = ["--hf-checkpoint", str(model_dir), "--prompt-data", "train.jsonl", *flags]
+    return parse_run_config(argv, given=given), given
+
+
+def test_an_unset_micro_batch_budget_is_lowered_to_what_fits(qwen_dir, capsys):
+    options, _ = parse_launcher_options(["--memory-budget", "40"])
+    bounded = ("--rollout-max-prompt-len", "512", "--rollout-max-response-len", "512")
+    configs, given = _given_configs(qwen_dir, *bounded)
+    assert memory_allows(configs, options, given)
+    chosen = given["max_tokens_per_gpu"]
+    assert 1024 <= chosen < 8192 and configs["trainer"].max_tokens_per_gpu == chosen
+    assert (
+        f"memory plan: max_tokens_per_gpu {chosen}, the largest micro-batch that fits"
+        in capsys.readouterr().err
+    )
+    # given by the user: kept, and the run refused
+    configs, given = _given_configs(qwen_dir, *bounded, "--max-tokens-per-gpu", "8192")
+    assert not memory_allows(configs, options, given)
+    assert "run refused" in capsys.readouterr().err
+    # the longest sample unknown (no rollout_max_prompt_len): a smaller budget could refuse it mid-run
+    configs, given = _given_configs(qwen_dir)
+    assert not memory_allows(configs, options, given) and "max_tokens_per_gpu" not in given
