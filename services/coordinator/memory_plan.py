@@ -69,13 +69,11 @@ def resolve_dtype(name: str, on_gpu: bool) -> str:
 
 @dataclass
 class ServiceMemory:
-    """One process's predicted peak, by component (bytes); `per_token` is what one more token of
-    its micro-batch adds (the trainer's activations), for the largest budget that fits."""
+    """One process's predicted peak, by component (bytes)."""
 
     name: str
     components: dict[str, int]
     count: int = 1  # processes like it (trainer ranks)
-    per_token: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -109,7 +107,7 @@ def trainer_rank_memory(shape: ModelShape, trainer, tokens: int, on_gpu: bool) -
     notes = []
     if trainer.fsdp_cpu_offload and not on_gpu:
         notes.append("fsdp_cpu_offload does nothing on CPU: everything is host memory here")
-    return ServiceMemory("trainer rank", components, count=world, per_token=per_token, notes=notes)
+    return ServiceMemory("trainer rank", components, count=world, notes=notes)
 
 
 def uses_reference(trainer) -> bool:
