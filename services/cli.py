@@ -151,7 +151,7 @@ COMMANDS = {
     "make-tiny-model": (_make_tiny_model, "write the tiny model, tokenizer and demo datasets"),
     "up": (_up, "start the four services locally, check health, stop them"),
     "run": (_run, "run a job from a config file"),
-    "plan": (_plan, "print the batch arithmetic of a run config"),
+    "plan": (_plan, "print the batch arithmetic and the memory plan of a run config"),
     "plot": (_plot, "write PNG charts of a run's metrics"),
     "gateway": (_gateway, "serve the Tinker training API (tinker SDK) on rollway's services"),
     "dashboard": (_dashboard, "serve the web dashboard of run directories"),

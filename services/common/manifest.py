@@ -28,6 +28,12 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupt (the message names the file)."""
 
 
+def tree_bytes(directory: Path) -> int:
+    """Bytes of every file under `directory` (a checkpoint's size on disk, what the next save
+    will need again)."""
+    return sum(p.stat().st_size for p in Path(directory).rglob("*") if p.is_file())
+
+
 def remove_partial_dirs(root: Path) -> list[Path]:
     """Delete the partial directories (PARTIAL_PREFIX) under `root`, left by saves that crashed;
     the removed paths. Only while nothing saves under `root`."""

@@ -110,6 +110,11 @@ class CoordinatorConfig:
     # Checkpoints
     save: str = setting("", "directory for run checkpoints (trainer, dataloader cursor, coordinator)")
     save_interval: int = setting(0, "checkpoint every N steps (0: only at the end when save is set)")
+    save_total_limit: int = setting(
+        0,
+        "after each save, keep only the newest N complete run checkpoints under save (0: keep all); "
+        "the one the latest pointer names and the load checkpoint are never deleted",
+    )
     on_checkpoint_error: str = setting(
         "fail",
         "a checkpoint that cannot be written (a full disk): fail the run naming it, or continue "
@@ -226,10 +231,9 @@ class CoordinatorConfig:
             raise ConfigError("debug_rollout_only", "has no meaning with loss_type sft_loss")
         if len(self.eval_prompt_data) % 2:
             raise ConfigError("eval_prompt_data", "expects name path pairs")
-        if self.eval_interval < 0 or self.save_interval < 0:
-            raise ConfigError(
-                "eval_interval" if self.eval_interval < 0 else "save_interval", "must not be negative"
-            )
+        for name in ("eval_interval", "save_interval", "save_total_limit"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, "must not be negative")
         if self.max_weight_staleness < 1:
             raise ConfigError(
                 "max_weight_staleness", "must be at least 1 (async generates that many rollouts ahead)"

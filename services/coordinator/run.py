@@ -31,11 +31,11 @@ from pathlib import Path
 import grpc
 
 from rollway.common.log import bind_run_context, get_logger
-from rollway.common.manifest import remove_partial_dirs
+from rollway.common.manifest import remove_partial_dirs, tree_bytes
 from rollway.common.structs import to_struct
 from rollway.common.tracing import in_current_context, tracer
 from rollway.common.v1 import common_pb2
-from rollway.coordinator import debug_data, run_state
+from rollway.coordinator import checkpoint_rotation, debug_data, run_state
 from rollway.coordinator.config import CoordinatorConfig
 from rollway.coordinator.dashboard import rollout_samples
 from rollway.coordinator.engine_healer import EngineHealer
@@ -143,7 +143,9 @@ class Run:
         log.info("resumed", checkpoint=str(resumed.directory), next_rollout_id=self.state.next_rollout_id,
                  num_skipped_checkpoints=len(resumed.skipped))  # fmt: skip
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self) -> Path | None:
+        """Write a run checkpoint, then delete the ones past save_total_limit; the directory
+        written, or None when the write failed and on_checkpoint_error says continue."""
         directory = run_state.checkpoint_dir(self.config.save, self.state.next_rollout_id)
         try:
             self._write_checkpoint(directory)
@@ -153,10 +155,13 @@ class Run:
                 raise
             if self.config.on_checkpoint_error == "continue":
                 log.warning("checkpoint failed, training on", checkpoint=str(directory), error=reason)
-                return
+                return None
             raise run_state.CheckpointWriteError(
                 f"checkpoint {directory} could not be written ({reason}); on_checkpoint_error: fail"
             ) from None
+        protect = [self.config.load] if self.config.load else []
+        checkpoint_rotation.rotate(self.config.save, self.config.save_total_limit, protect)
+        return directory
 
     def _write_checkpoint(self, directory: Path) -> None:
         if self.uses_trainer:
@@ -225,8 +230,10 @@ class Run:
             self._due(self.config.save_interval, rollout_id) or rollout_id + 1 == self.total_steps()
         ):
             save_start = time.perf_counter()
-            self._checkpoint()
+            saved = self._checkpoint()
             metrics["perf/save_time"] = time.perf_counter() - save_start
+            if saved is not None:
+                metrics["checkpoint/bytes"] = float(tree_bytes(saved))
         self.sink.log(rollout_id, metrics)
         self.last_step_metrics = dict(metrics)
         self.final_metrics.update(metrics)

@@ -4,7 +4,7 @@
     rollway run CONFIG --trainer-addr A --rollout-addr B ...   attach to running services
     rollway run CONFIG ... --coordinator-addr C           ... and to a running coordinator
     rollway run CONFIG --launcher ray [--ray-address R]   ... the coordinator starts them as Ray actors
-    rollway plan CONFIG                                   print the batch arithmetic and exit
+    rollway plan CONFIG [--memory-budget GIB]             print the batch arithmetic and memory plan
 
 The run config is one flat namespace (Miles' flags). Every component's settings dataclass is
 parsed from it, so a wrong value anywhere is reported, naming the setting, before anything
@@ -75,6 +75,17 @@ def parse_launcher_options(argv: list[str]) -> tuple[argparse.Namespace, list[st
     group.add_argument(
         "--trace-file", default="", help="JSON-lines span file of the coordinator this command starts"
     )
+    group.add_argument(
+        "--memory-budget",
+        type=float,
+        default=0.0,
+        help="GiB of memory the run may use (default: this machine's available memory)",
+    )
+    group.add_argument(
+        "--ignore-memory-plan",
+        action="store_true",
+        help="start the run even where its memory plan does not fit (coordinator/memory_plan.py)",
+    )
     if "-h" in argv or "--help" in argv:  # the run settings' help follows
         print(parser.format_help().split("\n\n", 1)[1])
     return parser.parse_known_args(argv)
@@ -93,6 +104,8 @@ def run(argv: list[str]) -> int:
         check_run_id(run_id)
     except Exception as exc:
         print(f"rollway run: {exc}", file=sys.stderr)
+        return 2
+    if not options.coordinator_addr and not memory_allows(configs, options, given):
         return 2
     run_dir = (Path(c.run_dir or "runs") / run_id).resolve()
     interrupted = threading.Event()
@@ -270,6 +283,63 @@ def _quiet(stream):
         return
 
 
+def memory_allows(configs: dict[str, object], options: argparse.Namespace, given: dict | None = None) -> bool:
+    """The memory plan of the services this run starts here fits (or --ignore-memory-plan): else
+    the refusal, with the numbers and what to change, goes to stderr. An unset max_tokens_per_gpu
+    whose default does not fit is lowered to the largest that does (in `given` and `configs`)."""
+    import dataclasses
+
+    from rollway.coordinator import memory_plan
+    from rollway.coordinator.model_shape import ModelShapeError
+
+    started = memory_plan.services_started_here(configs)
+    budget = int(options.memory_budget * memory_plan.GIB) or memory_plan.available_memory()
+    if not started or not budget:
+        return True
+    on_gpu = memory_plan.gpu_present()
+    try:
+        found = memory_plan.plan_memory(configs, budget, started, on_gpu)
+    except ModelShapeError as exc:  # a missing model is refused by StartRun's checks
+        print(f"memory plan: not checked: {exc}", file=sys.stderr)
+        return True
+    chosen = memory_plan.default_micro_batch(found, configs, given or {})
+    if chosen and given is not None:
+        print(
+            f"memory plan: max_tokens_per_gpu {chosen}, the largest micro-batch that fits "
+            f"(the default {configs['trainer'].max_tokens_per_gpu} would need {found.total / memory_plan.GIB:.2f} "
+            f"GiB, {found.budget / memory_plan.GIB:.2f} usable)",
+            file=sys.stderr,
+        )
+        given["max_tokens_per_gpu"] = chosen
+        configs["trainer"] = dataclasses.replace(configs["trainer"], max_tokens_per_gpu=chosen)
+        found = memory_plan.plan_memory(configs, budget, started, on_gpu)
+    if found.fits:
+        return True
+    if options.ignore_memory_plan:
+        print(f"memory plan: {memory_plan.refusal(found, configs)} (ignored)", file=sys.stderr)
+        return True
+    print(f"run refused: {memory_plan.refusal(found, configs)}", file=sys.stderr)
+    print(memory_plan.memory_text(found), file=sys.stderr)
+    return False
+
+
 def plan_main(argv: list[str]) -> int:
-    print(plan(parse_run_config(argv, prog="rollway plan")))
+    from rollway.coordinator import memory_plan
+    from rollway.coordinator.model_shape import ModelShapeError
+
+    options, argv = parse_launcher_options(argv)
+    given: dict = {}
+    configs = parse_run_config(argv, prog="rollway plan", given=given)
+    print(plan(configs))
+    started = memory_plan.services_started_here(configs) or ["dataloader", "rollout", "trainer"]
+    budget = int(options.memory_budget * memory_plan.GIB) or memory_plan.available_memory()
+    try:
+        found = memory_plan.plan_memory(configs, budget, started, memory_plan.gpu_present())
+    except ModelShapeError as exc:
+        print(f"memory plan: not available: {exc}")
+        return 0
+    print(memory_plan.memory_text(found))
+    chosen = memory_plan.default_micro_batch(found, configs, given)
+    if chosen:
+        print(f"  max_tokens_per_gpu is unset: rollway run lowers it to {chosen}, the largest that fits")
     return 0

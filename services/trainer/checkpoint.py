@@ -96,11 +96,6 @@ def write_error(exc: Exception, directory: Path) -> str:
     raise exc
 
 
-def size_bytes(directory: Path) -> int:
-    """Bytes of every file under `directory` (what the next save will need again)."""
-    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
-
-
 def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
     """Every rank: write its model and optimizer shards and its RNG state into `directory`."""
     _dcp(dcp.save, {"model": get_model_state_dict(model)}, directory / "model")

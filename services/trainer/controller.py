@@ -25,7 +25,7 @@ from rollway.common.errors import (
     ResourceExhausted,
 )
 from rollway.common.log import get_logger
-from rollway.common.manifest import CheckpointError, describe_os_error
+from rollway.common.manifest import CheckpointError, describe_os_error, tree_bytes
 from rollway.trainer import checkpoint
 from rollway.trainer.batch import num_loss_tokens
 from rollway.trainer.commands import (
@@ -263,7 +263,7 @@ class TrainerController:
                 final = checkpoint.finalize(tmp, root, step, meta)
             except OSError as exc:
                 raise self._write_failed(root, tmp, describe_os_error(exc)) from None
-            self.last_checkpoint_bytes = checkpoint.size_bytes(final)
+            self.last_checkpoint_bytes = tree_bytes(final)
         log.info("checkpoint saved", directory=str(final), global_step=step, hf_export=hf_export,
                     size_bytes=self.last_checkpoint_bytes)  # fmt: skip
         return final, (final / "hf") if hf_export else None, step

@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from rollway.common.manifest import CheckpointError, atomic_write_text, verify_manifest, write_manifest
+from rollway.common.manifest import (
+    CheckpointError,
+    atomic_write_text,
+    tree_bytes,
+    verify_manifest,
+    write_manifest,
+)
 from rollway.trainer import checkpoint
 
 
@@ -131,3 +137,10 @@ def test_when_no_checkpoint_verifies_the_error_names_the_directory_and_every_rea
     )
     with pytest.raises(CheckpointError, match="holds no checkpoint"):
         checkpoint.resolve_verified(tmp_path / "iter_0000001" / "model")
+
+
+def test_tree_bytes_counts_every_file_below(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "shard.bin").write_bytes(b"\0" * 1000)
+    (tmp_path / "meta.json").write_text("{}")
+    assert tree_bytes(tmp_path) == 1002

@@ -18,6 +18,7 @@ from rollway.coordinator.config import CoordinatorConfig
         ({"dynamic_sampling_filter_path": "my.module.fn"}, "dynamic_sampling_filter_path"),
         ({"partial_rollout": True}, "partial_rollout"),
         ({"mask_offpolicy_in_partial_rollout": True}, "mask_offpolicy_in_partial_rollout"),
+        ({"save_total_limit": -1}, "save_total_limit"),
     ],
 )
 def test_bad_settings_are_named(settings, name):

@@ -1,0 +1,363 @@
+"""The memory a run will need, predicted before it starts, from the model's config.json (never its
+weights) and the run's settings: per service and trainer rank, the expected peak by component.
+
+    config.json -> ModelShape (model_shape.py: parameters counted from the decoder's shapes)
+    run settings -> trainer rank: weights, grads, AdamW, reference, activations(tokens)
+                    rollout:      engine weights, KV cache
+                    every process: a fixed runtime overhead
+
+Every coefficient is a named constant below with where it comes from: calibrating the model
+against measured peaks (issue #26) edits the constants, not the formulas. No torch here, so
+`rollway plan` and `rollway run`'s check stay instant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rollway.coordinator.model_shape import ModelShape, read_model_shape
+
+GIB = 1024**3
+
+# --- coefficients (bytes, or elements per token) ---------------------------------------------
+# Trainer parameters are fp32 masters whatever --dtype is (trainer/sharding.py: MixedPrecisionPolicy
+# casts them for compute), and so are their gradients (reduce_dtype float32).
+MASTER_BYTES = 4
+GRAD_BYTES = 4
+# torch.optim.AdamW keeps exp_avg and exp_avg_sq, each like its fp32 parameter (trainer/optimizer.py).
+ADAMW_STATES = 2
+# The reference model is loaded fp32 (trainer/reference.py -> model_loading.load_model), frozen.
+REFERENCE_BYTES = 4
+# Activations kept for backward, per token and decoder layer, without gradient checkpointing, in
+# elements of the compute dtype: ~10 hidden-sized tensors (norm inputs and outputs, q/k/v and the
+# attention output, residuals) plus 4 intermediate-sized ones (gate, up, act(gate), act*up) of the
+# MLP. Counted from HF's Qwen3/Llama decoder layer; it matches the one measurement of issue #26 (the
+# 12-layer Qwen3-0.6B cut, fp32: ~2.8 MiB per token with the logits term) within ~10%.
+ACTIVATION_HIDDEN_TENSORS = 10
+ACTIVATION_INTERMEDIATE_TENSORS = 4
+# With gradient checkpointing a layer keeps only its input (one hidden-sized tensor); one layer's
+# full activations exist again while it is recomputed in backward.
+CHECKPOINTED_HIDDEN_TENSORS = 1
+# TiledMLP (trainer/tiled_mlp.py, as ALST) keeps only the MLP's input; its intermediates exist for
+# one tile at a time, recomputed in backward.
+TILED_MLP_HIDDEN_TENSORS = 1
+# The logits term, per token and vocabulary entry: the logits in the compute dtype, their fp32
+# log-softmax kept by autograd (trainer/log_probs.py, chunked but every chunk kept for backward) and
+# the logits' gradient in the compute dtype: 2 x dtype + 4 bytes.
+LOGITS_DTYPE_COPIES = 2
+LOGITS_FP32_BYTES = 4
+# Memory of a process before any model: Python, torch, transformers, gRPC (measured on this project's
+# services at start-up, ~0.5 GiB RSS for a torch service, ~0.3 GiB for the dataloader with its
+# tokenizer and the coordinator): a round guess until calibrated.
+TORCH_PROCESS_OVERHEAD = int(0.5 * GIB)
+LIGHT_PROCESS_OVERHEAD = int(0.3 * GIB)
+# The rollout's KV cache when neither rollout_max_context_len nor rollout_max_prompt_len bounds a
+# sample: this many prompt tokens are assumed before the response (the plan says so).
+ASSUMED_PROMPT_TOKENS = 512
+# Fraction of the budget the plan lets a run use: the kernel, page cache and allocator slack need
+# the rest.
+USABLE_FRACTION = 0.9
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def resolve_dtype(name: str, on_gpu: bool) -> str:
+    """--dtype as the services resolve it (auto: bfloat16 on CUDA, float32 on CPU)."""
+    return ("bfloat16" if on_gpu else "float32") if name == "auto" else name
+
+
+@dataclass
+class ServiceMemory:
+    """One process's predicted peak, by component (bytes)."""
+
+    name: str
+    components: dict[str, int]
+    count: int = 1  # processes like it (trainer ranks)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak(self) -> int:
+        return sum(self.components.values())
+
+
+def trainer_rank_memory(shape: ModelShape, trainer, tokens: int, on_gpu: bool) -> ServiceMemory:
+    """One trainer rank at the peak of a step: its FSDP shard of the fp32 masters, gradients and
+    AdamW state (trainable parameters only), the reference, and the activations of `tokens`."""
+    world = max(trainer.world_size, 1)
+    dtype = resolve_dtype(trainer.dtype, on_gpu)
+    trainable = lora_params(shape, trainer.lora_rank, trainer.lora_target_modules)
+    total = shape.num_params + trainable if trainer.lora_rank else shape.num_params
+    where = " (host: fsdp_cpu_offload)" if trainer.fsdp_cpu_offload and on_gpu else ""
+    trained = "LoRA adapters" if trainer.lora_rank else "all"
+    components = {
+        f"weights (fp32 masters, 1/{world}){where}": total * MASTER_BYTES // world,
+        f"gradients (fp32, {trained}){where}": trainable * GRAD_BYTES // world,
+        f"AdamW state ({ADAMW_STATES} x fp32){where}": trainable * ADAMW_STATES * MASTER_BYTES // world,
+    }
+    if dtype != "float32" or world > 1:  # the gathered compute copy of the largest FSDP unit
+        unit = max(shape.vocab_size * shape.hidden_size, shape.num_params // max(shape.num_layers, 1))
+        components[f"gathered {dtype} unit"] = unit * DTYPE_BYTES[dtype]
+    if uses_reference(trainer):
+        components["reference model (fp32, 1/world, host)"] = shape.num_params * REFERENCE_BYTES // world
+    per_token = activation_bytes_per_token(shape, dtype, trainer.gradient_checkpointing, trainer.tiled_mlp)
+    recompute = recompute_bytes(shape, dtype, tokens) if trainer.gradient_checkpointing else 0
+    components[f"activations ({tokens} tokens)"] = per_token * tokens + recompute
+    components["runtime (torch, gRPC)"] = TORCH_PROCESS_OVERHEAD
+    notes = []
+    if trainer.fsdp_cpu_offload and not on_gpu:
+        notes.append("fsdp_cpu_offload does nothing on CPU: everything is host memory here")
+    return ServiceMemory("trainer rank", components, count=world, notes=notes)
+
+
+def uses_reference(trainer) -> bool:
+    """A separate reference model is built (KL as a loss or a reward penalty, not LoRA's own base)."""
+    kl = trainer.use_kl_loss or bool(trainer.kl_coef)
+    return kl and not (trainer.lora_rank and not trainer.ref_load)
+
+
+def lora_params(shape: ModelShape, rank: int, targets: list[str]) -> int:
+    """Trainable parameters: every parameter, or with LoRA the adapters (A: r x in, B: out x r) of
+    the targeted linears (all-linear: q, k, v, o, gate, up, down)."""
+    if not rank:
+        return shape.num_params
+    h, q, kv, i = (
+        shape.hidden_size,
+        shape.num_heads * shape.head_dim,
+        shape.num_kv_heads * shape.head_dim,
+        shape.intermediate_size,
+    )
+    linears = {
+        "q_proj": (h, q),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (q, h),
+        "gate_proj": (h, i),
+        "up_proj": (h, i),
+        "down_proj": (i, h),
+    }
+    chosen = linears if "all-linear" in targets else {k: v for k, v in linears.items() if k in targets}
+    return shape.num_layers * sum(rank * (n_in + n_out) for n_in, n_out in chosen.values())
+
+
+def activation_bytes_per_token(shape: ModelShape, dtype: str, checkpointing: bool, tiled_mlp: bool) -> int:
+    """Bytes one token of a micro-batch keeps for backward: every layer's share plus the logits'."""
+    if checkpointing:
+        per_layer = CHECKPOINTED_HIDDEN_TENSORS * shape.hidden_size
+    else:
+        mlp = (
+            TILED_MLP_HIDDEN_TENSORS * shape.hidden_size
+            if tiled_mlp
+            else ACTIVATION_INTERMEDIATE_TENSORS * shape.intermediate_size
+        )
+        per_layer = ACTIVATION_HIDDEN_TENSORS * shape.hidden_size + mlp
+    logits = shape.vocab_size * (LOGITS_DTYPE_COPIES * DTYPE_BYTES[dtype] + LOGITS_FP32_BYTES)
+    return shape.num_layers * per_layer * DTYPE_BYTES[dtype] + logits
+
+
+def recompute_bytes(shape: ModelShape, dtype: str, tokens: int) -> int:
+    """Checkpointing recomputes one layer at a time: its full activations, for the whole micro-batch."""
+    mlp = ACTIVATION_INTERMEDIATE_TENSORS * shape.intermediate_size
+    full_layer = ACTIVATION_HIDDEN_TENSORS * shape.hidden_size + mlp
+    return full_layer * tokens * DTYPE_BYTES[dtype]
+
+
+def rollout_memory(
+    shape: ModelShape, rollout, max_samples: int, sample_tokens: int, on_gpu: bool
+) -> ServiceMemory:
+    """The rollout engine: the weights in --dtype and a KV cache for the samples decoded together."""
+    dtype = resolve_dtype(rollout.dtype, on_gpu and rollout.device in ("auto", "cuda"))
+    running = min(rollout.max_running_requests, max_samples) if max_samples else rollout.max_running_requests
+    kv_tokens = running * sample_tokens
+    components = {
+        f"engine weights ({dtype})": shape.num_params * DTYPE_BYTES[dtype],
+        f"KV cache ({running} samples x {sample_tokens} tokens)": shape.kv_bytes_per_token
+        * DTYPE_BYTES[dtype]
+        * kv_tokens,
+        "runtime (torch, gRPC)": TORCH_PROCESS_OVERHEAD,
+    }
+    notes = []
+    if rollout.rollout_engine == "sglang":
+        notes.append(
+            f"sglang takes sglang_mem_fraction_static {rollout.sglang_mem_fraction_static} of its GPU"
+        )
+    return ServiceMemory("rollout", components, notes=notes)
+
+
+@dataclass
+class MemoryPlan:
+    """A run's predicted memory on the machine that starts its services."""
+
+    services: list[ServiceMemory]
+    budget: int  # bytes the run may use (USABLE_FRACTION of the machine's or the given memory)
+    tokens: int  # the trainer's micro-batch token budget the plan is for
+    max_tokens: int | None  # the largest micro-batch token budget that fits (None: no trainer)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(s.peak * s.count for s in self.services)
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.budget
+
+
+def plan_memory(
+    configs: dict[str, object], budget: int, services: list[str], on_gpu: bool = False
+) -> MemoryPlan:
+    """The memory of the `services` a run starts here (all on one machine: a CPU run's view), for
+    `budget` bytes of memory; ModelShapeError when the model's config is missing or unknown."""
+    c, d, t, r = configs["coordinator"], configs["dataloader"], configs["trainer"], configs["rollout"]
+    shape = read_model_shape(t.hf_checkpoint or r.hf_checkpoint)
+    usable = int(budget * USABLE_FRACTION)
+    out = [ServiceMemory("coordinator", {"runtime (gRPC)": LIGHT_PROCESS_OVERHEAD})]
+    notes = [f"model: {shape.model_type}, {shape.num_params / 1e6:.1f}M parameters"]
+    if on_gpu:
+        notes.append(
+            "a GPU is here: the sum is compared as if one memory; per-GPU placement is not modelled yet"
+        )
+    else:
+        notes.append("CPU: every service and rank shares this machine's memory")
+    if "dataloader" in services:
+        out.append(ServiceMemory("dataloader", {"runtime (tokenizer, gRPC)": LIGHT_PROCESS_OVERHEAD}))
+    if "rollout" in services:
+        prompt = d.rollout_max_prompt_len or ASSUMED_PROMPT_TOKENS
+        sample = r.rollout_max_context_len or prompt + c.rollout_max_response_len
+        if not (r.rollout_max_context_len or d.rollout_max_prompt_len):
+            notes.append(
+                f"KV cache: prompts assumed of {ASSUMED_PROMPT_TOKENS} tokens (set rollout_max_prompt_len)"
+            )
+        out.append(rollout_memory(shape, r, c.samples_per_rollout, sample, on_gpu))
+    max_tokens = None
+    if "trainer" in services:
+        tokens = micro_batch_tokens(configs)
+        out.append(trainer_rank_memory(shape, t, tokens, on_gpu))
+        max_tokens = largest_micro_batch(shape, configs, out, usable, on_gpu)
+    for s in out:
+        notes.extend(s.notes)
+    return MemoryPlan(out, usable, micro_batch_tokens(configs), max_tokens, notes)
+
+
+def micro_batch_tokens(configs: dict[str, object]) -> int:
+    """The most tokens one micro-batch of a rank holds: the token budget (dynamic batching), or
+    its fixed number of samples times the longest sample the data settings allow."""
+    c, d, t = configs["coordinator"], configs["dataloader"], configs["trainer"]
+    if t.dynamic_batching:
+        return t.max_tokens_per_gpu
+    prompt = d.rollout_max_prompt_len or ASSUMED_PROMPT_TOKENS
+    longest = prompt if c.is_sft else prompt + c.rollout_max_response_len
+    return t.samples_per_micro_batch * longest
+
+
+def largest_micro_batch(
+    shape: ModelShape, configs, services: list[ServiceMemory], usable: int, on_gpu: bool
+) -> int:
+    """The largest micro-batch token budget (a multiple of pad_to_multiple) whose plan fits `usable`
+    bytes: the peak grows linearly with it, once per trainer rank; 0 when none does."""
+    t = configs["trainer"]
+    best, step = 0, max(t.pad_to_multiple, 1)
+    low, high = 0, 1 << 24  # tokens, in units of `step`
+    others = sum(s.peak * s.count for s in services if s.name != "trainer rank")
+
+    def total(tokens: int) -> int:
+        rank = trainer_rank_memory(shape, t, tokens, on_gpu)
+        return others + rank.peak * rank.count
+
+    while low <= high:  # the peak is monotone in the token budget: bisect
+        mid = (low + high) // 2
+        if total(mid * step) <= usable:
+            best, low = mid * step, mid + 1
+        else:
+            high = mid - 1
+    return best
+
+
+def available_memory() -> int:
+    """Bytes of memory this machine can give a run now (MemAvailable; Linux), or 0 if unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def gpu_present() -> bool:
+    """A CUDA GPU on this machine, seen without importing torch (the NVIDIA driver's /proc entry)."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return gpus.is_dir() and any(gpus.iterdir())
+
+
+def memory_text(plan: MemoryPlan) -> str:
+    """`rollway plan`'s memory table: each service's components in GiB, the total and the budget."""
+    lines = ["memory (predicted peak, GiB)"]
+    for s in plan.services:
+        count = f" x {s.count}" if s.count > 1 else ""
+        lines.append(f"  {s.name}{count}: {s.peak / GIB:.2f}")
+        lines.extend(f"    {name:<44} {size / GIB:8.2f}" for name, size in s.components.items())
+    verdict = "fits" if plan.fits else "DOES NOT FIT"
+    lines.append(f"  total {plan.total / GIB:.2f} of {plan.budget / GIB:.2f} usable: {verdict}")
+    if plan.max_tokens is not None:
+        lines.append(
+            f"  largest micro-batch that fits: {plan.max_tokens} tokens per rank "
+            f"(the plan's micro-batch: {plan.tokens} tokens)"
+        )
+    lines.extend(f"  note: {n}" for n in plan.notes)
+    return "\n".join(lines)
+
+
+def refusal(plan: MemoryPlan, configs: dict[str, object]) -> str:
+    """Why a run that does not fit is refused: the numbers, and what would make it fit."""
+    t = configs["trainer"]
+    biggest = max(plan.services, key=lambda s: s.peak * s.count)
+    advice = []
+    if plan.max_tokens is not None and 0 < plan.max_tokens < plan.tokens:
+        advice.append(f"--max-tokens-per-gpu {plan.max_tokens}")
+    rollout = next((s for s in plan.services if s.name == "rollout"), None)
+    if rollout and _part(rollout, "KV cache") > _part(rollout, "engine weights"):
+        advice.append("a smaller --max-running-requests or rollout_max_prompt_len")
+    if not t.gradient_checkpointing:
+        advice.append("--gradient-checkpointing")
+    if not t.lora_rank:
+        advice.append("LoRA (--lora-rank 16)")
+    if t.dtype in ("auto", "float32"):
+        advice.append("--dtype bfloat16")
+    advice.append("--ignore-memory-plan to run anyway")
+    return (
+        f"the run needs {plan.total / GIB:.2f} GiB by the memory plan, {plan.budget / GIB:.2f} GiB usable here "
+        f"(the largest part: {biggest.name} {biggest.peak / GIB:.2f} GiB"
+        + (", even without activations)" if plan.max_tokens == 0 else ")")
+        + f"; try {', '.join(advice)}"
+    )
+
+
+def _part(service: ServiceMemory, prefix: str) -> int:
+    return sum(v for k, v in service.components.items() if k.startswith(prefix))
+
+
+def services_started_here(configs: dict[str, object]) -> list[str]:
+    """The services a local run starts on this machine: those it uses and gives no address for
+    (launcher ray places them on its cluster: none here)."""
+    from rollway.coordinator.run_config import RunConfig
+
+    if configs["coordinator"].launcher != "local":
+        return []
+    run = RunConfig(**configs, given={})
+    addresses = run.addresses()
+    return [name for name in run.services_used() if not addresses.get(name)]
+
+
+def default_micro_batch(plan: MemoryPlan, configs: dict[str, object], given: dict) -> int | None:
+    """The token budget a run whose user left max_tokens_per_gpu unset gets when the default does
+    not fit: the largest that fits, if it still holds the longest sample the data settings allow
+    (a longer sample is refused by the trainer mid-run); None: keep the setting."""
+    c, d, t = configs["coordinator"], configs["dataloader"], configs["trainer"]
+    if plan.fits or plan.max_tokens is None or not t.dynamic_batching:
+        return None
+    if {"max_tokens_per_gpu", "max-tokens-per-gpu"} & set(given):
+        return None
+    prompt = d.rollout_max_prompt_len
+    longest = prompt if c.is_sft else prompt + c.rollout_max_response_len
+    return plan.max_tokens if prompt and plan.max_tokens >= longest else None
