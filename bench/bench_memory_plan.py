@@ -108,7 +108,8 @@ def cases(quick: bool) -> list[Case]:
     small = [Case(s, "float32", False, False, 512) for s in ("tiny", "small")]
     if quick:
         return small
-    small += [Case("small", "float32", False, False, 2048)]
+    # The bf16 study's small point: fp32 against bf16 compute (fp32 masters) on the same steps.
+    small += [Case("small", "float32", False, False, 2048), Case("small", "bfloat16", False, False, 512)]
     big = [
         Case(shape, dtype, lora, gc, BIG_TOKENS)
         for shape in ("12L", "28L")
@@ -231,10 +232,12 @@ def load_cache() -> dict:
 
 
 def save_cache(measured: dict) -> None:
+    """Merge into the file: two bench processes measuring different configurations keep both."""
     CACHE.mkdir(parents=True, exist_ok=True)
     path = CACHE / "measured.json"
-    path.with_suffix(".tmp").write_text(json.dumps(measured, indent=1, sort_keys=True))
-    path.with_suffix(".tmp").replace(path)
+    measured.update({k: v for k, v in load_cache().items() if k not in measured})
+    path.with_suffix(f".{os.getpid()}.tmp").write_text(json.dumps(measured, indent=1, sort_keys=True))
+    path.with_suffix(f".{os.getpid()}.tmp").replace(path)
 
 
 def measured_row(case: Case, measured: dict, remeasure: bool) -> dict:
