@@ -37,8 +37,10 @@ from bench.harness import BenchResult
 from rollway.common.client import open_channel
 from rollway.common.supervision.service_process import ServiceProcess
 from rollway.common.v1 import common_pb2
-from rollway.coordinator.memory_plan import GIB, trainer_rank_memory
+from rollway.coordinator.memory_plan import GIB, rollout_memory, trainer_rank_memory
 from rollway.coordinator.model_shape import read_model_shape
+from rollway.rollout.config import RolloutConfig
+from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.v1 import trainer_pb2 as pb
 from rollway.trainer.v1 import trainer_pb2_grpc
@@ -226,6 +228,44 @@ def predicted(case: Case, directory: Path) -> tuple[int, dict[str, int]]:
     return rank.peak, rank.components
 
 
+# The rollout service (hf engine, fp32 on CPU): ROLLOUT_SAMPLES samples of ROLLOUT_PROMPT prompt
+# tokens decoded together for ROLLOUT_NEW tokens each.
+ROLLOUT_SAMPLES, ROLLOUT_PROMPT, ROLLOUT_NEW = 8, 64, 64
+
+
+def measure_rollout(directory: Path) -> dict:
+    """Start the rollout service, generate one batch: its peak RSS."""
+    args = ["--hf-checkpoint", str(directory), "--dtype", "float32", "--reward", "none"]
+    args += ["--max-running-requests", str(ROLLOUT_SAMPLES)]
+    args += ["--max-samples-per-request", str(ROLLOUT_SAMPLES)]
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        ServiceProcess("rollout", args, Path(tmp), startup_timeout=600) as svc,
+    ):
+        with open_channel(svc.address) as channel:
+            stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+            request = rollout_pb2.GenerateRequest(
+                prompts=[rollout_pb2.Prompt(token_ids=[3 + i % 389 for i in range(ROLLOUT_PROMPT)])],
+                n_samples_per_prompt=ROLLOUT_SAMPLES,
+                sampling_params=common_pb2.SamplingParams(
+                    temperature=1.0, max_new_tokens=ROLLOUT_NEW, seed=0
+                ),
+            )
+            began = time.perf_counter()
+            list(stub.Generate(request, timeout=3600))
+            took = time.perf_counter() - began
+            return {"measured_gib": peak_rss(svc.pid) / GIB, "generate_s": took}
+
+
+def rollout_predicted(directory: Path) -> int:
+    config = RolloutConfig(
+        hf_checkpoint=str(directory), dtype="float32", max_running_requests=ROLLOUT_SAMPLES
+    )
+    shape = read_model_shape(str(directory))
+    tokens = ROLLOUT_PROMPT + ROLLOUT_NEW
+    return rollout_memory(shape, config, ROLLOUT_SAMPLES, tokens, False, ROLLOUT_PROMPT).peak
+
+
 def load_cache() -> dict:
     path = CACHE / "measured.json"
     return json.loads(path.read_text()) if path.exists() else {}
@@ -280,8 +320,32 @@ def table(chosen: list[Case]) -> list[dict]:
     return rows
 
 
+def rollout_rows(shapes: list[str]) -> list[dict]:
+    """The rollout service's predicted against measured peak per shape (cached like the trainer's)."""
+    measured = load_cache()
+    rows = []
+    for shape in shapes:
+        directory, key = model_dir(shape), f"rollout-{shape}"
+        if key not in measured or os.environ.get("ROLLWAY_REMEASURE") == "1":
+            with bigmem_lock(rollout_predicted(directory)):
+                measured[key] = measure_rollout(directory)
+            save_cache(measured)
+        got, peak = measured[key], rollout_predicted(directory) / GIB
+        rows.append(
+            {
+                "shape": shape,
+                "service": "rollout",
+                "tokens": ROLLOUT_SAMPLES * (ROLLOUT_PROMPT + ROLLOUT_NEW),
+                "predicted_gib": round(peak, 3),
+                "measured_gib": round(got["measured_gib"], 3),
+                "error_pct": round(100 * (peak - got["measured_gib"]) / got["measured_gib"], 1),
+            }
+        )
+    return rows
+
+
 def run(quick: bool) -> BenchResult:
-    rows = table(cases(quick))
+    rows = table(cases(quick)) + rollout_rows(["tiny", "small"] if quick else ["tiny", "small", "12L"])
     big = [r for r in rows if r["shape"] in ("12L", "28L")]
     return BenchResult(
         name="memory_plan",

@@ -3,9 +3,10 @@ starts `python -m rollway.trainer` on the tiny and the small (~50.6M) presets, t
 512 tokens over gRPC and compares the process's peak RSS (VmHWM) with `rollway plan`'s trainer-rank
 peak. The 0.3-0.6B shapes (the issue's 15%) are `make bench`'s: too big for the test suite.
 
-At ~50M parameters the fixed runtime (Python, torch, transformers, gRPC: ~0.45 GiB) is a third of
-the peak, and the allocator's slack around the weights varies by a few hundred MiB from run to run,
-so the bound here is looser than the 15% of the large shapes: SMALL_TOLERANCE.
+At ~50M parameters the fixed runtime (Python, torch, transformers, gRPC: ~0.4 GiB) is a fifth of
+the peak, and the step-transient coefficient fitted on the 12-layer cut (7 bytes per parameter)
+is ~0.8 byte below the small preset's own: SMALL_TOLERANCE is 10%, twice the largest error the
+small preset showed (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ import pytest
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-# |predicted - measured| / measured for the small preset (measured -3% to +6% on this machine
-# after calibration; docs/performance.md's table); the tiny preset is runtime only: TINY_TOLERANCE.
-SMALL_TOLERANCE = 0.20
-TINY_TOLERANCE = 0.30
+# |predicted - measured| / measured. Measured 2026-11-26: small -1.5% (two runs 1% apart), tiny
+# +2.2%. The tiny preset is the runtime alone, whose size moves with torch and transformers.
+SMALL_TOLERANCE = 0.10
+TINY_TOLERANCE = 0.15
 
 
 def test_quick_bench_predicts_the_small_presets_peak_within_tolerance(tmp_path):
