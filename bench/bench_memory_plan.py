@@ -263,7 +263,7 @@ def rollout_predicted(directory: Path) -> int:
     )
     shape = read_model_shape(str(directory))
     tokens = ROLLOUT_PROMPT + ROLLOUT_NEW
-    return rollout_memory(shape, config, ROLLOUT_SAMPLES, tokens, False, ROLLOUT_PROMPT).peak
+    return rollout_memory(shape, config, ROLLOUT_SAMPLES, tokens, False).peak
 
 
 def load_cache() -> dict:

@@ -64,11 +64,10 @@ TORCH_PROCESS_OVERHEAD = int(0.5 * GIB)
 TRAINER_PROCESS_OVERHEAD = int(0.4 * GIB)
 LIGHT_PROCESS_OVERHEAD = int(0.3 * GIB)
 # The rollout service (hf engine), measured (bench memory_plan's rollout rows, 2026-11-26): 0.38 GiB
-# with the tiny preset loaded and generating; the prefill of the samples decoded together keeps
-# fp32 logits and their log-softmax over the vocabulary (8 bytes an entry: the 12-layer
-# Qwen3-0.6B cut, 8 samples of 64 prompt tokens, peaked 0.9 GiB above weights, KV and runtime).
+# with the tiny preset loaded and generating. Not modelled yet: the 12-layer Qwen3-0.6B cut (bf16
+# checkpoint, fp32 engine) peaked 0.5 GiB above weights + KV + runtime, likely the checkpoint's
+# mapped bf16 pages beside the fp32 copy at load (docs/performance.md).
 ROLLOUT_PROCESS_OVERHEAD = int(0.38 * GIB)
-ROLLOUT_PREFILL_LOGITS_BYTES = 8
 # The rollout's KV cache when neither rollout_max_context_len nor rollout_max_prompt_len bounds a
 # sample: this many prompt tokens are assumed before the response (the plan says so).
 ASSUMED_PROMPT_TOKENS = 512
@@ -198,10 +197,9 @@ def recompute_bytes(shape: ModelShape, dtype: str, tokens: int) -> int:
 
 
 def rollout_memory(
-    shape: ModelShape, rollout, max_samples: int, sample_tokens: int, on_gpu: bool, prompt_tokens: int = 0
+    shape: ModelShape, rollout, max_samples: int, sample_tokens: int, on_gpu: bool
 ) -> ServiceMemory:
-    """The rollout engine: the weights in --dtype, a KV cache for the samples decoded together and
-    the prefill's vocabulary-wide logits of their `prompt_tokens` prompts."""
+    """The rollout engine: the weights in --dtype and a KV cache for the samples decoded together."""
     dtype = resolve_dtype(rollout.dtype, on_gpu and rollout.device in ("auto", "cuda"))
     running = min(rollout.max_running_requests, max_samples) if max_samples else rollout.max_running_requests
     kv_tokens = running * sample_tokens
@@ -212,10 +210,6 @@ def rollout_memory(
         * kv_tokens,
         "runtime (torch, gRPC)": ROLLOUT_PROCESS_OVERHEAD,
     }
-    if prompt_tokens and rollout.rollout_engine != "sglang":
-        components[f"prefill logits ({running} x {prompt_tokens} tokens)"] = (
-            running * prompt_tokens * shape.vocab_size * ROLLOUT_PREFILL_LOGITS_BYTES
-        )
     notes = []
     if rollout.rollout_engine == "sglang":
         notes.append(
@@ -268,7 +262,7 @@ def plan_memory(
             notes.append(
                 f"KV cache: prompts assumed of {ASSUMED_PROMPT_TOKENS} tokens (set rollout_max_prompt_len)"
             )
-        out.append(rollout_memory(shape, r, c.samples_per_rollout, sample, on_gpu, prompt))
+        out.append(rollout_memory(shape, r, c.samples_per_rollout, sample, on_gpu))
     max_tokens = None
     if "trainer" in services:
         tokens = micro_batch_tokens(configs)
