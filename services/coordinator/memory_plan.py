@@ -47,11 +47,27 @@ TILED_MLP_HIDDEN_TENSORS = 1
 # the logits' gradient in the compute dtype: 2 x dtype + 4 bytes.
 LOGITS_DTYPE_COPIES = 2
 LOGITS_FP32_BYTES = 4
+# Measured beyond weights + gradients + AdamW per trainable parameter at the step's peak: the
+# fused AdamW and foreach clip_grad_norm_ passes, FSDP's gradient copy, and the free blocks malloc
+# keeps (peak RSS counts them). Fitted (bench memory_plan, 2026-11-26) as the intercept of the peak
+# at two token counts, less 16 bytes per parameter and the runtime: 6.3 bytes on the 12-layer
+# Qwen3-0.6B cut (512 and 1024 tokens), 7.8 on the small preset (512 and 2048).
+STEP_TRANSIENT_BYTES = 7
+# At load rank 0 holds the checkpoint's full fp32 state dict while its shards are filled.
+LOAD_FULL_COPY_BYTES = 4
 # Memory of a process before any model: Python, torch, transformers, gRPC (measured on this project's
 # services at start-up, ~0.5 GiB RSS for a torch service, ~0.3 GiB for the dataloader with its
 # tokenizer and the coordinator): a round guess until calibrated.
 TORCH_PROCESS_OVERHEAD = int(0.5 * GIB)
+# The trainer service's, measured: peak RSS 0.44 GiB training the ~1M tiny preset (512 tokens),
+# 0.38 GiB after loading it (bench memory_plan, 2026-11-26).
+TRAINER_PROCESS_OVERHEAD = int(0.4 * GIB)
 LIGHT_PROCESS_OVERHEAD = int(0.3 * GIB)
+# The rollout service (hf engine), measured (bench memory_plan's rollout rows, 2026-11-26): 0.38 GiB
+# with the tiny preset loaded and generating. Not modelled yet: the 12-layer Qwen3-0.6B cut (bf16
+# checkpoint, fp32 engine) peaked 0.5 GiB above weights + KV + runtime, likely the checkpoint's
+# mapped bf16 pages beside the fp32 copy at load (docs/performance.md).
+ROLLOUT_PROCESS_OVERHEAD = int(0.38 * GIB)
 # The rollout's KV cache when neither rollout_max_context_len nor rollout_max_prompt_len bounds a
 # sample: this many prompt tokens are assumed before the response (the plan says so).
 ASSUMED_PROMPT_TOKENS = 512
@@ -103,11 +119,29 @@ def trainer_rank_memory(shape: ModelShape, trainer, tokens: int, on_gpu: bool) -
     per_token = activation_bytes_per_token(shape, dtype, trainer.gradient_checkpointing, trainer.tiled_mlp)
     recompute = recompute_bytes(shape, dtype, tokens) if trainer.gradient_checkpointing else 0
     components[f"activations ({tokens} tokens)"] = per_token * tokens + recompute
-    components["runtime (torch, gRPC)"] = TORCH_PROCESS_OVERHEAD
+    components["step transients (optimizer, allocator)"] = step_transient_bytes(trainable)
+    components["runtime (torch, gRPC)"] = TRAINER_PROCESS_OVERHEAD
+    above = load_peak_bytes(total, world) - sum(components.values())
+    if above > 0:  # LoRA: the load's two copies outweigh the step (peak RSS never comes down)
+        components["model load (rank 0: checkpoint + shards)"] = above
     notes = []
     if trainer.fsdp_cpu_offload and not on_gpu:
         notes.append("fsdp_cpu_offload does nothing on CPU: everything is host memory here")
     return ServiceMemory("trainer rank", components, count=world, notes=notes)
+
+
+def step_transient_bytes(trainable: int) -> int:
+    """What a step holds beyond its states and activations, measured per trainable parameter
+    (the fused AdamW and gradient-clipping passes, the gradient's reduce copy, malloc's retained
+    free blocks). bf16 compute added nothing measurable beyond the gathered unit on the small
+    preset (its peak was 0.22 GiB below fp32's at 512 tokens: the halved activations)."""
+    return trainable * STEP_TRANSIENT_BYTES
+
+
+def load_peak_bytes(params: int, world: int) -> int:
+    """Rank 0 at start-up: the checkpoint's full fp32 state dict next to its own fp32 shard,
+    plus the runtime (model_loading.py, sharding.py: freed after set_model_state_dict)."""
+    return params * LOAD_FULL_COPY_BYTES + params * MASTER_BYTES // world + TRAINER_PROCESS_OVERHEAD
 
 
 def uses_reference(trainer) -> bool:
@@ -174,7 +208,7 @@ def rollout_memory(
         f"KV cache ({running} samples x {sample_tokens} tokens)": shape.kv_bytes_per_token
         * DTYPE_BYTES[dtype]
         * kv_tokens,
-        "runtime (torch, gRPC)": TORCH_PROCESS_OVERHEAD,
+        "runtime (torch, gRPC)": ROLLOUT_PROCESS_OVERHEAD,
     }
     notes = []
     if rollout.rollout_engine == "sglang":

@@ -259,3 +259,22 @@ def test_an_unset_micro_batch_budget_is_lowered_to_what_fits(qwen_dir, capsys):
     # the longest sample unknown (no rollout_max_prompt_len): a smaller budget could refuse it mid-run
     configs, given = _given_configs(qwen_dir)
     assert not memory_allows(configs, options, given) and "max_tokens_per_gpu" not in given
+
+
+def test_step_transients_follow_what_trains(qwen_dir):
+    full, lora = _trainer(qwen_dir), _trainer(qwen_dir, "--lora-rank", "16")
+    assert _part(full, "step transients") == memory_plan.STEP_TRANSIENT_BYTES * 596_049_920
+    assert _part(lora, "step transients") < _part(full, "step transients") / 50
+
+
+def test_a_lora_rank_peaks_at_load_when_the_two_copies_outweigh_the_step(qwen_dir):
+    """Rank 0 holds the checkpoint's fp32 state dict beside its shard: 8 bytes a parameter."""
+    lora = memory_plan.trainer_rank_memory(
+        read_model_shape(str(qwen_dir)), _configs(qwen_dir, "--lora-rank", "16")["trainer"], 16, False
+    )
+    assert lora.peak == memory_plan.load_peak_bytes(596_049_920 + _lora_adapters(), 1)
+    assert _part(_trainer(qwen_dir, tokens=1024), "model load") == 0  # full fine-tuning: the step
+
+
+def _lora_adapters() -> int:
+    return 28 * 16 * (2 * (1024 + 2048) + 2 * (1024 + 1024) + 3 * (1024 + 3072))
