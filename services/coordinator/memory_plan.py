@@ -227,6 +227,7 @@ class MemoryPlan:
     tokens: int  # the trainer's micro-batch token budget the plan is for
     max_tokens: int | None  # the largest micro-batch token budget that fits (None: no trainer)
     notes: list[str] = field(default_factory=list)
+    on_gpu: bool = False
 
     @property
     def total(self) -> int:
@@ -270,7 +271,7 @@ def plan_memory(
         max_tokens = largest_micro_batch(shape, configs, out, usable, on_gpu)
     for s in out:
         notes.extend(s.notes)
-    return MemoryPlan(out, usable, micro_batch_tokens(configs), max_tokens, notes)
+    return MemoryPlan(out, usable, micro_batch_tokens(configs), max_tokens, notes, on_gpu)
 
 
 def micro_batch_tokens(configs: dict[str, object]) -> int:
@@ -356,7 +357,9 @@ def refusal(plan: MemoryPlan, configs: dict[str, object]) -> str:
         advice.append("--gradient-checkpointing")
     if not t.lora_rank:
         advice.append("LoRA (--lora-rank 16)")
-    if t.dtype in ("auto", "float32"):
+    # bf16 halves the weights everywhere, but on a CPU without native bf16 a step is ~18x slower
+    # (docs/performance.md, the bf16 study): worth suggesting only where a GPU trains.
+    if plan.on_gpu and t.dtype == "float32":
         advice.append("--dtype bfloat16")
     advice.append("--ignore-memory-plan to run anyway")
     return (
