@@ -234,11 +234,11 @@ class Run:
             metrics["perf/save_time"] = time.perf_counter() - save_start
             if saved is not None:
                 metrics["checkpoint/bytes"] = float(tree_bytes(saved))
-        self.sink.log(rollout_id, metrics)
+        record = self.sink.log(rollout_id, metrics)
         self.last_step_metrics = dict(metrics)
         self.final_metrics.update(metrics)
         if self.progress:
-            self.progress.update(rollout_id + 1, metrics)
+            self.progress.update(rollout_id + 1, metrics, at=record["time"])
         with self._positions_lock:
             for step in [s for s in self._data_positions if s <= rollout_id + 1]:
                 del self._data_positions[step]

@@ -215,7 +215,8 @@ def _drive(
     progress = ProgressLine(started.num_steps or num_steps)
     stream = stub.StreamMetrics(coordinator_pb2.StreamMetricsRequest(run_id=run_id), timeout=1e7)
     follower = threading.Thread(
-        target=lambda: [progress.update(r.step + 1, dict(r.metrics)) for r in _quiet(stream)], daemon=True
+        target=lambda: [progress.update(r.step + 1, dict(r.metrics), at=r.time) for r in _quiet(stream)],
+        daemon=True,
     )
     follower.start()
     notices_shown = 0
