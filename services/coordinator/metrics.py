@@ -55,6 +55,7 @@ class MetricsSink:
         self._tb = TensorBoardWriter(Path(run_dir) / "tensorboard") if tensorboard else None
         self._cond = threading.Condition()
         self._records: list[dict] = self.read(self.path)  # a resumed run appends to its history
+        self._truncated_to: list[int] = []  # the number of records left by each truncate_from
         self.closed = False
 
     @staticmethod
@@ -79,6 +80,7 @@ class MetricsSink:
         replaces its record instead of appearing twice in metrics.jsonl."""
         with self._cond:
             self._records = [r for r in self._records if r["step"] < step]
+            self._truncated_to.append(len(self._records))  # followers past it go back (follow)
             tmp = self.path.with_name(self.path.name + ".tmp")
             tmp.write_text("".join(json.dumps(r) + "\n" for r in self._records))
             os.replace(tmp, self.path)
@@ -90,11 +92,17 @@ class MetricsSink:
 
     def follow(self, from_step: int = 0, stop: threading.Event | None = None) -> Iterator[dict]:
         """Records with step >= from_step, then new ones as they come, until close() or `stop`."""
-        index = 0
+        index, truncations = 0, len(self._truncated_to)
         while True:
             with self._cond:
+                # A resume dropped records this follower had passed: the redone steps are appended
+                # where they were, and must not be skipped as if already seen.
+                index = min([index, *self._truncated_to[truncations:]])
+                truncations = len(self._truncated_to)
                 while index >= len(self._records) and not self.closed and not (stop and stop.is_set()):
                     self._cond.wait(0.5)
+                    index = min([index, *self._truncated_to[truncations:]])
+                    truncations = len(self._truncated_to)
                 pending = self._records[index:]
                 index = len(self._records)
                 finished = self.closed or bool(stop and stop.is_set())

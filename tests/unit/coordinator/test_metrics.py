@@ -28,6 +28,34 @@ def test_sink_writes_jsonl_tensorboard_and_feeds_followers(tmp_path):
     assert all(p.stat().st_size > 1000 for p in plots)
 
 
+def test_a_follower_sees_the_steps_a_resume_redoes(tmp_path):
+    """A resume truncates the records from its step and appends the redone steps where they were:
+    a follower that had passed them sees them again instead of waiting for the list to regrow."""
+    history = MetricsSink(tmp_path, tensorboard=False)
+    for step in range(5):
+        history.log(step, {"train/loss": 1.0})
+    history.close()
+    sink = MetricsSink(tmp_path, tensorboard=False)  # the recovered run's sink
+    seen = []
+    caught_up = threading.Event()
+
+    def follow():
+        for record in sink.follow():
+            seen.append(record["step"])
+            if len(seen) == 5:
+                caught_up.set()
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+    assert caught_up.wait(5)
+    sink.truncate_from(2)
+    sink.log(2, {"train/loss": 0.5})
+    sink.log(3, {"train/loss": 0.5})
+    sink.close()
+    follower.join(5)
+    assert seen == [0, 1, 2, 3, 4, 2, 3]
+
+
 def test_progress_line():
     out = io.StringIO()
     line = ProgressLine(10, stream=out).update(1, {"rollout/raw_reward": 0.25, "train/loss": 1.5})
