@@ -95,6 +95,9 @@ class Run:
         self.hf_export_dir = ""
         self.checkpoint_dir = ""  # the newest complete run checkpoint this run wrote
         self.fault_metrics: dict[str, float] = {}  # restarts so far, set by the supervision (runs.py)
+        # Told where the run goes on from (the next step, 0-based, and the checkpoint or None):
+        # the supervision (runs.py) reports a recovery's resume point with it.
+        self.on_resume: Callable[[int, Path | None], None] = lambda next_step, directory: None
         # Data position (dataloader cursor, next batch id, next group index, carried groups) just
         # before the data of step k was fetched, by k: a checkpoint after step k - 1 stores that of
         # step k, as batches are fetched ahead (SFT prefetch, async generation), so a resume
@@ -130,6 +133,7 @@ class Run:
         next_step = resumed.state.next_rollout_id if resumed is not None else 0
         self.sink.truncate_from(next_step)
         self.ledger.truncate_from(next_step)
+        self.on_resume(next_step, resumed.directory if resumed is not None else None)
         if resumed is None:
             if self.config.load:
                 raise FileNotFoundError(f"load: no complete run checkpoint under {self.config.load}")
