@@ -13,11 +13,11 @@ import os
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
 from rollway.common.log import get_logger
+from rollway.coordinator.step_pace import StepPace
 
 log = get_logger("rollway.coordinator.metrics")
 
@@ -55,6 +55,7 @@ class MetricsSink:
         self._tb = TensorBoardWriter(Path(run_dir) / "tensorboard") if tensorboard else None
         self._cond = threading.Condition()
         self._records: list[dict] = self.read(self.path)  # a resumed run appends to its history
+        self._truncated_to: list[int] = []  # the number of records left by each truncate_from
         self.closed = False
 
     @staticmethod
@@ -79,6 +80,7 @@ class MetricsSink:
         replaces its record instead of appearing twice in metrics.jsonl."""
         with self._cond:
             self._records = [r for r in self._records if r["step"] < step]
+            self._truncated_to.append(len(self._records))  # followers past it go back (follow)
             tmp = self.path.with_name(self.path.name + ".tmp")
             tmp.write_text("".join(json.dumps(r) + "\n" for r in self._records))
             os.replace(tmp, self.path)
@@ -90,11 +92,17 @@ class MetricsSink:
 
     def follow(self, from_step: int = 0, stop: threading.Event | None = None) -> Iterator[dict]:
         """Records with step >= from_step, then new ones as they come, until close() or `stop`."""
-        index = 0
+        index, truncations = 0, len(self._truncated_to)
         while True:
             with self._cond:
+                # A resume dropped records this follower had passed: the redone steps are appended
+                # where they were, and must not be skipped as if already seen.
+                index = min([index, *self._truncated_to[truncations:]])
+                truncations = len(self._truncated_to)
                 while index >= len(self._records) and not self.closed and not (stop and stop.is_set()):
                     self._cond.wait(0.5)
+                    index = min([index, *self._truncated_to[truncations:]])
+                    truncations = len(self._truncated_to)
                 pending = self._records[index:]
                 index = len(self._records)
                 finished = self.closed or bool(stop and stop.is_set())
@@ -138,28 +146,25 @@ def _number(value: float) -> str:
 class ProgressLine:
     """One console line per step: step, reward, the losses (pg_loss, ... for RL), time per step, ETA.
 
-    Time per step is the mean `perf/step_time` of the last STEP_TIME_WINDOW steps (the run's own
-    wall time of a step): counting records against the clock undercounts it, since a step may send
-    several records and a resumed run's stream replays its earlier steps at once. Records without it
-    (evaluations) keep the last figure; a run that sends none is timed by the clock over its steps."""
-
-    STEP_TIME_WINDOW = 20
+    Time per step is wall time between the ends of recent steps (step_pace.py), so checkpoint
+    saves, evaluations and recoveries between steps are in it and in the ETA. Each record is timed
+    by its own `time` (when the run wrote it): a resumed run's stream replays its earlier steps at
+    once, and receiving them is not their pace."""
 
     def __init__(self, total_steps: int, stream=None):
         self.total = total_steps
         self.stream = stream or sys.stdout
-        self.started = time.monotonic()
-        self.steps: set[int] = set()
-        self.step_times: deque[float] = deque(maxlen=self.STEP_TIME_WINDOW)
+        self.started = time.time()
+        self.pace = StepPace(total_steps)
 
-    def update(self, step: int, metrics: dict[str, float]) -> str:
-        self.steps.add(step)
-        if metrics.get("perf/step_time"):
-            self.step_times.append(metrics["perf/step_time"])
-        if self.step_times:
-            per_step = sum(self.step_times) / len(self.step_times)
-        else:
-            per_step = (time.monotonic() - self.started) / len(self.steps)
+    def update(self, step: int, metrics: dict[str, float], at: float | None = None) -> str:
+        """`step` counts from 1 (the line shows "step 3/10" once the third has ended); `at`: the
+        record's unix time (now when not given)."""
+        at = time.time() if at is None else at
+        self.pace.add(step - 1, at, metrics)
+        per_step = self.pace.seconds_per_step
+        if per_step is None:  # one step and no timer of its own: the clock since the start
+            per_step = max(at - self.started, 0.0) / max(step, 1)
         remaining = max(self.total - step, 0) * per_step
         # A record past the last step is the final evaluation.
         parts = [f"step {step}/{self.total}" if not self.total or step <= self.total else "final"]

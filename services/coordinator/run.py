@@ -95,6 +95,9 @@ class Run:
         self.hf_export_dir = ""
         self.checkpoint_dir = ""  # the newest complete run checkpoint this run wrote
         self.fault_metrics: dict[str, float] = {}  # restarts so far, set by the supervision (runs.py)
+        # Told where the run goes on from (the next step, 0-based, and the checkpoint or None):
+        # the supervision (runs.py) reports a recovery's resume point with it.
+        self.on_resume: Callable[[int, Path | None], None] = lambda next_step, directory: None
         # Data position (dataloader cursor, next batch id, next group index, carried groups) just
         # before the data of step k was fetched, by k: a checkpoint after step k - 1 stores that of
         # step k, as batches are fetched ahead (SFT prefetch, async generation), so a resume
@@ -130,6 +133,7 @@ class Run:
         next_step = resumed.state.next_rollout_id if resumed is not None else 0
         self.sink.truncate_from(next_step)
         self.ledger.truncate_from(next_step)
+        self.on_resume(next_step, resumed.directory if resumed is not None else None)
         if resumed is None:
             if self.config.load:
                 raise FileNotFoundError(f"load: no complete run checkpoint under {self.config.load}")
@@ -234,11 +238,11 @@ class Run:
             metrics["perf/save_time"] = time.perf_counter() - save_start
             if saved is not None:
                 metrics["checkpoint/bytes"] = float(tree_bytes(saved))
-        self.sink.log(rollout_id, metrics)
+        record = self.sink.log(rollout_id, metrics)
         self.last_step_metrics = dict(metrics)
         self.final_metrics.update(metrics)
         if self.progress:
-            self.progress.update(rollout_id + 1, metrics)
+            self.progress.update(rollout_id + 1, metrics, at=record["time"])
         with self._positions_lock:
             for step in [s for s in self._data_positions if s <= rollout_id + 1]:
                 del self._data_positions[step]

@@ -15,8 +15,10 @@ services the run started are stopped.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -118,11 +120,19 @@ def connect(addresses: dict[str, list[str]]) -> Services:
 
 
 def init_services(
-    services: Services, run: RunConfig, run_id: str, *, rebuild: bool = False
+    services: Services,
+    run: RunConfig,
+    run_id: str,
+    *,
+    rebuild: bool = False,
+    seconds: dict[str, float] | None = None,
 ) -> dict[str, object]:
     """Init every service at once with its settings; the replies by service (rollout_i). `rebuild`:
-    every service starts the run's state afresh (a recovery resumes from the last checkpoint)."""
+    every service starts the run's state afresh (a recovery resumes from the last checkpoint).
+    `seconds` receives each service's Init time (the startup lines name the slow one)."""
+    seconds = {} if seconds is None else seconds
     calls = {}
+    started = time.monotonic()  # the calls start together: each one's time runs from here
     with ThreadPoolExecutor(2 + len(services.rollouts)) as pool:
         if services.trainer is not None:
             request = trainer_pb2.InitRequest(config=_struct(run, "trainer"), run_id=run_id, rebuild=rebuild)
@@ -141,6 +151,8 @@ def init_services(
             calls[f"rollout_{i}"] = pool.submit(
                 in_current_context(stub.Init), request, timeout=LONG_CALL_SECONDS
             )
+        for name, call in calls.items():  # before waiting on any: a call's time is its own
+            call.add_done_callback(functools.partial(_record_seconds, seconds, name, started))
         replies, refusals = {}, []
         for name, call in calls.items():
             try:
@@ -155,6 +167,10 @@ def init_services(
         end_run(services, run_id)
         raise RunRefused("the run's services disagree: " + "; ".join(problems))
     return replies
+
+
+def _record_seconds(seconds: dict[str, float], name: str, started: float, _call) -> None:
+    seconds[name] = time.monotonic() - started  # run by the pool when the call ends
 
 
 def _struct(run: RunConfig, name: str):

@@ -14,6 +14,7 @@ execute: start the services the config gives no address for (run_start.py), conn
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -33,6 +34,7 @@ from rollway.common.supervision.supervisor import (
     ServiceGroup,
 )
 from rollway.common.v1 import common_pb2
+from rollway.coordinator import memory_plan
 from rollway.coordinator.config import CoordinatorConfig
 from rollway.coordinator.dashboard import run_files
 from rollway.coordinator.evaluation import Evaluator
@@ -50,6 +52,7 @@ from rollway.coordinator.run_start import (
     start_missing_services,
 )
 from rollway.coordinator.run_state import CheckpointWriteError
+from rollway.coordinator.startup_report import Stopwatch, loading_line
 
 log = get_logger("rollway.coordinator.runs")
 
@@ -86,6 +89,13 @@ class RunRecord:
     ended: float = 0.0
     past: PastRun | None = None  # a run this coordinator does not drive, as its directory tells
     notices: list[str] = field(default_factory=list)  # what the run survived, a line each (RunInfo)
+    startup: list[str] = field(default_factory=list)  # what it did while starting (RunInfo)
+    failed_at: float = 0.0  # time.monotonic() when the failure being recovered from was caught
+
+    def starting(self, line: str) -> None:
+        """A line of what the starting run is doing (RunInfo.startup, the log)."""
+        self.startup.append(line)
+        log.info("run starting", activity=line)
 
     def notice(self, line: str) -> None:
         self.notices.append(line)
@@ -141,9 +151,15 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
     bind_run_context(run_id=record.run_id)
     watcher = None
     try:
+        missing = sorted(name for name, given in record.run.addresses().items() if not given)
+        if missing:
+            record.starting(f"starting {', '.join(missing)} ...")
+        stopwatch = Stopwatch(record.starting)
         addresses, record.group = start_missing_services(
             record.run, record.run_dir / "services", record.run_id
         )
+        if missing:
+            stopwatch.done("services up")
         record.addresses = addresses
         while True:
             if record.stop.is_set():
@@ -158,6 +174,7 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
             except CheckpointWriteError:
                 raise  # the run's own verdict (a full disk), not a dying service: no grace to wait
             except Exception as exc:
+                record.failed_at = time.monotonic()
                 dead = record.dead or watcher.wait_for_dead()
                 if not _recover(record, dead, exc):
                     raise
@@ -190,7 +207,14 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
 def _attempt(record: RunRecord, *, progress: bool) -> dict[str, float]:
     """Init the services (afresh after a recovery) and run; resumes from the last checkpoint."""
     c = record.config
-    init_services(record.services, record.run, record.run_id, rebuild=record.num_restarts > 0)
+    loaders = _model_loaders(record)
+    if loaders:
+        record.starting(loading_line(record.run.component("trainer").hf_checkpoint, loaders))
+    stopwatch, seconds = Stopwatch(record.starting), {}
+    init_services(
+        record.services, record.run, record.run_id, rebuild=record.num_restarts > 0, seconds=seconds
+    )
+    stopwatch.done("services initialised", seconds)
     evaluator = None
     if c.eval_prompt_data and not c.train_only:
         sampling = common_pb2.SamplingParams(
@@ -219,11 +243,37 @@ def _attempt(record: RunRecord, *, progress: bool) -> dict[str, float]:
     )
     if previous is not None:  # GetRun keeps what the run did before the recovery
         record.driver.checkpoint_dir = previous.checkpoint_dir
+        record.driver.on_resume = functools.partial(_notice_resume, record)
         previous.sink.close()
     _report_restarts(record)
     record.state = "RUNNING"
     record.started = record.started or time.time()
     return record.driver.execute()
+
+
+def _model_loaders(record: RunRecord) -> dict[str, str]:
+    """The services that load the model at Init, with the dtype each loads it in ("auto" resolved
+    where this coordinator started them: on this machine)."""
+    on_gpu = memory_plan.gpu_present()
+    local = isinstance(record.group, LocalServiceGroup)
+    loaders = {}
+    if record.services.trainer is not None:
+        loaders["trainer"] = record.run.component("trainer").dtype
+    for i in range(len(record.services.rollouts)):
+        loaders[f"rollout_{i}"] = record.run.component("rollout").dtype
+    return {
+        name: memory_plan.resolve_dtype(dtype, on_gpu) if local else dtype for name, dtype in loaders.items()
+    }
+
+
+def _notice_resume(record: RunRecord, next_step: int, directory: Path | None) -> None:
+    """Where a recovered run goes on from, and how long it took since the failure was caught
+    (steps counted from 1, as the progress line does)."""
+    source = f"checkpoint {directory.name}" if directory is not None else "the start: no checkpoint yet"
+    record.notice(
+        f"resuming at step {next_step + 1}/{record.driver.total_steps()} from {source}, "
+        f"{time.monotonic() - record.failed_at:.1f}s after the failure"
+    )
 
 
 def _recover(record: RunRecord, dead: DeadService | None, exc: BaseException) -> bool:

@@ -53,6 +53,7 @@ def _run_info(record: RunRecord, dashboard_url: str) -> coordinator_pb2.RunInfo:
         error=record.error,
         num_restarts=record.num_restarts,
         notices=record.notices,
+        startup=record.startup,
         dashboard_url=f"{dashboard_url}/?run={record.run_id}" if dashboard_url else "",
         created_time=record.created,
         started_time=record.started,

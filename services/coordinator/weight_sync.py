@@ -239,7 +239,19 @@ def _metrics(sender, receivers, pause_seconds: float, total: float) -> dict[str,
         "perf/weight_sync_load_time": max((t.load_seconds for t in timings), default=0.0),
         "perf/weight_sync_verify_time": max((t.verify_seconds for t in timings), default=0.0),
         "perf/weight_sync_time": total,
+        **sync_volume(sender),
     }
+
+
+def sync_volume(sender) -> dict[str, float]:
+    """The push's size and the transport's bandwidth over its wire time (decimal GB/s, as
+    network links are quoted); none where nothing was sent."""
+    if sender is None or not sender.num_bytes:
+        return {}
+    volume = {"perf/weight_sync_bytes": float(sender.num_bytes)}
+    if sender.wire_seconds > 0:
+        volume["perf/weight_sync_gbps"] = sender.num_bytes / sender.wire_seconds / 1e9
+    return volume
 
 
 def _push_and_receive(services: Services, weight_version: int, settings: WeightSyncSettings, infos):

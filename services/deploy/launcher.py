@@ -107,6 +107,8 @@ def run(argv: list[str]) -> int:
         return 2
     if not options.coordinator_addr and not memory_allows(configs, options, given):
         return 2
+    if not options.coordinator_addr:
+        warn_no_op_settings(configs)
     run_dir = (Path(c.run_dir or "runs") / run_id).resolve()
     interrupted = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
@@ -215,10 +217,11 @@ def _drive(
     progress = ProgressLine(started.num_steps or num_steps)
     stream = stub.StreamMetrics(coordinator_pb2.StreamMetricsRequest(run_id=run_id), timeout=1e7)
     follower = threading.Thread(
-        target=lambda: [progress.update(r.step + 1, dict(r.metrics)) for r in _quiet(stream)], daemon=True
+        target=lambda: [progress.update(r.step + 1, dict(r.metrics), at=r.time) for r in _quiet(stream)],
+        daemon=True,
     )
     follower.start()
-    notices_shown = 0
+    notices_shown = startup_shown = 0
     try:
         while True:
             crashed = dead()
@@ -227,9 +230,14 @@ def _drive(
                 _stop_quietly(stub, run_id)
                 return COORDINATOR_CRASHED
             info = stub.GetRun(coordinator_pb2.GetRunRequest(run_id=run_id), timeout=10.0).run
-            for line in info.notices[notices_shown:]:  # what the run survived: a line each
+            # What the run survived (a recovery is told before its services are loaded again),
+            # then what it loads and how long that took.
+            for line in info.notices[notices_shown:]:
                 print(line, file=sys.stderr, flush=True)
             notices_shown = len(info.notices)
+            for line in info.startup[startup_shown:]:
+                print(line, flush=True)
+            startup_shown = len(info.startup)
             if info.state not in (coordinator_pb2.RUN_STATE_STARTING, coordinator_pb2.RUN_STATE_RUNNING):
                 # The stream ends by itself with the run, its last step's records last (they wait
                 # for the final state): let it print them before it is cancelled.
@@ -281,6 +289,23 @@ def _quiet(stream):
         yield from stream
     except grpc.RpcError:
         return
+
+
+def warn_no_op_settings(configs: dict[str, object]) -> None:
+    """Say so where a setting does nothing on this machine (a trainer started here, no GPU)."""
+    from rollway.coordinator import memory_plan
+
+    if (
+        configs["trainer"].fsdp_cpu_offload
+        and "trainer" in memory_plan.services_started_here(configs)
+        and not memory_plan.gpu_present()
+    ):
+        print(
+            "warning: fsdp_cpu_offload does nothing on CPU (no GPU here): the trainer's parameters, "
+            "gradients and optimizer state are in host memory already",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def memory_allows(configs: dict[str, object], options: argparse.Namespace, given: dict | None = None) -> bool:

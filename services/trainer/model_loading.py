@@ -24,6 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from transformers.utils import logging as hf_logging
 
 from rollway.common.log import get_logger
+from rollway.common.model_load_log import logged_model_load
 from rollway.trainer.attention import hf_attn_implementation
 from rollway.trainer.config import TrainerConfig
 
@@ -127,14 +128,16 @@ def load_model(config: TrainerConfig, rank: int) -> LoadedModel:
         disable_dropout(model_config, loaded.model)
     if rank == 0:
         hf_logging.disable_progress_bar()  # no progress bars in the service's JSON log
-        try:
-            source = AutoModelForCausalLM.from_pretrained(
-                config.hf_checkpoint,
-                attn_implementation=hf_attn_implementation(config.attn_implementation),
-                dtype=torch.float32,
-            )
-        except (OSError, ValueError) as exc:
-            raise ModelLoadError(f"hf_checkpoint: cannot load {config.hf_checkpoint}: {exc}") from None
+        with logged_model_load(log, config.hf_checkpoint, "float32") as loaded_source:
+            try:
+                source = AutoModelForCausalLM.from_pretrained(
+                    config.hf_checkpoint,
+                    attn_implementation=hf_attn_implementation(config.attn_implementation),
+                    dtype=torch.float32,
+                )
+            except (OSError, ValueError) as exc:
+                raise ModelLoadError(f"hf_checkpoint: cannot load {config.hf_checkpoint}: {exc}") from None
+            loaded_source.append(source)
         loaded.full_state_dict = source.state_dict()
         loaded.buffers = {name: buf.detach().clone() for name, buf in source.named_buffers()}
         del source

@@ -14,10 +14,13 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from rollway.common.log import get_logger
 from rollway.common.weights_checksum import dtype_from_name
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.distributed import RankInfo
 from rollway.trainer.model_loading import LoadedModel, broadcast_buffers
+
+log = get_logger("rollway.trainer.sharding")
 
 # Names accepted for --dtype and WeightChecksum.dtype ("auto": bfloat16 on CUDA, float32 on CPU).
 DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32")
@@ -56,6 +59,9 @@ def shard_model(loaded: LoadedModel, config: TrainerConfig, info: RankInfo) -> t
             param_dtype=resolve_dtype(config.dtype), reduce_dtype=torch.float32
         ),
     }
+    if config.fsdp_cpu_offload and info.device.type == "cpu":
+        log.warning("fsdp_cpu_offload does nothing on CPU: the parameters, gradients and optimizer "
+                    "state are in host memory already")  # fmt: skip
     if config.fsdp_cpu_offload:
         # Pinned host memory needs a GPU; on a CPU-only machine offloading is a no-op anyway.
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())

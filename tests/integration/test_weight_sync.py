@@ -45,6 +45,8 @@ METRICS = {
     "perf/weight_sync_load_time",
     "perf/weight_sync_verify_time",
     "perf/weight_sync_time",
+    "perf/weight_sync_bytes",
+    "perf/weight_sync_gbps",
 }
 
 

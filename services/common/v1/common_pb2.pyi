@@ -175,20 +175,22 @@ class WeightGroupSpec(_message.Message):
     def __init__(self, group_name: _Optional[str] = ..., master_address: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., rank_offset: _Optional[int] = ..., backend: _Optional[str] = ..., timeout_seconds: _Optional[float] = ..., authenticate_members: _Optional[bool] = ...) -> None: ...
 
 class WeightSyncTimings(_message.Message):
-    __slots__ = ("gather_seconds", "pause_seconds", "wire_seconds", "load_seconds", "verify_seconds", "total_seconds")
+    __slots__ = ("gather_seconds", "pause_seconds", "wire_seconds", "load_seconds", "verify_seconds", "total_seconds", "num_bytes")
     GATHER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PAUSE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WIRE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     VERIFY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
     gather_seconds: float
     pause_seconds: float
     wire_seconds: float
     load_seconds: float
     verify_seconds: float
     total_seconds: float
-    def __init__(self, gather_seconds: _Optional[float] = ..., pause_seconds: _Optional[float] = ..., wire_seconds: _Optional[float] = ..., load_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ...) -> None: ...
+    num_bytes: int
+    def __init__(self, gather_seconds: _Optional[float] = ..., pause_seconds: _Optional[float] = ..., wire_seconds: _Optional[float] = ..., load_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ..., num_bytes: _Optional[int] = ...) -> None: ...
 
 class WeightsChecksum(_message.Message):
     __slots__ = ("weight_version", "algorithm", "digest", "num_tensors")

@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+from rollway.coordinator.step_pace import pace_of
+
 STATUS_FILE = "status.json"
 NOTICES_FILE = "notices.jsonl"
 TRACE_FILE = "trace.jsonl"
@@ -155,15 +157,14 @@ def progress(records: list[dict], num_steps: int, state: str) -> dict:
     """Steps done, total, seconds per step and the ETA of a run from its metrics records."""
     steps = [r for r in records if num_steps == 0 or r["step"] < num_steps]
     done = (max(r["step"] for r in steps) + 1) if steps else 0
-    per_step = None
-    if len(steps) >= 2:
-        per_step = (steps[-1]["time"] - steps[0]["time"]) / (len(steps) - 1)
-    elif steps and "perf/step_time" in steps[0]:
-        per_step = steps[0]["perf/step_time"]
-    eta = None
-    if per_step is not None and num_steps and state in ("RUNNING", "STARTING"):
-        eta = max(num_steps - done, 0) * per_step
-    return {"step": done, "num_steps": num_steps, "seconds_per_step": per_step, "eta_seconds": eta}
+    pace = pace_of(steps, num_steps)  # wall time between step ends: saves and evaluations count
+    eta = pace.eta_seconds() if state in ("RUNNING", "STARTING") else None
+    return {
+        "step": done,
+        "num_steps": num_steps,
+        "seconds_per_step": pace.seconds_per_step,
+        "eta_seconds": eta,
+    }
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64 * 1024) -> str:

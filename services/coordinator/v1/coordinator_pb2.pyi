@@ -24,7 +24,7 @@ RUN_STATE_FAILED: RunState
 RUN_STATE_STOPPED: RunState
 
 class RunInfo(_message.Message):
-    __slots__ = ("run_id", "state", "step", "num_steps", "run_dir", "error", "last_metrics", "checkpoint_dir", "hf_export_dir", "service_addresses", "num_restarts", "dashboard_url", "created_time", "started_time", "finished_time", "seconds_per_step", "eta_seconds", "config", "end_of_data", "notices")
+    __slots__ = ("run_id", "state", "step", "num_steps", "run_dir", "error", "last_metrics", "checkpoint_dir", "hf_export_dir", "service_addresses", "num_restarts", "dashboard_url", "created_time", "started_time", "finished_time", "seconds_per_step", "eta_seconds", "config", "end_of_data", "notices", "startup")
     class LastMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class RunInfo(_message.Message):
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     END_OF_DATA_FIELD_NUMBER: _ClassVar[int]
     NOTICES_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     state: RunState
     step: int
@@ -79,7 +80,8 @@ class RunInfo(_message.Message):
     config: _struct_pb2.Struct
     end_of_data: str
     notices: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., step: _Optional[int] = ..., num_steps: _Optional[int] = ..., run_dir: _Optional[str] = ..., error: _Optional[str] = ..., last_metrics: _Optional[_Mapping[str, float]] = ..., checkpoint_dir: _Optional[str] = ..., hf_export_dir: _Optional[str] = ..., service_addresses: _Optional[_Mapping[str, str]] = ..., num_restarts: _Optional[int] = ..., dashboard_url: _Optional[str] = ..., created_time: _Optional[float] = ..., started_time: _Optional[float] = ..., finished_time: _Optional[float] = ..., seconds_per_step: _Optional[float] = ..., eta_seconds: _Optional[float] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., end_of_data: _Optional[str] = ..., notices: _Optional[_Iterable[str]] = ...) -> None: ...
+    startup: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., step: _Optional[int] = ..., num_steps: _Optional[int] = ..., run_dir: _Optional[str] = ..., error: _Optional[str] = ..., last_metrics: _Optional[_Mapping[str, float]] = ..., checkpoint_dir: _Optional[str] = ..., hf_export_dir: _Optional[str] = ..., service_addresses: _Optional[_Mapping[str, str]] = ..., num_restarts: _Optional[int] = ..., dashboard_url: _Optional[str] = ..., created_time: _Optional[float] = ..., started_time: _Optional[float] = ..., finished_time: _Optional[float] = ..., seconds_per_step: _Optional[float] = ..., eta_seconds: _Optional[float] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., end_of_data: _Optional[str] = ..., notices: _Optional[_Iterable[str]] = ..., startup: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StartRunRequest(_message.Message):
     __slots__ = ("config", "run_id")

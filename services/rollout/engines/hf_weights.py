@@ -8,8 +8,12 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from rollway.common.log import get_logger
+from rollway.common.model_load_log import logged_model_load
 from rollway.common.weights_checksum import dtype_from_name
 from rollway.rollout.engines.base import EngineError, WeightLoadError
+
+log = get_logger("rollway.rollout.engines.hf_weights")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -28,9 +32,11 @@ def check_checkpoint(path: str) -> Path:
 
 def load_model(path: str, dtype: str, device: torch.device, attn_implementation: str) -> torch.nn.Module:
     """The model in eval mode on `device`, weights in `dtype`."""
-    model = AutoModelForCausalLM.from_pretrained(
-        str(check_checkpoint(path)), dtype=dtype_from_name(dtype), attn_implementation=attn_implementation
-    )
+    with logged_model_load(log, path, dtype) as loaded:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(check_checkpoint(path)), dtype=dtype_from_name(dtype), attn_implementation=attn_implementation
+        )
+        loaded.append(model)
     return model.to(device).eval().requires_grad_(False)
 
 

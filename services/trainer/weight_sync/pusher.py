@@ -140,6 +140,7 @@ class WeightPusher:
             wire_seconds=sent.wire_seconds,
             verify_seconds=plan.checksum_seconds,
             total_seconds=time.perf_counter() - started,
+            num_bytes=sent.num_bytes,
         )
         log.info("weights pushed", weight_version=version, transport=transport, num_bytes=sent.num_bytes,
                     seconds=round(timings.total_seconds, 3))  # fmt: skip

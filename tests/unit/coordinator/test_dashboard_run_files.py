@@ -35,6 +35,16 @@ def test_progress_and_eta_from_the_records():
     assert run_files.progress(final_eval, 10, "STOPPED")["step"] == 5
 
 
+def test_the_dashboards_pace_counts_the_saves_between_steps():
+    """Steps of 1 s each followed by a 4 s save: 5 s a step, not perf/step_time's 1 s."""
+    records = [
+        {"step": s, "time": 100.0 + 5 * s, "perf/step_time": 1.0, "perf/save_time": 4.0} for s in range(3)
+    ]
+    assert run_files.progress(records, 10, "RUNNING")["seconds_per_step"] == 5.0
+    assert run_files.progress(records, 10, "RUNNING")["eta_seconds"] == 35.0
+    assert run_files.progress(records[:1], 10, "RUNNING")["seconds_per_step"] == 5.0
+
+
 def test_last_error_of_a_json_log():
     log = "\n".join(
         [

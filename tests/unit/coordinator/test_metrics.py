@@ -5,6 +5,7 @@ import threading
 
 from rollway.coordinator.metrics import MetricsSink, ProgressLine
 from rollway.coordinator.plot import plot_run
+from rollway.coordinator.step_pace import StepPace
 
 
 def test_sink_writes_jsonl_tensorboard_and_feeds_followers(tmp_path):
@@ -27,6 +28,34 @@ def test_sink_writes_jsonl_tensorboard_and_feeds_followers(tmp_path):
     assert all(p.stat().st_size > 1000 for p in plots)
 
 
+def test_a_follower_sees_the_steps_a_resume_redoes(tmp_path):
+    """A resume truncates the records from its step and appends the redone steps where they were:
+    a follower that had passed them sees them again instead of waiting for the list to regrow."""
+    history = MetricsSink(tmp_path, tensorboard=False)
+    for step in range(5):
+        history.log(step, {"train/loss": 1.0})
+    history.close()
+    sink = MetricsSink(tmp_path, tensorboard=False)  # the recovered run's sink
+    seen = []
+    caught_up = threading.Event()
+
+    def follow():
+        for record in sink.follow():
+            seen.append(record["step"])
+            if len(seen) == 5:
+                caught_up.set()
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+    assert caught_up.wait(5)
+    sink.truncate_from(2)
+    sink.log(2, {"train/loss": 0.5})
+    sink.log(3, {"train/loss": 0.5})
+    sink.close()
+    follower.join(5)
+    assert seen == [0, 1, 2, 3, 4, 2, 3]
+
+
 def test_progress_line():
     out = io.StringIO()
     line = ProgressLine(10, stream=out).update(1, {"rollout/raw_reward": 0.25, "train/loss": 1.5})
@@ -34,17 +63,48 @@ def test_progress_line():
     assert "ETA" in out.getvalue()
 
 
-def test_time_per_step_is_the_runs_own_step_time_not_records_over_the_clock():
+def test_time_per_step_is_wall_time_between_step_ends_as_the_records_were_written():
     """A resumed run's stream replays its earlier steps at once and a step may send several records:
-    the line shows the steps' own wall time (perf/step_time), and evaluations keep the last figure."""
+    each record is timed by its own `time`, so the replay shows the pace the steps had."""
     progress = ProgressLine(300, stream=io.StringIO())
     for step in range(1, 201):  # the replayed history of a resumed run, received within milliseconds
-        progress.update(step, {"sft/loss": 1.0, "perf/step_time": 0.25})
-        line = progress.update(step, {"eval/accuracy": 0.5})  # a second record of the same step
+        progress.update(step, {"sft/loss": 1.0, "perf/step_time": 0.2}, at=1000.0 + 0.25 * step)
+        line = progress.update(step, {"eval/accuracy": 0.5}, at=1000.0 + 0.25 * step)  # a second record
     assert "| 0.25 s/step | ETA 0:00:25" in line  # 100 steps left at 0.25 s
     for step in range(201, 221):  # the window follows the live steps
-        line = progress.update(step, {"sft/loss": 1.0, "perf/step_time": 0.5})
+        line = progress.update(step, {"sft/loss": 1.0, "perf/step_time": 0.2}, at=1050.0 + 0.5 * (step - 200))
     assert "| 0.50 s/step | ETA 0:00:40" in line
+
+
+def test_a_slow_save_is_in_the_pace_and_the_eta():
+    """perf/step_time is 1 s, but each step's checkpoint takes 2 s more before its record is
+    written: the line shows the 3 s a step really takes, and the ETA at that pace."""
+    progress = ProgressLine(10, stream=io.StringIO())
+    line = progress.update(1, {"train/loss": 1.0, "perf/step_time": 1.0, "perf/save_time": 2.0}, at=103.0)
+    assert "| 3.00 s/step | ETA 0:00:27" in line  # one step: its own time and its save
+    for step in range(2, 5):
+        line = progress.update(step, {"train/loss": 1.0, "perf/step_time": 1.0, "perf/save_time": 2.0},
+                               at=100.0 + 3 * step)  # fmt: skip
+    assert "| 3.00 s/step | ETA 0:00:18" in line
+
+
+def test_a_redone_step_after_a_recovery_restarts_the_pace_from_it():
+    """A recovery resumes from the last checkpoint: the steps it redoes replace their ends, and
+    the time the recovery took is in the pace (it is in the run's duration too)."""
+    pace = StepPace(10)
+    for step in range(4):
+        pace.add(step, 100.0 + step, {})
+    pace.add(2, 120.0, {})  # step 2 redone after a recovery of ~17 s
+    assert pace.ends == [(0, 100.0), (1, 101.0), (2, 120.0)]
+    assert pace.seconds_per_step == 10.0
+    assert pace.eta_seconds() == 70.0  # steps 3..9 left
+    pace.add(10, 200.0, {"eval/accuracy": 1.0})  # the final evaluation is no step end
+    assert pace.ends[-1] == (2, 120.0)
+
+
+def test_no_pace_before_a_step_has_ended():
+    pace = StepPace(10)
+    assert pace.seconds_per_step is None and pace.eta_seconds() is None
 
 
 def test_the_rl_progress_line_shows_the_loss_terms_not_a_zero_total():

@@ -362,9 +362,11 @@ async function loadServices() {
 
 const SYNC_PHASES = ["weight_sync_gather_time", "weight_sync_pause_time", "weight_sync_wire_time", "weight_sync_load_time", "weight_sync_verify_time"];
 function renderSyncs(rows) {
-  const head = ["step", "weight_version", ...SYNC_PHASES, "weight_sync_time"];
-  $("#sync-table thead").replaceChildren(el("tr", {}, ...head.map((h) => el("th", {}, h.replace("weight_sync_", "").replace("_time", "")))));
-  $("#sync-table tbody").replaceChildren(...rows.slice(-20).reverse().map((r) => el("tr", {}, ...head.map((h) => el("td", {}, fmt(r[h], 3))))));
+  // Each push's size (MB) and the transport's bandwidth over its wire time (GB/s) after the times.
+  const head = ["step", "weight_version", ...SYNC_PHASES, "weight_sync_time", "weight_sync_mb", "weight_sync_gbps"];
+  const shown = rows.map((r) => ({...r, weight_sync_mb: r.weight_sync_bytes === undefined ? undefined : r.weight_sync_bytes / 1e6}));
+  $("#sync-table thead").replaceChildren(el("tr", {}, ...head.map((h) => el("th", {}, h.replace("weight_sync_", "").replace("_time", "").replace("gbps", "GB/s").replace("mb", "MB")))));
+  $("#sync-table tbody").replaceChildren(...shown.slice(-20).reverse().map((r) => el("tr", {}, ...head.map((h) => el("td", {}, fmt(r[h], 3))))));
   const parts = SYNC_PHASES.map((p) => [p.replace("weight_sync_", "").replace("_time", ""), rows.map((r) => r[p] || 0)]);
   // What the phases leave of the whole update (commit, the group's bookkeeping, the calls).
   parts.push(["other", rows.map((r) => Math.max((r.weight_sync_time || 0) - SYNC_PHASES.reduce((sum, p) => sum + (r[p] || 0), 0), 0))]);
