@@ -69,6 +69,8 @@ WATCHED_CALLS = (
     "OptimStep",
     "ComputeLogProbs",
     "SaveCheckpoint",
+    "WaitCheckpoint",
+    "ExportHF",
     "LoadCheckpoint",
     "PushWeights",
 )
@@ -169,12 +171,29 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
 
     def SaveCheckpoint(self, request, context):
         self.require_engine()
-        directory, hf_dir, step = self.controller.save_checkpoint(
-            request.path, request.hf_export, struct_to_dict(request.extra_state)
+        directory, hf_dir, step, blocking_seconds = self.controller.save_checkpoint(
+            request.path, request.hf_export, struct_to_dict(request.extra_state), request.async_save
         )
         return trainer_pb2.SaveCheckpointResponse(
-            checkpoint_dir=str(directory), hf_dir=str(hf_dir or ""), global_step=step
+            checkpoint_dir=str(directory),
+            hf_dir=str(hf_dir or ""),
+            global_step=step,
+            blocking_seconds=blocking_seconds,
         )
+
+    def WaitCheckpoint(self, request, context):
+        self.require_engine()
+        saved = self.controller.wait_checkpoint(request.checkpoint_dir)
+        return trainer_pb2.WaitCheckpointResponse(
+            checkpoint_dir=str(saved.directory),
+            write_seconds=saved.write_seconds,
+            size_bytes=saved.size_bytes,
+        )
+
+    def ExportHF(self, request, context):
+        self.require_engine()
+        directory, step = self.controller.export_hf(request.path)
+        return trainer_pb2.ExportHFResponse(hf_dir=str(directory), global_step=step)
 
     def LoadCheckpoint(self, request, context):
         self.require_engine()
@@ -272,6 +291,7 @@ def build_for_run(settings: TrainerConfig, on_broken, auth_token: str = "") -> T
 
 def close_run(servicer: TrainerService) -> None:
     servicer.pusher.close()
+    servicer.controller.finish_pending_save()  # a checkpoint half-written is of no use to anyone
     servicer.controller.runtime.shutdown()
 
 
