@@ -323,7 +323,13 @@ class TrainerController:
             raise self._write_failed(root, tmp, f"rank 0: {type(exc).__name__}: {exc}") from None
         if outcome.error:
             raise self._write_failed(root, tmp, outcome.error)
-        saved = self._finalize(tmp, root, meta, outcome.write_seconds)
+        try:
+            saved = self._finalize(tmp, root, meta, outcome.write_seconds)
+        except ResourceExhausted:
+            raise
+        except Exception:  # no caller is waiting yet: say it here, WaitCheckpoint raises it again
+            log.exception("checkpoint finalize failed", directory=str(tmp))
+            raise
         self._remember(saved)
         return saved
 
@@ -340,7 +346,7 @@ class TrainerController:
         _, future = self.pending_save
         try:
             return future.result()
-        except ResourceExhausted:
+        except Exception:  # noqa: BLE001 - logged by _finish_async; WaitCheckpoint's to report
             return None
 
     def wait_checkpoint(self, checkpoint_dir: str) -> SavedCheckpoint:
