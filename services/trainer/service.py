@@ -62,14 +62,15 @@ def read_stream(request_iterator, header_type: str) -> tuple[object, list]:
 
 # The long calls whose progress the coordinator watches (a hang is told from a slow step by it).
 # Not InitWeightGroup: a rendezvous waits for its peers (an SGLang server starting takes a minute),
-# under its own deadline; a frozen trainer is still found, as it answers nothing.
+# under its own deadline; a frozen trainer is still found, as it answers nothing. Not
+# WaitCheckpoint: it mostly returns at once (the write ended during the step), so its median would
+# make the silent wait for a long write look hung.
 WATCHED_CALLS = (
     "TrainStep",
     "ForwardBackward",
     "OptimStep",
     "ComputeLogProbs",
     "SaveCheckpoint",
-    "WaitCheckpoint",
     "ExportHF",
     "LoadCheckpoint",
     "PushWeights",
