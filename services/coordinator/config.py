@@ -115,6 +115,12 @@ class CoordinatorConfig:
         "after each save, keep only the newest N complete run checkpoints under save (0: keep all); "
         "the one the latest pointer names and the load checkpoint are never deleted",
     )
+    async_save: bool = setting(
+        False,
+        "write checkpoints in the background (torch DCP, as torchtitan): the step goes on once the "
+        "trainer has copied its state into memory (a model-sized copy of weights and AdamW state "
+        "more), and a checkpoint counts, moves latest and rotates only when its write is complete",
+    )
     on_checkpoint_error: str = setting(
         "fail",
         "a checkpoint that cannot be written (a full disk): fail the run naming it, or continue "

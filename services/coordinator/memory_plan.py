@@ -55,6 +55,10 @@ LOGITS_FP32_BYTES = 4
 STEP_TRANSIENT_BYTES = 7
 # At load rank 0 holds the checkpoint's full fp32 state dict while its shards are filled.
 LOAD_FULL_COPY_BYTES = 4
+# async_save (trainer/async_save.py) copies each rank's model and optimizer state dicts before
+# writing them in the background, and the copy lives through the next step: every fp32 weight and
+# the AdamW state of the trainable ones once more (checkpoint.stage clones every tensor).
+ASYNC_SAVE_STAGED_COPIES = 1
 # Memory of a process before any model: Python, torch, transformers, gRPC (measured on this project's
 # services at start-up, ~0.5 GiB RSS for a torch service, ~0.3 GiB for the dataloader with its
 # tokenizer and the coordinator): a round guess until calibrated.
@@ -97,9 +101,12 @@ class ServiceMemory:
         return sum(self.components.values())
 
 
-def trainer_rank_memory(shape: ModelShape, trainer, tokens: int, on_gpu: bool) -> ServiceMemory:
+def trainer_rank_memory(
+    shape: ModelShape, trainer, tokens: int, on_gpu: bool, async_save: bool = False
+) -> ServiceMemory:
     """One trainer rank at the peak of a step: its FSDP shard of the fp32 masters, gradients and
-    AdamW state (trainable parameters only), the reference, and the activations of `tokens`."""
+    AdamW state (trainable parameters only), the reference, and the activations of `tokens`;
+    with `async_save`, the staged copy of a checkpoint being written meanwhile."""
     world = max(trainer.world_size, 1)
     dtype = resolve_dtype(trainer.dtype, on_gpu)
     trainable = lora_params(shape, trainer.lora_rank, trainer.lora_target_modules)
@@ -114,6 +121,9 @@ def trainer_rank_memory(shape: ModelShape, trainer, tokens: int, on_gpu: bool) -
     if dtype != "float32" or world > 1:  # the gathered compute copy of the largest FSDP unit
         unit = max(shape.vocab_size * shape.hidden_size, shape.num_params // max(shape.num_layers, 1))
         components[f"gathered {dtype} unit"] = unit * DTYPE_BYTES[dtype]
+    if async_save:
+        staged = (total + trainable * ADAMW_STATES) * MASTER_BYTES * ASYNC_SAVE_STAGED_COPIES
+        components["async_save staged copy (weights + AdamW, fp32)"] = staged // world
     if uses_reference(trainer):
         components["reference model (fp32, 1/world, host)"] = shape.num_params * REFERENCE_BYTES // world
     per_token = activation_bytes_per_token(shape, dtype, trainer.gradient_checkpointing, trainer.tiled_mlp)
@@ -267,7 +277,7 @@ def plan_memory(
     max_tokens = None
     if "trainer" in services:
         tokens = micro_batch_tokens(configs)
-        out.append(trainer_rank_memory(shape, t, tokens, on_gpu))
+        out.append(trainer_rank_memory(shape, t, tokens, on_gpu, c.async_save))
         max_tokens = largest_micro_batch(shape, configs, out, usable, on_gpu)
     for s in out:
         notes.extend(s.notes)
@@ -296,7 +306,7 @@ def largest_micro_batch(
     others = sum(s.peak * s.count for s in services if s.name != "trainer rank")
 
     def total(tokens: int) -> int:
-        rank = trainer_rank_memory(shape, t, tokens, on_gpu)
+        rank = trainer_rank_memory(shape, t, tokens, on_gpu, configs["coordinator"].async_save)
         return others + rank.peak * rank.count
 
     while low <= high:  # the peak is monotone in the token budget: bisect

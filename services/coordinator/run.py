@@ -36,6 +36,7 @@ from rollway.common.structs import to_struct
 from rollway.common.tracing import in_current_context, tracer
 from rollway.common.v1 import common_pb2
 from rollway.coordinator import checkpoint_rotation, debug_data, run_state
+from rollway.coordinator.background_checkpoint import BackgroundCheckpoint
 from rollway.coordinator.config import CoordinatorConfig
 from rollway.coordinator.dashboard import rollout_samples
 from rollway.coordinator.engine_healer import EngineHealer
@@ -94,6 +95,7 @@ class Run:
         self.last_step_metrics: dict[str, float] = {}  # of the latest training step (GetRun)
         self.hf_export_dir = ""
         self.checkpoint_dir = ""  # the newest complete run checkpoint this run wrote
+        self.background_checkpoint = BackgroundCheckpoint(services.trainer)  # async_save's
         self.fault_metrics: dict[str, float] = {}  # restarts so far, set by the supervision (runs.py)
         # Told where the run goes on from (the next step, 0-based, and the checkpoint or None):
         # the supervision (runs.py) reports a recovery's resume point with it.
@@ -154,35 +156,81 @@ class Run:
         try:
             self._write_checkpoint(directory)
         except (grpc.RpcError, OSError) as exc:
-            reason = run_state.write_failure(exc, directory)
-            if reason is None:
-                raise
-            if self.config.on_checkpoint_error == "continue":
-                log.warning("checkpoint failed, training on", checkpoint=str(directory), error=reason)
-                return None
-            raise run_state.CheckpointWriteError(
-                f"checkpoint {directory} could not be written ({reason}); on_checkpoint_error: fail"
-            ) from None
-        protect = [self.config.load] if self.config.load else []
-        checkpoint_rotation.rotate(self.config.save, self.config.save_total_limit, protect)
+            return self._checkpoint_failed(exc, directory)
         return directory
 
+    def _checkpoint_failed(self, exc: grpc.RpcError | OSError, directory: Path) -> None:
+        """A save that could not write: None when on_checkpoint_error says continue; raises else."""
+        reason = run_state.write_failure(exc, directory)
+        if reason is None:
+            raise exc
+        if self.config.on_checkpoint_error == "continue":
+            log.warning("checkpoint failed, training on", checkpoint=str(directory), error=reason)
+            return None
+        raise run_state.CheckpointWriteError(
+            f"checkpoint {directory} could not be written ({reason}); on_checkpoint_error: fail"
+        ) from None
+
     def _write_checkpoint(self, directory: Path) -> None:
+        state, cursor = self._checkpoint_state()
         if self.uses_trainer:
-            # The rollout it was saved for: a resume checks it against coordinator.json.
-            extra_state = to_struct({"next_rollout_id": self.state.next_rollout_id})
-            self.services.trainer.SaveCheckpoint(
-                trainer_pb2.SaveCheckpointRequest(path=str(directory / "trainer"), extra_state=extra_state)
-            )
+            self.services.trainer.SaveCheckpoint(self._trainer_save_request(directory, async_save=False))
+        self._complete_checkpoint(directory, state, cursor)
+
+    def _trainer_save_request(self, directory: Path, async_save: bool) -> trainer_pb2.SaveCheckpointRequest:
+        # The rollout it was saved for: a resume checks it against coordinator.json.
+        extra_state = to_struct({"next_rollout_id": self.state.next_rollout_id})
+        return trainer_pb2.SaveCheckpointRequest(
+            path=str(directory / "trainer"), extra_state=extra_state, async_save=async_save
+        )
+
+    def _checkpoint_state(self) -> tuple[RunState, str | None]:
+        """The run state and data cursor a checkpoint taken now stores."""
         state = dataclasses.replace(self.state)
         with self._positions_lock:
             position = self._data_positions.get(self.state.next_rollout_id)
         cursor = self._data_cursor() if position is None else position[0]
         if position is not None:
             _, state.next_batch_id, state.next_group_index, state.partial_groups = position
+        return state, cursor
+
+    def _complete_checkpoint(self, directory: Path, state: RunState, cursor: str | None) -> None:
+        """coordinator.json, manifest and latest pointer (the checkpoint counts from here), then
+        the rotation past save_total_limit."""
         run_state.write_checkpoint(directory, state, cursor)
         self.checkpoint_dir = str(directory)
         log.info("checkpoint saved", path=str(directory))
+        protect = [self.config.load] if self.config.load else []
+        checkpoint_rotation.rotate(self.config.save, self.config.save_total_limit, protect)
+
+    def _checkpoint_async(self, metrics: dict[str, float], last: bool) -> None:
+        """async_save: finish the previous checkpoint, then start this one; only the trainer's
+        staging is on this step's path. The last one is finished at once (the run ends with it)."""
+        self._finish_background_checkpoint(metrics)
+        directory = run_state.checkpoint_dir(self.config.save, self.state.next_rollout_id)
+        state, cursor = self._checkpoint_state()
+        try:
+            reply = self.services.trainer.SaveCheckpoint(
+                self._trainer_save_request(directory, async_save=True)
+            )
+        except grpc.RpcError as exc:
+            self._checkpoint_failed(exc, directory)
+            return
+        complete = functools.partial(self._complete_checkpoint, directory, state, cursor)
+        self.background_checkpoint.start(directory, reply.checkpoint_dir, complete)
+        if last:
+            self._finish_background_checkpoint(metrics)
+
+    def _finish_background_checkpoint(self, metrics: dict[str, float]) -> None:
+        """Wait for the checkpoint in flight; its write time and size go into `metrics`."""
+        try:
+            done = self.background_checkpoint.finish()
+        except (grpc.RpcError, OSError) as exc:
+            self._checkpoint_failed(exc, self.background_checkpoint.directory)
+            return
+        if done is not None:
+            metrics["perf/save_write_time"] = done.write_seconds
+            metrics["checkpoint/bytes"] = float(tree_bytes(done.directory))
 
     def _mark_data_position(self, step: int) -> None:
         """Record the data position before step `step`'s data is fetched (for a checkpoint)."""
@@ -214,11 +262,13 @@ class Run:
                 self._sft_loop()
             else:
                 self._rl_loop()
+            self._finish_background_checkpoint(self.final_metrics)  # a run stopped between saves
             if self.config.save_hf and self.uses_trainer:
-                request = trainer_pb2.SaveCheckpointRequest(path=self.config.save_hf, hf_export=True)
-                self.hf_export_dir = self.services.trainer.SaveCheckpoint(request).hf_dir
+                request = trainer_pb2.ExportHFRequest(path=self.config.save_hf)
+                self.hf_export_dir = self.services.trainer.ExportHF(request).hf_dir
             return self.final_metrics
         finally:
+            self.background_checkpoint.abandon()
             self.sink.close()
             if self.rollout_samples is not None:
                 self.rollout_samples.close()
@@ -230,14 +280,18 @@ class Run:
         self.ledger.record(rollout_id, prompts)
         metrics.update(self.fault_metrics)
         self.state.next_rollout_id = rollout_id + 1
-        if self.config.save and (
-            self._due(self.config.save_interval, rollout_id) or rollout_id + 1 == self.total_steps()
-        ):
+        last = rollout_id + 1 == self.total_steps()
+        if self.config.save and (self._due(self.config.save_interval, rollout_id) or last):
+            # On the step's path: the whole save, or with async_save the wait for the previous
+            # write and the trainer's staging (the write itself: perf/save_write_time).
             save_start = time.perf_counter()
-            saved = self._checkpoint()
+            if self.config.async_save and self.uses_trainer:
+                self._checkpoint_async(metrics, last)
+            else:
+                saved = self._checkpoint()
+                if saved is not None:
+                    metrics["checkpoint/bytes"] = float(tree_bytes(saved))
             metrics["perf/save_time"] = time.perf_counter() - save_start
-            if saved is not None:
-                metrics["checkpoint/bytes"] = float(tree_bytes(saved))
         record = self.sink.log(rollout_id, metrics)
         self.last_step_metrics = dict(metrics)
         self.final_metrics.update(metrics)

@@ -10,6 +10,12 @@
 
 Every rank writes its shards into `<path>/.tmp-iter_0000012-<id>/`; rank 0 then adds meta.json
 and the manifest, fsyncs and renames the directory into place (`finalize`).
+
+An async save (torchtitan's approach) splits the write in two: `stage` copies this rank's model
+and optimizer state into memory while the ranks wait (the step's critical path), then
+`write_staged` writes the copy from a background thread over a process group of its own (the
+training collectives go on on the default group meanwhile). `finalize` runs only after every
+rank's write returned, so a crash mid-write leaves a `.tmp-` directory that nothing loads.
 """
 
 from __future__ import annotations
@@ -65,11 +71,11 @@ def _own_error(exc: CheckpointException) -> BaseException:
     return error if isinstance(error, Exception) else RuntimeError(str(exc))
 
 
-def _dcp(call, state: dict, directory: Path) -> None:
+def _dcp(call, state: dict, directory: Path, process_group: dist.ProcessGroup | None = None) -> None:
     """dcp.save or dcp.load. Their CheckpointException is a BaseException, which nothing above
     catches: a gRPC handler thread died with it and the call hung until the caller's deadline."""
     try:
-        call(state, checkpoint_id=str(directory))
+        call(state, checkpoint_id=str(directory), process_group=process_group)
     except CheckpointException as exc:
         raise _own_error(exc) from None
 
@@ -100,6 +106,47 @@ def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, direct
     """Every rank: write its model and optimizer shards and its RNG state into `directory`."""
     _dcp(dcp.save, {"model": get_model_state_dict(model)}, directory / "model")
     _dcp(dcp.save, {"optimizer": get_optimizer_state_dict(model, optimizer)}, directory / "optimizer")
+    save_rng(directory)
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A copy of this rank's model and optimizer state, made for a write in the background."""
+
+    model: dict[str, Any]
+    optimizer: dict[str, Any]
+
+
+def _copy(value: Any) -> Any:
+    """`value` with every tensor cloned (DTensors stay DTensors): training may change the
+    originals in place while the copy is written."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {key: _copy(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_copy(item) for item in value)
+    return value
+
+
+def stage(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> Staged:
+    """Every rank, while the ranks wait: copy the model and optimizer state and write the RNG
+    (small, and it must be the RNG of this moment)."""
+    staged = Staged(_copy(get_model_state_dict(model)), _copy(get_optimizer_state_dict(model, optimizer)))
+    save_rng(directory)
+    return staged
+
+
+def write_staged(staged: Staged, directory: Path, process_group: dist.ProcessGroup) -> None:
+    """Every rank, in the background: write a staged copy with dcp over `process_group`; returns
+    on every rank only after all ranks wrote (dcp gathers every rank's result before its
+    metadata is written)."""
+    _dcp(dcp.save, {"model": staged.model}, directory / "model", process_group)
+    _dcp(dcp.save, {"optimizer": staged.optimizer}, directory / "optimizer", process_group)
+
+
+def save_rng(directory: Path) -> None:
+    """This rank's torch (and CUDA) RNG into `directory`/rng/rank_XXXXX.pt."""
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
@@ -115,17 +162,23 @@ def finalize(tmp: Path, root: Path, step: int, meta: dict[str, Any]) -> Path:
     """Rank 0, after every rank wrote: meta + manifest, fsync, rename into place, move `latest`."""
     atomic_write_text(tmp / META, json.dumps(meta, indent=1, sort_keys=True))
     write_manifest(tmp)
-    fsync_tree(tmp)
     final = root / iter_dir_name(step)
-    if final.exists():  # a second save of the same step replaces the first, atomically
-        old = root / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
+    replace_dir(tmp, final)
+    atomic_write_text(root / LATEST, str(step))
+    return final
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Move the finished `tmp` to `final`, atomically; a `final` already there (a second save
+    of the same step) is replaced as a whole."""
+    fsync_tree(tmp)
+    if final.exists():
+        old = final.with_name(f".old-{final.name}-{uuid.uuid4().hex[:8]}")
         os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
-    atomic_write_text(root / LATEST, str(step))
-    return final
 
 
 def resolve(path: Path) -> Path:

@@ -71,6 +71,14 @@ class Save:
 
     directory: str
     hf_export: bool
+    async_save: bool = False  # stage only; the write goes on in the background (async_save.py)
+
+
+@dataclass(frozen=True)
+class ExportHf:
+    """Take part in a Hugging Face export into `directory` (rank 0 writes the files)."""
+
+    directory: str
 
 
 @dataclass(frozen=True)
@@ -114,7 +122,7 @@ class Shutdown:
 
 
 Command = (
-    Init | Train | LogProbs | ForwardBackward | OptimStep | Save | Load | Checksum
+    Init | Train | LogProbs | ForwardBackward | OptimStep | Save | ExportHf | Load | Checksum
     | PlanWeights | SendWeights | Shutdown
 )  # fmt: skip
 
@@ -137,8 +145,10 @@ def execute(engine: TrainerEngine, command: Command) -> Any:
             return engine.forward_backward(micro_batches, loss_fn, loss_fn_config, forward_only)
         case OptimStep(learning_rate, betas, eps, weight_decay, grad_clip_norm):
             return engine.optim_step(learning_rate, betas, eps, weight_decay, grad_clip_norm)
-        case Save(directory, hf_export):
-            return engine.save(directory, hf_export)
+        case Save(directory, hf_export, async_save):
+            return engine.save(directory, hf_export, async_save)
+        case ExportHf(directory):
+            return engine.export_hf(directory)
         case Load(directory, global_step):
             return engine.load(directory, global_step)
         case Checksum(dtype):

@@ -13,6 +13,7 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from rollway.trainer.batch import num_loss_tokens
 from rollway.trainer.commands import (
     Checksum,
     Command,
+    ExportHf,
     ForwardBackward,
     Init,
     Load,
@@ -57,6 +59,20 @@ class StepResult:
 
     global_step: int
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    """A complete checkpoint: its directory, its background write time (0: written in the
+    call) and its size."""
+
+    directory: Path
+    write_seconds: float
+    size_bytes: int
+
+
+# Complete checkpoints WaitCheckpoint still answers for (the newest ones this trainer saved).
+MAX_REMEMBERED_SAVES = 16
 
 
 def merge_settings(
@@ -92,6 +108,11 @@ class TrainerController:
         self.results: OrderedDict[int, StepResult] = OrderedDict()
         self.weight_version = 0
         self.last_checkpoint_bytes = 0  # size of the last checkpoint saved (the free-space check)
+        # async_save: the write in flight (finished here: manifest, rename, latest pointer), and
+        # the checkpoints completed, by directory, for WaitCheckpoint.
+        self.pending_save: tuple[Path, Future[SavedCheckpoint]] | None = None
+        self.saved: OrderedDict[Path, SavedCheckpoint] = OrderedDict()
+        self._finisher = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-finish")
 
     @property
     def engine(self):
@@ -229,25 +250,22 @@ class TrainerController:
 
     # --- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(
-        self, path: str, hf_export: bool, extra_state: dict[str, Any]
-    ) -> tuple[Path, Path | None, int]:
-        """Write a checkpoint of the current step under `path`; (dir, hf dir or None, step)."""
+        self, path: str, hf_export: bool, extra_state: dict[str, Any], async_save: bool = False
+    ) -> tuple[Path, Path | None, int, float]:
+        """Write a checkpoint of the current step under `path`; (dir, hf dir or None, step,
+        seconds the ranks were held). With `async_save` the ranks are held only while they stage
+        the state; the directory is complete (wait_checkpoint) once the background write ends."""
         settings = self._require_init("SaveCheckpoint")
         if not path:
             raise InvalidArgument("path", "must name a directory")
         root = Path(path)
+        self.finish_pending_save()  # one write at a time; a failed one was logged and reported
         with self.lock:
+            start = time.perf_counter()
             step = self.engine.global_step
-            try:
-                root.mkdir(parents=True, exist_ok=True)
-                tmp = checkpoint.temp_dir(root, step)
-                tmp.mkdir()
-            except OSError as exc:
-                if exc.errno in DISK_ERRNOS:
-                    raise self._write_failed(root, None, describe_os_error(exc)) from None
-                raise InvalidArgument("path", f"cannot create a checkpoint under {root}: {exc}") from None
+            tmp = self._make_temp_dir(root, step)
             self._warn_if_short_of_space(root)
-            errors = self._broadcast(Save(str(tmp), hf_export))
+            errors = self._broadcast(Save(str(tmp), hf_export, async_save))
             if errors:
                 raise self._write_failed(root, tmp, "; ".join(errors))
             meta = {
@@ -259,14 +277,107 @@ class TrainerController:
                 "settings": {k: v for k, v in to_dict(settings).items() if k in TRAINING_SETTINGS},
                 "hf_checkpoint": self.startup.hf_checkpoint,
             }
+            final = root / checkpoint.iter_dir_name(step)
+            if async_save:
+                written = self.engine.writer.pending
+                self.pending_save = (
+                    final,
+                    self._finisher.submit(self._finish_async, tmp, root, meta, written),
+                )
+            else:
+                self._remember(self._finalize(tmp, root, meta, 0.0))
+            blocking_seconds = time.perf_counter() - start
+        log.info("checkpoint staged" if async_save else "checkpoint saved", directory=str(final), global_step=step,
+                 hf_export=hf_export, blocking_seconds=round(blocking_seconds, 3))  # fmt: skip
+        return final, (final / "hf") if hf_export else None, step, blocking_seconds
+
+    def _make_temp_dir(self, root: Path, step: int) -> Path:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = checkpoint.temp_dir(root, step)
+            tmp.mkdir()
+        except OSError as exc:
+            if exc.errno in DISK_ERRNOS:
+                raise self._write_failed(root, None, describe_os_error(exc)) from None
+            raise InvalidArgument("path", f"cannot create a checkpoint under {root}: {exc}") from None
+        return tmp
+
+    def _finalize(self, tmp: Path, root: Path, meta: dict[str, Any], write_seconds: float) -> SavedCheckpoint:
+        """Meta, manifest, rename into place, latest pointer: the checkpoint is complete."""
+        try:
+            final = checkpoint.finalize(tmp, root, meta["global_step"], meta)
+        except OSError as exc:
+            raise self._write_failed(root, tmp, describe_os_error(exc)) from None
+        self.last_checkpoint_bytes = tree_bytes(final)
+        log.info("checkpoint complete", directory=str(final), global_step=meta["global_step"],
+                 write_seconds=round(write_seconds, 3), size_bytes=self.last_checkpoint_bytes)  # fmt: skip
+        return SavedCheckpoint(final, write_seconds, self.last_checkpoint_bytes)
+
+    def _finish_async(self, tmp: Path, root: Path, meta: dict[str, Any], written) -> SavedCheckpoint:
+        """The `checkpoint-finish` thread: wait for rank 0's background write (which ends on
+        every rank together: dcp gathers every rank's result), then finalize. Nothing marks the
+        checkpoint complete before this, so a crash mid-write leaves only the temporary directory."""
+        try:
+            outcome = written.result()
+        except Exception as exc:  # noqa: BLE001 - not a write error: still the save failed
+            raise self._write_failed(root, tmp, f"rank 0: {type(exc).__name__}: {exc}") from None
+        if outcome.error:
+            raise self._write_failed(root, tmp, outcome.error)
+        try:
+            saved = self._finalize(tmp, root, meta, outcome.write_seconds)
+        except ResourceExhausted:
+            raise
+        except Exception:  # no caller is waiting yet: say it here, WaitCheckpoint raises it again
+            log.exception("checkpoint finalize failed", directory=str(tmp))
+            raise
+        self._remember(saved)
+        return saved
+
+    def _remember(self, saved: SavedCheckpoint) -> None:
+        self.saved[saved.directory] = saved
+        while len(self.saved) > MAX_REMEMBERED_SAVES:
+            self.saved.popitem(last=False)
+
+    def finish_pending_save(self) -> SavedCheckpoint | None:
+        """Wait for the background write in flight, if any (before a save, a load, a shutdown);
+        its failure was logged and is WaitCheckpoint's answer, so it is not raised here."""
+        if self.pending_save is None:
+            return None
+        _, future = self.pending_save
+        try:
+            return future.result()
+        except Exception:  # noqa: BLE001 - logged by _finish_async; WaitCheckpoint's to report
+            return None
+
+    def wait_checkpoint(self, checkpoint_dir: str) -> SavedCheckpoint:
+        """The checkpoint `checkpoint_dir` once complete; its write's error if it failed."""
+        directory = Path(checkpoint_dir)
+        if self.pending_save is not None and self.pending_save[0] == directory:
+            return self.pending_save[1].result()  # ResourceExhausted naming path and errno
+        if directory in self.saved:
+            return self.saved[directory]
+        raise NotFound(f"checkpoint_dir: {checkpoint_dir} was not saved by this trainer since its start")
+
+    def export_hf(self, path: str) -> tuple[Path, int]:
+        """A Hugging Face export of the current weights into `path`/iter_XXXXXXX and nothing
+        else (no trainer checkpoint); written into a temporary directory, then renamed."""
+        self._require_init("ExportHF")
+        if not path:
+            raise InvalidArgument("path", "must name a directory")
+        root = Path(path)
+        with self.lock:
+            step = self.engine.global_step
+            tmp = self._make_temp_dir(root, step)
+            errors = self._broadcast(ExportHf(str(tmp)))
+            if errors:
+                raise self._write_failed(root, tmp, "; ".join(errors))
+            final = root / checkpoint.iter_dir_name(step)
             try:
-                final = checkpoint.finalize(tmp, root, step, meta)
+                checkpoint.replace_dir(tmp, final)
             except OSError as exc:
                 raise self._write_failed(root, tmp, describe_os_error(exc)) from None
-            self.last_checkpoint_bytes = tree_bytes(final)
-        log.info("checkpoint saved", directory=str(final), global_step=step, hf_export=hf_export,
-                    size_bytes=self.last_checkpoint_bytes)  # fmt: skip
-        return final, (final / "hf") if hf_export else None, step
+        log.info("hf export written", directory=str(final), global_step=step, size_bytes=tree_bytes(final))
+        return final, step
 
     def _warn_if_short_of_space(self, root: Path) -> None:
         """Warn before a save that will likely not fit: less free space than the last one took."""
@@ -300,6 +411,7 @@ class TrainerController:
         directory, meta = found.directory, found.meta
         for reason in found.skipped:  # loudly: a resume from an older step than the caller expects
             log.warning("newer checkpoint skipped, falling back", reason=reason, loading=str(directory))
+        self.finish_pending_save()
         with self.lock:
             self._broadcast(Load(str(directory), int(meta["global_step"])))
             self.results = OrderedDict(

@@ -22,6 +22,7 @@ from rollway.common import progress
 from rollway.common.config import from_dict
 from rollway.common.cpu_threads import apply_cpu_threads
 from rollway.trainer import checkpoint, export, lora
+from rollway.trainer.async_save import BackgroundWriter
 from rollway.trainer.attention import SHARED_PREFIX_KERNELS, model_inputs
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.datum_losses import DATUM_LOSSES
@@ -92,6 +93,7 @@ class TrainerEngine:
         self.global_step = 0
         self.compute_dtype = resolve_dtype(config.dtype)
         self.pad_token_id = int(getattr(self.hf_config, "pad_token_id", None) or 0)
+        self.writer = BackgroundWriter(info.rank)  # async_save's write in the background
 
     @property
     def num_parameters(self) -> int:
@@ -159,14 +161,21 @@ class TrainerEngine:
             return None
         return {index: value for part in gathered for index, value in part.items()}
 
-    def save(self, directory: str, hf_export: bool) -> list[str]:
+    def save(self, directory: str, hf_export: bool, async_save: bool = False) -> list[str]:
         """Write this rank's shards (and take part in the HF export) into `directory`; the write
         errors of every rank (path and errno; empty when all wrote). A rank that cannot write
-        still meets the others here, so a full disk leaves the ranks in step."""
+        still meets the others here, so a full disk leaves the ranks in step. With `async_save`
+        the shards are only staged in memory here and written by `self.writer` in the background
+        (async_save.py); the previous background write is always waited for first."""
+        self.writer.wait()  # its outcome went to rank 0's controller; here: one write at a time
         path = Path(directory)
         error = ""
+        staged = None
         try:
-            checkpoint.save_shards(self.model, self._require_optimizer(), path)
+            if async_save:
+                staged = checkpoint.stage(self.model, self._require_optimizer(), path)
+            else:
+                checkpoint.save_shards(self.model, self._require_optimizer(), path)
             if self.config.lora_rank:
                 lora.save_adapter(self.model, self.config, path / "adapter")
             if hf_export:
@@ -175,10 +184,27 @@ class TrainerEngine:
             error = f"rank {self.info.rank}: {checkpoint.write_error(exc, path)}"
         errors: list[str] = [""] * self.info.world_size
         dist.all_gather_object(errors, error)
+        errors = [e for e in errors if e]
+        if staged is not None and not errors:  # every rank agrees: all start, or none does
+            self.writer.start(staged, path)
+        return errors
+
+    def export_hf(self, directory: str) -> list[str]:
+        """Take part in a Hugging Face export into `directory` (rank 0 writes); every rank's
+        write errors, as `save`."""
+        path = Path(directory)
+        error = ""
+        try:
+            export.export_hf(self.model, self.hf_config, self.config.hf_checkpoint, path)
+        except Exception as exc:  # noqa: BLE001 - write_error re-raises what is not a write error
+            error = f"rank {self.info.rank}: {checkpoint.write_error(exc, path)}"
+        errors: list[str] = [""] * self.info.world_size
+        dist.all_gather_object(errors, error)
         return [e for e in errors if e]
 
     def load(self, directory: str, global_step: int) -> None:
         """Read model, optimizer and RNG from a verified checkpoint directory."""
+        self.writer.wait()  # a load must not race the write of the state it replaces
         checkpoint.load_shards(self.model, self._require_optimizer(), Path(directory))
         self.global_step = global_step
         apply_settings(self.optimizer, self.config, self.global_step)

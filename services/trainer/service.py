@@ -62,13 +62,16 @@ def read_stream(request_iterator, header_type: str) -> tuple[object, list]:
 
 # The long calls whose progress the coordinator watches (a hang is told from a slow step by it).
 # Not InitWeightGroup: a rendezvous waits for its peers (an SGLang server starting takes a minute),
-# under its own deadline; a frozen trainer is still found, as it answers nothing.
+# under its own deadline; a frozen trainer is still found, as it answers nothing. Not
+# WaitCheckpoint: it mostly returns at once (the write ended during the step), so its median would
+# make the silent wait for a long write look hung.
 WATCHED_CALLS = (
     "TrainStep",
     "ForwardBackward",
     "OptimStep",
     "ComputeLogProbs",
     "SaveCheckpoint",
+    "ExportHF",
     "LoadCheckpoint",
     "PushWeights",
 )
@@ -169,12 +172,29 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
 
     def SaveCheckpoint(self, request, context):
         self.require_engine()
-        directory, hf_dir, step = self.controller.save_checkpoint(
-            request.path, request.hf_export, struct_to_dict(request.extra_state)
+        directory, hf_dir, step, blocking_seconds = self.controller.save_checkpoint(
+            request.path, request.hf_export, struct_to_dict(request.extra_state), request.async_save
         )
         return trainer_pb2.SaveCheckpointResponse(
-            checkpoint_dir=str(directory), hf_dir=str(hf_dir or ""), global_step=step
+            checkpoint_dir=str(directory),
+            hf_dir=str(hf_dir or ""),
+            global_step=step,
+            blocking_seconds=blocking_seconds,
         )
+
+    def WaitCheckpoint(self, request, context):
+        self.require_engine()
+        saved = self.controller.wait_checkpoint(request.checkpoint_dir)
+        return trainer_pb2.WaitCheckpointResponse(
+            checkpoint_dir=str(saved.directory),
+            write_seconds=saved.write_seconds,
+            size_bytes=saved.size_bytes,
+        )
+
+    def ExportHF(self, request, context):
+        self.require_engine()
+        directory, step = self.controller.export_hf(request.path)
+        return trainer_pb2.ExportHFResponse(hf_dir=str(directory), global_step=step)
 
     def LoadCheckpoint(self, request, context):
         self.require_engine()
@@ -272,6 +292,7 @@ def build_for_run(settings: TrainerConfig, on_broken, auth_token: str = "") -> T
 
 def close_run(servicer: TrainerService) -> None:
     servicer.pusher.close()
+    servicer.controller.finish_pending_save()  # a checkpoint half-written is of no use to anyone
     servicer.controller.runtime.shutdown()
 
 

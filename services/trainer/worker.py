@@ -49,6 +49,7 @@ def main() -> int:
         while True:
             command = channel.receive(lambda: os.getppid() == parent)
             if isinstance(command, Shutdown):
+                engine.writer.wait()  # rank 0 waits for the checkpoint in flight too (close_run)
                 break
             execute(engine, command)
     except CommandRefused as exc:  # rank 0 learns why this rank left (read_error)

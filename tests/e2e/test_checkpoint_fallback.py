@@ -27,27 +27,39 @@ def sft_config(services, save, **extra) -> dict:
     }
 
 
-def run(tmp_path, model_dir, data_dir, name: str, save) -> tuple[coordinator_pb2.RunInfo, dict, dict]:
+def run(
+    tmp_path, model_dir, data_dir, name: str, save, **extra
+) -> tuple[coordinator_pb2.RunInfo, dict, dict]:
     """One SFT run on fresh services (a service holds one run); (final info, losses by step, logs)."""
     workdir = tmp_path / name
     with ExitStack() as stack:
         services = start_services(stack, workdir, sft_service_args(model_dir, data_dir))
         stub = coordinator_stub(services["coordinator"])
-        start_run(stub, name, sft_config(services, save))
+        start_run(stub, name, sft_config(services, save, **extra))
         final = wait_run(stub, name)
         metrics = workdir / "runs" / name / "metrics.jsonl"
         records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
         logs = {name: service.log_text() for name, service in services.items()}
-    return final, {r["step"]: r["sft/loss"] for r in records}, logs
+    return final, {r["step"]: r["sft/loss"] for r in records}, {**logs, "records": records}
 
 
 def test_resume_skips_corrupt_checkpoints_and_fails_clearly_when_none_is_usable(
     tiny_model_dir, demo_data_dir, tmp_path
 ):
     save = tmp_path / "save"
-    final, straight, _ = run(tmp_path, tiny_model_dir, demo_data_dir, "first", save)
+    # Written in the background (async_save): what the resume below reads must be as complete.
+    final, straight, first = run(tmp_path, tiny_model_dir, demo_data_dir, "first", save, async_save=True)
     assert final.state == coordinator_pb2.RUN_STATE_SUCCEEDED, final.error
     assert sorted(straight) == list(range(6))
+    saves = {r["step"]: r for r in first["records"] if "perf/save_time" in r}
+    assert sorted(saves) == [1, 3, 5]
+    assert "perf/save_write_time" not in saves[1]  # still being written when step 1 ended
+    assert all(saves[s]["perf/save_write_time"] > 0 and saves[s]["checkpoint/bytes"] > 0 for s in (3, 5))
+    assert sorted(p.name for p in save.glob("rollout_*")) == [
+        "rollout_0000002",
+        "rollout_0000004",
+        "rollout_0000006",
+    ]
 
     # The latest: a truncated trainer shard; the one before: an edited coordinator.json.
     shard = sorted((save / "rollout_0000006" / "trainer").glob("iter_*/model/*.distcp"))[0]

@@ -130,24 +130,58 @@ class TrainStepResponse(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., global_step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., already_applied: _Optional[bool] = ...) -> None: ...
 
 class SaveCheckpointRequest(_message.Message):
-    __slots__ = ("path", "hf_export", "extra_state")
+    __slots__ = ("path", "hf_export", "extra_state", "async_save")
     PATH_FIELD_NUMBER: _ClassVar[int]
     HF_EXPORT_FIELD_NUMBER: _ClassVar[int]
     EXTRA_STATE_FIELD_NUMBER: _ClassVar[int]
+    ASYNC_SAVE_FIELD_NUMBER: _ClassVar[int]
     path: str
     hf_export: bool
     extra_state: _struct_pb2.Struct
-    def __init__(self, path: _Optional[str] = ..., hf_export: _Optional[bool] = ..., extra_state: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    async_save: bool
+    def __init__(self, path: _Optional[str] = ..., hf_export: _Optional[bool] = ..., extra_state: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., async_save: _Optional[bool] = ...) -> None: ...
 
 class SaveCheckpointResponse(_message.Message):
-    __slots__ = ("checkpoint_dir", "hf_dir", "global_step")
+    __slots__ = ("checkpoint_dir", "hf_dir", "global_step", "blocking_seconds")
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     HF_DIR_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    BLOCKING_SECONDS_FIELD_NUMBER: _ClassVar[int]
     checkpoint_dir: str
     hf_dir: str
     global_step: int
-    def __init__(self, checkpoint_dir: _Optional[str] = ..., hf_dir: _Optional[str] = ..., global_step: _Optional[int] = ...) -> None: ...
+    blocking_seconds: float
+    def __init__(self, checkpoint_dir: _Optional[str] = ..., hf_dir: _Optional[str] = ..., global_step: _Optional[int] = ..., blocking_seconds: _Optional[float] = ...) -> None: ...
+
+class WaitCheckpointRequest(_message.Message):
+    __slots__ = ("checkpoint_dir",)
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_dir: str
+    def __init__(self, checkpoint_dir: _Optional[str] = ...) -> None: ...
+
+class WaitCheckpointResponse(_message.Message):
+    __slots__ = ("checkpoint_dir", "write_seconds", "size_bytes")
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    WRITE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_dir: str
+    write_seconds: float
+    size_bytes: int
+    def __init__(self, checkpoint_dir: _Optional[str] = ..., write_seconds: _Optional[float] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class ExportHFRequest(_message.Message):
+    __slots__ = ("path",)
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class ExportHFResponse(_message.Message):
+    __slots__ = ("hf_dir", "global_step")
+    HF_DIR_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    hf_dir: str
+    global_step: int
+    def __init__(self, hf_dir: _Optional[str] = ..., global_step: _Optional[int] = ...) -> None: ...
 
 class LoadCheckpointRequest(_message.Message):
     __slots__ = ("path",)

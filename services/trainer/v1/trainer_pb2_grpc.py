@@ -60,6 +60,16 @@ class TrainerServiceStub:
                 request_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.SaveCheckpointRequest.SerializeToString,
                 response_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.SaveCheckpointResponse.FromString,
                 _registered_method=True)
+        self.WaitCheckpoint = channel.unary_unary(
+                '/rollway.trainer.v1.TrainerService/WaitCheckpoint',
+                request_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.WaitCheckpointRequest.SerializeToString,
+                response_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.WaitCheckpointResponse.FromString,
+                _registered_method=True)
+        self.ExportHF = channel.unary_unary(
+                '/rollway.trainer.v1.TrainerService/ExportHF',
+                request_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.ExportHFRequest.SerializeToString,
+                response_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.ExportHFResponse.FromString,
+                _registered_method=True)
         self.LoadCheckpoint = channel.unary_unary(
                 '/rollway.trainer.v1.TrainerService/LoadCheckpoint',
                 request_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.LoadCheckpointRequest.SerializeToString,
@@ -133,7 +143,28 @@ class TrainerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SaveCheckpoint(self, request, context):
-        """Writes a distributed checkpoint (and optionally a Hugging Face export).
+        """Writes a distributed checkpoint (and optionally a Hugging Face export). With async_save it
+        returns once the state is staged in memory and the write goes on in the background: the
+        checkpoint gets its manifest and the latest pointer only when the write is complete, and the
+        next save or load waits for it first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WaitCheckpoint(self, request, context):
+        """Waits until the background write of an async SaveCheckpoint is complete (manifest written,
+        latest pointer moved) and says how long it took and its size. At once for a checkpoint
+        already complete; RESOURCE_EXHAUSTED naming the path and errno when the write failed;
+        NOT_FOUND for a directory this trainer has not saved since its start.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExportHF(self, request, context):
+        """Writes only a Hugging Face export (safetensors, config, tokenizer) of the current weights
+        into path/iter_XXXXXXX: no trainer checkpoint beside it. Written atomically.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -226,6 +257,16 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.SaveCheckpoint,
                     request_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.SaveCheckpointRequest.FromString,
                     response_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.SaveCheckpointResponse.SerializeToString,
+            ),
+            'WaitCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitCheckpoint,
+                    request_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.WaitCheckpointRequest.FromString,
+                    response_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.WaitCheckpointResponse.SerializeToString,
+            ),
+            'ExportHF': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportHF,
+                    request_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.ExportHFRequest.FromString,
+                    response_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.ExportHFResponse.SerializeToString,
             ),
             'LoadCheckpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.LoadCheckpoint,
@@ -394,6 +435,60 @@ class TrainerService:
             '/rollway.trainer.v1.TrainerService/SaveCheckpoint',
             rollway_dot_trainer_dot_v1_dot_trainer__pb2.SaveCheckpointRequest.SerializeToString,
             rollway_dot_trainer_dot_v1_dot_trainer__pb2.SaveCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollway.trainer.v1.TrainerService/WaitCheckpoint',
+            rollway_dot_trainer_dot_v1_dot_trainer__pb2.WaitCheckpointRequest.SerializeToString,
+            rollway_dot_trainer_dot_v1_dot_trainer__pb2.WaitCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportHF(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollway.trainer.v1.TrainerService/ExportHF',
+            rollway_dot_trainer_dot_v1_dot_trainer__pb2.ExportHFRequest.SerializeToString,
+            rollway_dot_trainer_dot_v1_dot_trainer__pb2.ExportHFResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -282,3 +282,25 @@ def test_a_lora_rank_peaks_at_load_when_the_two_copies_outweigh_the_step(qwen_di
 
 def _lora_adapters() -> int:
     return 28 * 16 * (2 * (1024 + 2048) + 2 * (1024 + 1024) + 3 * (1024 + 3072))
+
+
+def test_async_save_counts_a_staged_copy_of_the_weights_and_adamw_state(qwen_dir):
+    configs = _configs(qwen_dir, "--dtype", "float32")
+    shape = read_model_shape(str(qwen_dir))
+    plain = memory_plan.trainer_rank_memory(shape, configs["trainer"], 1024, on_gpu=False)
+    staged = memory_plan.trainer_rank_memory(shape, configs["trainer"], 1024, on_gpu=False, async_save=True)
+    assert staged.peak - plain.peak == _part(staged.components, "async_save") == 12 * 596_049_920
+    lora = _configs(qwen_dir, "--lora-rank", "16")["trainer"]
+    adapters = 28 * 16 * (2 * (1024 + 2048) + 2 * (1024 + 1024) + 3 * (1024 + 3072))
+    lora_staged = memory_plan.trainer_rank_memory(shape, lora, 1024, on_gpu=False, async_save=True)
+    assert _part(lora_staged.components, "async_save") == 4 * (596_049_920 + adapters) + 8 * adapters
+    # The run's flag reaches the plan, and the largest micro-batch that fits shrinks with it.
+    flagged = _configs(qwen_dir, "--dtype", "float32", "--async-save")
+    assert flagged["coordinator"].async_save is True
+    budget = 24 * GIB
+    services = ["trainer"]
+    without = plan_memory(configs, budget, services)
+    with_copy = plan_memory(flagged, budget, services)
+    assert _part(with_copy.services[0].components, "async_save") == 0  # the coordinator's own row
+    assert with_copy.total - without.total == 12 * 596_049_920
+    assert with_copy.max_tokens < without.max_tokens

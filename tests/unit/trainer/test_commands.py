@@ -14,6 +14,7 @@ import pytest
 from rollway.trainer import commands
 from rollway.trainer.commands import (
     Checksum,
+    ExportHf,
     ForwardBackward,
     Init,
     Load,
@@ -56,7 +57,9 @@ CASES = [
         ("forward_backward", ([[ITEM], []], "cross_entropy", {"beta": 0.1}, False)),
     ),
     (OptimStep(1e-4, (0.9, 0.95), 1e-8, 0.01, 1.0), ("optim_step", (1e-4, (0.9, 0.95), 1e-8, 0.01, 1.0))),
-    (Save("/ckpt/tmp", True), ("save", ("/ckpt/tmp", True))),
+    (Save("/ckpt/tmp", True), ("save", ("/ckpt/tmp", True, False))),
+    (Save("/ckpt/tmp", False, async_save=True), ("save", ("/ckpt/tmp", False, True))),
+    (ExportHf("/export/tmp"), ("export_hf", ("/export/tmp",))),
     (Load("/ckpt/iter_0000002", 2), ("load", ("/ckpt/iter_0000002", 2))),
     (Checksum("bfloat16"), ("checksum", ("bfloat16",))),
     (PlanWeights("bfloat16", 1 << 20), ("plan_weights", ("bfloat16", 1 << 20))),
