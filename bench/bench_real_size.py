@@ -14,6 +14,7 @@ Rows: one per run (sft, grpo):
     step_s, save_s        mean perf/step_time; mean perf/save_time of the steps that saved
     tokens_per_s          trained tokens / (step + save seconds), over the run
     train_tokens_per_s    trained tokens / perf/train_time (the trainer's share only)
+    grad_norm             mean gradient norm: the steps trained (GRPO's reward varies, so > 0)
     checkpoint_bytes      checkpoint/bytes of the last save (one run checkpoint on disk)
     sync_bytes, sync_gb_s weight-sync bytes per push and GB/s (GRPO): the metrics when the run
                           logs weight_sync bytes, else the trainer's "weights pushed" log lines
@@ -31,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -69,12 +71,22 @@ class Schedule:
 
 
 FULL = Schedule(num_steps=6, save_interval=2, kill_after_step=3)
-QUICK = Schedule(num_steps=4, save_interval=1, kill_after_step=2)
+QUICK = Schedule(num_steps=3, save_interval=1, kill_after_step=1)
 MAX_NEW_TOKENS = 32
 SAVE_TOTAL_LIMIT = 2  # rotation keeps the disk to two run checkpoints (4.5 GB each at full size)
 RUN_TIMEOUT_SECONDS = 1200.0
 # Metric names for the weight-sync bytes a run may log (#26 adds them); GB/s is computed here.
 SYNC_BYTES_METRICS = ("weight_sync/bytes", "perf/weight_sync_bytes")
+
+
+# A reward that varies between a random model's samples, so GRPO's advantages (and gradients) are
+# not all zero. The demo's digit_share would score 0 everywhere here: with 151,936 logits and a
+# 400-token tokenizer nearly every sampled id is a padded row that decodes to nothing.
+EVEN_TOKEN_SHARE_REWARD = """
+def even_token_share(sample):
+    ids = sample.response_token_ids
+    return sum(i % 2 == 0 for i in ids) / max(len(ids), 1)
+"""
 
 
 def model_dir(shape: str) -> Path:
@@ -107,7 +119,9 @@ def run_config(kind: str, workdir: Path, model: Path, data: Path, schedule: Sche
         "num_rollout": schedule.num_steps,
         "lr": 1e-5,
         "use_dynamic_batch_size": True,
-        "max_tokens_per_gpu": 4096,
+        # Above a step's tokens (SFT ~180, GRPO ~370), and what the memory plan lets through: at 4096
+        # it predicts 11 GiB of activations for the 344M shape and `rollway run` refuses the run.
+        "max_tokens_per_gpu": 1024,
         "save": str(workdir / "save"),
         "save_interval": schedule.save_interval,
         "save_total_limit": SAVE_TOTAL_LIMIT,
@@ -137,7 +151,7 @@ def run_config(kind: str, workdir: Path, model: Path, data: Path, schedule: Sche
         "rollout_max_response_len": MAX_NEW_TOKENS,
         "rollout_temperature": 1.0,
         "reward": "custom",
-        "custom_rm_path": "bench_reward:digit_share",
+        "custom_rm_path": "bench_reward:even_token_share",
     }
 
 
@@ -152,11 +166,8 @@ def step_records(run_dir: Path) -> list[dict]:
 
 
 def trained_tokens(records: list[dict]) -> list[float]:
-    """Tokens trained at each step: SFT counts them (sft/tokens_seen), GRPO logs tokens/s."""
-    if "sft/tokens_seen" in records[0]:
-        seen = [r["sft/tokens_seen"] for r in records]
-        return [b - a for a, b in zip([0.0, *seen], seen, strict=False)]
-    return [r["perf/tokens_per_s"] * r["perf/train_time"] for r in records]
+    """Tokens the trainer trained on at each step (prompt and response; SFT logs them as sft/*)."""
+    return [r.get("train/num_tokens", r.get("sft/num_tokens", 0.0)) for r in records]
 
 
 def weight_sync(records: list[dict], run_dir: Path) -> tuple[float, float]:
@@ -190,12 +201,21 @@ def service_events(run_dir: Path, service: str) -> list[dict]:
     return events
 
 
-def bench_one(kind: str, root: Path, model: Path, data: Path, schedule: Schedule) -> dict:
-    from rollway.demo.data import write_digit_share_reward
+def keep_logs(workdir: Path, run_dir: Path, to: Path) -> Path:
+    """Copy a failed run's launcher and service logs (not its checkpoints) out of the temporary
+    directory, so that what failed can be read after the bench has cleaned up."""
+    shutil.rmtree(to, ignore_errors=True)
+    (to / "services").mkdir(parents=True)
+    shutil.copy(workdir / "launcher.log", to)
+    for log in (run_dir / "services").glob("*.log"):
+        shutil.copy(log, to / "services")
+    return to
 
+
+def bench_one(kind: str, root: Path, model: Path, data: Path, schedule: Schedule) -> dict:
     workdir = root / kind
     workdir.mkdir()
-    write_digit_share_reward(workdir, "bench_reward")
+    (workdir / "bench_reward.py").write_text(EVEN_TOKEN_SHARE_REWARD)
     config = workdir / "run.json"
     config.write_text(json.dumps(run_config(kind, workdir, model, data, schedule)))  # JSON is YAML
     run_dir = workdir / "runs" / kind
@@ -211,8 +231,11 @@ def bench_one(kind: str, root: Path, model: Path, data: Path, schedule: Schedule
             timeout_seconds=RUN_TIMEOUT_SECONDS,
         )
     if run.returncode != 0 or run.error or not run.kills or run.kills[0].next_step_seconds is None:
+        kept = keep_logs(workdir, run_dir, MODEL_CACHE / "last-failure" / kind)
         tail = (workdir / "launcher.log").read_text()[-3000:]
-        raise RuntimeError(f"the {kind} run: exit {run.returncode}, {run.error or 'no recovery'}: {tail}")
+        raise RuntimeError(
+            f"the {kind} run: exit {run.returncode}, {run.error or 'no recovery'} (logs in {kept}): {tail}"
+        )
     records = step_records(run_dir)
     if len(records) != schedule.num_steps:
         raise RuntimeError(
@@ -233,6 +256,9 @@ def bench_one(kind: str, root: Path, model: Path, data: Path, schedule: Schedule
         "tokens_per_step": round(sum(tokens) / len(tokens), 1),
         "tokens_per_s": round(sum(tokens) / paid, 1),
         "train_tokens_per_s": round(sum(tokens) / sum(r["perf/train_time"] for r in records), 1),
+        "grad_norm": round(
+            sum(r.get("train/grad_norm", r.get("sft/grad_norm", 0.0)) for r in records) / len(records), 4
+        ),
         "checkpoint_bytes": int(
             next(r["checkpoint/bytes"] for r in reversed(records) if "checkpoint/bytes" in r)
         ),
