@@ -76,8 +76,7 @@ QUICK = Schedule(num_steps=3, save_interval=1, kill_after_step=1)
 MAX_NEW_TOKENS = 32
 SAVE_TOTAL_LIMIT = 2  # rotation keeps the disk to two run checkpoints (4.5 GB each at full size)
 RUN_TIMEOUT_SECONDS = 1200.0
-# Metric names for the weight-sync bytes a run may log (#26 adds them); GB/s is computed here.
-SYNC_BYTES_METRICS = ("weight_sync/bytes", "perf/weight_sync_bytes")
+SYNC_BYTES = "perf/weight_sync_bytes"  # per push; GB/s over the run is computed here
 
 
 # A reward that varies between a random model's samples, so GRPO's advantages (and gradients) are
@@ -171,35 +170,14 @@ def trained_tokens(records: list[dict]) -> list[float]:
     return [r.get("train/num_tokens", r.get("sft/num_tokens", 0.0)) for r in records]
 
 
-def weight_sync(records: list[dict], run_dir: Path) -> tuple[float, float]:
-    """(bytes per push, GB/s): from the metrics when the run logs the bytes, else from the
-    trainer's "weights pushed" lines (num_bytes, seconds); (0, 0) when nothing was pushed."""
-    for name in SYNC_BYTES_METRICS:
-        pushes = [(r[name], r["perf/weight_sync_time"]) for r in records if r.get(name)]
-        if pushes:
-            break
-    else:
-        pushes = [
-            (float(e["num_bytes"]), float(e["seconds"]))
-            for e in service_events(run_dir, "trainer")
-            if e.get("event") == "weights pushed"
-        ]
+def weight_sync(records: list[dict]) -> tuple[float, float]:
+    """(bytes per push, GB/s over all pushes) from the run's perf/weight_sync_bytes and
+    perf/weight_sync_time; (0, 0) when nothing was pushed (SFT)."""
+    pushes = [(r[SYNC_BYTES], r["perf/weight_sync_time"]) for r in records if r.get(SYNC_BYTES)]
     if not pushes:
         return 0.0, 0.0
     num_bytes = max(b for b, _ in pushes)
     return num_bytes, sum(b for b, _ in pushes) / max(sum(s for _, s in pushes), 1e-9) / 1e9
-
-
-def service_events(run_dir: Path, service: str) -> list[dict]:
-    """The JSON log records of every incarnation of `service` in the run's services/ folder."""
-    events = []
-    for path in sorted((run_dir / "services").glob(f"{service}-*.log")):
-        for line in path.read_text().splitlines():
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue
-    return events
 
 
 def keep_logs(workdir: Path, run_dir: Path, to: Path) -> Path:
@@ -246,7 +224,7 @@ def bench_one(kind: str, root: Path, model: Path, data: Path, schedule: Schedule
     saves = [r["perf/save_time"] for r in records if "perf/save_time" in r]
     paid = sum(step_s) + sum(saves)
     tokens = trained_tokens(records)
-    sync_bytes, sync_gb_s = weight_sync(records, run_dir)
+    sync_bytes, sync_gb_s = weight_sync(records)
     peaks = memory.peak_bytes()
     return {
         "run": kind,
