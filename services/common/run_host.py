@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import grpc
 
 from rollway.common.errors import FailedPrecondition, InvalidArgument
+from rollway.common.freed_memory import release_freed_memory
 from rollway.common.log import get_logger
 
 S = TypeVar("S")  # the per-run servicer
@@ -88,7 +90,8 @@ class RunHost(Generic[S, C]):
             self._refuse_other_run(run_id)
             current = self._servicer
             if rebuild:
-                return self._rebuild(run_id, settings, current)
+                del current  # _rebuild frees the old servicer: no frame may keep it alive
+                return self._rebuild(run_id, settings)
             if current is not None and not run_id and self._in_place(self._settings, settings):
                 # A caller that names no run gets no isolation: it keeps configuring what is there.
                 if settings == self._settings:
@@ -117,12 +120,17 @@ class RunHost(Generic[S, C]):
                 self._built_for, self._settings = run_id, settings
                 self._hold(run_id)
                 return current, False, False
-            return self._rebuild(run_id, settings, current)
+            del current
+            return self._rebuild(run_id, settings)
 
-    def _rebuild(self, run_id: str, settings: C, current: S | None) -> tuple[S, bool, bool]:
-        self._servicer = None
+    def _rebuild(self, run_id: str, settings: C) -> tuple[S, bool, bool]:
+        current, self._servicer = self._servicer, None
         if current is not None:
             self._close(current)
+            # The old run's model and buffers must be gone before the new run's load, or each run
+            # leaves its own behind in the service's RSS (freed_memory.py says why both steps).
+            del current
+            release_freed_memory()
         servicer = self._build(settings)
         self._servicer, self._settings, self._built_for, self._used = servicer, settings, run_id, False
         self._hold(run_id)
@@ -135,8 +143,15 @@ class RunHost(Generic[S, C]):
             if not run_id or self.holder != run_id:
                 return False
             self.holder = ""
-            log.info("run ended", service=self.service, run_id=run_id)
-            return True
+        # What the run freed (activations, gradients, staging buffers) goes back to the OS now,
+        # not when the next run starts: an idle service holds only its servicer.
+        started = time.perf_counter()
+        release_freed_memory()
+        log.info(
+            "run ended", service=self.service, run_id=run_id,
+            release_seconds=round(time.perf_counter() - started, 3),
+        )  # fmt: skip
+        return True
 
     def _hold(self, run_id: str) -> None:
         # An empty run id (a client that names no run) configures the service without holding it.

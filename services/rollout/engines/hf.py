@@ -162,6 +162,10 @@ class HFEngine(Engine):
         log.info("weights reloaded from checkpoint", model=self.config.hf_checkpoint, weight_version=0)
 
     def reset_weights(self) -> None:
+        # Drop the served model first: loading beside it would hold two models at the peak, and
+        # the allocator keeps such a peak in the service's RSS (common/freed_memory.py).
+        with self.batcher.model_lock:
+            self.batcher.model = None
         model = self._load_model()
         with self.batcher.model_lock:
             self.batcher.model = model

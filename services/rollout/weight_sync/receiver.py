@@ -123,6 +123,11 @@ class WeightReceiver:
         progress on another thread fails within a moment, so a stopping service never waits on one."""
         self._cancel_join.set()
         self._leave()
+        # The staging sets are two copies of the weights: a closed run's receiver must not keep
+        # them (the next run's receiver stages its own). The served model keeps the set it was
+        # swapped onto through its own references, until the engine drops that model. No lock:
+        # close() runs inside updates too, and a transfer in flight keeps its buffers referenced.
+        self.pool.clear()
 
     def _leave(self) -> None:
         group, self.group, self.spec = self.group, None, None
