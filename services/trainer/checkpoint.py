@@ -102,9 +102,30 @@ def write_error(exc: Exception, directory: Path) -> str:
     raise exc
 
 
+def tied_aliases(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, str]:
+    """{second name: first name} of each parameter the model holds under two names that are both
+    in `state` (lm_head.weight of a tied embedding). The model state dict lists a tied parameter
+    under both, and DCP would write it twice: 0.6 GB more per checkpoint for Qwen3-0.6B."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) not in first:
+            first[id(param)] = name
+        elif name in state and first[id(param)] in state:
+            aliases[name] = first[id(param)]
+    return aliases
+
+
+def model_state_stored(model: torch.nn.Module) -> dict[str, Any]:
+    """This rank's model state as a checkpoint stores it: a tied parameter once."""
+    state = get_model_state_dict(model)
+    aliases = tied_aliases(model, state)
+    return {name: value for name, value in state.items() if name not in aliases}
+
+
 def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
     """Every rank: write its model and optimizer shards and its RNG state into `directory`."""
-    _dcp(dcp.save, {"model": get_model_state_dict(model)}, directory / "model")
+    _dcp(dcp.save, {"model": model_state_stored(model)}, directory / "model")
     _dcp(dcp.save, {"optimizer": get_optimizer_state_dict(model, optimizer)}, directory / "optimizer")
     save_rng(directory)
 
@@ -132,7 +153,7 @@ def _copy(value: Any) -> Any:
 def stage(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> Staged:
     """Every rank, while the ranks wait: copy the model and optimizer state and write the RNG
     (small, and it must be the RNG of this moment)."""
-    staged = Staged(_copy(get_model_state_dict(model)), _copy(get_optimizer_state_dict(model, optimizer)))
+    staged = Staged(_copy(model_state_stored(model)), _copy(get_optimizer_state_dict(model, optimizer)))
     save_rng(directory)
     return staged
 
@@ -266,9 +287,13 @@ def verify(directory: Path) -> dict[str, Any]:
 
 def load_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
     """Every rank: read the model and optimizer (resharded to this world size) and the RNG."""
-    model_state = {"model": get_model_state_dict(model)}
+    full = get_model_state_dict(model)
+    aliases = tied_aliases(model, full)
+    # Checkpoints before #26 hold a tied parameter twice; reading only its first name loads both.
+    model_state = {"model": {name: value for name, value in full.items() if name not in aliases}}
     _dcp(dcp.load, model_state, directory / "model")
-    set_model_state_dict(model, model_state["model"])
+    loaded = model_state["model"]
+    set_model_state_dict(model, loaded | {alias: loaded[name] for alias, name in aliases.items()})
     optim_state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
     _dcp(dcp.load, optim_state, directory / "optimizer")
     set_optimizer_state_dict(model, optimizer, optim_state["optimizer"])
