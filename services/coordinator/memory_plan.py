@@ -53,6 +53,14 @@ LOGITS_FP32_BYTES = 4
 # at two token counts, less 16 bytes per parameter and the runtime: 6.3 bytes on the 12-layer
 # Qwen3-0.6B cut (512 and 1024 tokens), 7.8 on the small preset (512 and 2048).
 STEP_TRANSIENT_BYTES = 7
+# LoRA, fitted (bench memory_plan, 2026-11-26) on the 12- and 28-layer Qwen3-0.6B cuts with and
+# without gradient checkpointing (rank 16 on every linear, 512 tokens): the step's peak is
+# LoRA_ACTIVATION_FACTOR x the activations the formula above gives for full fine-tuning plus
+# LORA_FROZEN_STEP_BYTES per frozen parameter (the four points leave 0.7 B and a factor of 1.9 to
+# 2.2). The cause is measured, not established: peft's adapter path (dropout, A, B, the scaled
+# add) keeps its own input and output of each of the seven adapted linears per layer for backward.
+LORA_ACTIVATION_FACTOR = 2
+LORA_FROZEN_STEP_BYTES = 0.7
 # At load rank 0 holds the checkpoint's full fp32 state dict while its shards are filled.
 LOAD_FULL_COPY_BYTES = 4
 # async_save (trainer/async_save.py) copies each rank's model and optimizer state dicts before
@@ -68,9 +76,7 @@ TORCH_PROCESS_OVERHEAD = int(0.5 * GIB)
 TRAINER_PROCESS_OVERHEAD = int(0.4 * GIB)
 LIGHT_PROCESS_OVERHEAD = int(0.3 * GIB)
 # The rollout service (hf engine), measured (bench memory_plan's rollout rows, 2026-11-26): 0.38 GiB
-# with the tiny preset loaded and generating. Not modelled yet: the 12-layer Qwen3-0.6B cut (bf16
-# checkpoint, fp32 engine) peaked 0.5 GiB above weights + KV + runtime, likely the checkpoint's
-# mapped bf16 pages beside the fp32 copy at load (docs/performance.md).
+# with the tiny preset loaded and generating.
 ROLLOUT_PROCESS_OVERHEAD = int(0.38 * GIB)
 # The rollout's KV cache when neither rollout_max_context_len nor rollout_max_prompt_len bounds a
 # sample: this many prompt tokens are assumed before the response (the plan says so).
@@ -128,8 +134,12 @@ def trainer_rank_memory(
         components["reference model (fp32, 1/world, host)"] = shape.num_params * REFERENCE_BYTES // world
     per_token = activation_bytes_per_token(shape, dtype, trainer.gradient_checkpointing, trainer.tiled_mlp)
     recompute = recompute_bytes(shape, dtype, tokens) if trainer.gradient_checkpointing else 0
-    components[f"activations ({tokens} tokens)"] = per_token * tokens + recompute
-    components["step transients (optimizer, allocator)"] = step_transient_bytes(trainable)
+    activations = per_token * tokens + recompute
+    if trainer.lora_rank:
+        activations *= LORA_ACTIVATION_FACTOR
+    components[f"activations ({tokens} tokens)"] = activations
+    frozen = total - trainable if trainer.lora_rank else 0
+    components["step transients (optimizer, allocator)"] = step_transient_bytes(trainable, frozen)
     components["runtime (torch, gRPC)"] = TRAINER_PROCESS_OVERHEAD
     above = load_peak_bytes(total, world) - sum(components.values())
     if above > 0:  # LoRA: the load's two copies outweigh the step (peak RSS never comes down)
@@ -140,12 +150,13 @@ def trainer_rank_memory(
     return ServiceMemory("trainer rank", components, count=world, notes=notes)
 
 
-def step_transient_bytes(trainable: int) -> int:
+def step_transient_bytes(trainable: int, frozen: int = 0) -> int:
     """What a step holds beyond its states and activations, measured per trainable parameter
     (the fused AdamW and gradient-clipping passes, the gradient's reduce copy, malloc's retained
-    free blocks). bf16 compute added nothing measurable beyond the gathered unit on the small
-    preset (its peak was 0.22 GiB below fp32's at 512 tokens: the halved activations)."""
-    return trainable * STEP_TRANSIENT_BYTES
+    free blocks) and, with LoRA, per frozen one. bf16 compute added nothing measurable beyond the
+    gathered unit on the small preset (its peak was 0.22 GiB below fp32's at 512 tokens: the
+    halved activations)."""
+    return trainable * STEP_TRANSIENT_BYTES + int(frozen * LORA_FROZEN_STEP_BYTES)
 
 
 def load_peak_bytes(params: int, world: int) -> int:
@@ -220,6 +231,16 @@ def rollout_memory(
         * kv_tokens,
         "runtime (torch, gRPC)": ROLLOUT_PROCESS_OVERHEAD,
     }
+    # Loading a checkpoint stored in another dtype (Qwen3 ships bf16; the CPU engine runs fp32), the
+    # checkpoint's mapped pages are resident beside the converted weights until the load ends:
+    # the 12-layer Qwen3-0.6B cut peaked 0.53 GiB above weights + KV + runtime, its bf16 file
+    # is 0.64 GiB (bench memory_plan, 2026-11-26). A KV cache larger than that is the peak instead.
+    stored = DTYPE_BYTES.get(shape.stored_dtype, 0) if shape.stored_dtype != dtype else 0
+    kv = components[next(k for k in components if k.startswith("KV cache"))]
+    if shape.num_params * stored > kv:
+        components[f"load: {shape.stored_dtype} checkpoint pages beyond the KV cache"] = (
+            shape.num_params * stored - kv
+        )
     notes = []
     if rollout.rollout_engine == "sglang":
         notes.append(

@@ -38,6 +38,7 @@ class ModelShape:
     tie_word_embeddings: bool
     qkv_bias: bool = False
     qk_norm: bool = False
+    stored_dtype: str = ""  # the weights' dtype in the checkpoint ("dtype" / "torch_dtype"), if said
 
     @property
     def num_params(self) -> int:
@@ -81,6 +82,7 @@ def model_shape(config: dict, source: str = "config.json") -> ModelShape:
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=bool(config.get("attention_bias", qkv_bias)),
         qk_norm=qk_norm,
+        stored_dtype=str(config.get("dtype") or config.get("torch_dtype") or ""),
     )
 
 
