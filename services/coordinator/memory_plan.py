@@ -53,6 +53,9 @@ LOGITS_FP32_BYTES = 4
 # at two token counts, less 16 bytes per parameter and the runtime: 6.3 bytes on the 12-layer
 # Qwen3-0.6B cut (512 and 1024 tokens), 7.8 on the small preset (512 and 2048).
 STEP_TRANSIENT_BYTES = 7
+# The same with bf16 compute (fp32 masters): 3.2 bytes less per parameter on the 12-layer cut and
+# 3.4 on the 28-layer one (full fine-tuning, 64 tokens, bench memory_plan 2026-11-26).
+STEP_TRANSIENT_BYTES_BF16 = 4
 # LoRA, fitted (bench memory_plan, 2026-11-26) on the 12- and 28-layer Qwen3-0.6B cuts with and
 # without gradient checkpointing (rank 16 on every linear, 512 tokens): the step's peak is
 # LoRA_ACTIVATION_FACTOR x the activations the formula above gives for full fine-tuning plus
@@ -139,7 +142,7 @@ def trainer_rank_memory(
         activations *= LORA_ACTIVATION_FACTOR
     components[f"activations ({tokens} tokens)"] = activations
     frozen = total - trainable if trainer.lora_rank else 0
-    components["step transients (optimizer, allocator)"] = step_transient_bytes(trainable, frozen)
+    components["step transients (optimizer, allocator)"] = step_transient_bytes(trainable, frozen, dtype)
     components["runtime (torch, gRPC)"] = TRAINER_PROCESS_OVERHEAD
     above = load_peak_bytes(total, world) - sum(components.values())
     if above > 0:  # LoRA: the load's two copies outweigh the step (peak RSS never comes down)
@@ -150,13 +153,13 @@ def trainer_rank_memory(
     return ServiceMemory("trainer rank", components, count=world, notes=notes)
 
 
-def step_transient_bytes(trainable: int, frozen: int = 0) -> int:
+def step_transient_bytes(trainable: int, frozen: int = 0, dtype: str = "float32") -> int:
     """What a step holds beyond its states and activations, measured per trainable parameter
     (the fused AdamW and gradient-clipping passes, the gradient's reduce copy, malloc's retained
-    free blocks) and, with LoRA, per frozen one. bf16 compute added nothing measurable beyond the
-    gathered unit on the small preset (its peak was 0.22 GiB below fp32's at 512 tokens: the
-    halved activations)."""
-    return trainable * STEP_TRANSIENT_BYTES + int(frozen * LORA_FROZEN_STEP_BYTES)
+    free blocks; measured lower with bf16 compute, cause not established) and, with LoRA,
+    per frozen one."""
+    per_param = STEP_TRANSIENT_BYTES if dtype == "float32" else STEP_TRANSIENT_BYTES_BF16
+    return trainable * per_param + int(frozen * LORA_FROZEN_STEP_BYTES)
 
 
 def load_peak_bytes(params: int, world: int) -> int:
