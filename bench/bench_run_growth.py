@@ -30,7 +30,9 @@ def _rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def _config(model: Path, data: Path, services: dict) -> dict:
+def grpo_config(model: Path, data: Path, services: dict) -> dict:
+    """A 2-step GRPO run of the small model on the given services (tests/e2e/test_no_growth.py
+    runs the same)."""
     return {
         "hf_checkpoint": str(model),
         "prompt_data": [str(data / "rl.parquet")],
@@ -80,7 +82,7 @@ def run(quick: bool) -> BenchResult:
                 services["trainer"].proc.send_signal(signal.SIGKILL)
                 services["trainer"].proc.wait(timeout=30)
                 services["trainer"] = stack.enter_context(ServiceProcess("trainer", [], work / "trainer-2"))
-            config = _config(model, work / "data", services)
+            config = grpo_config(model, work / "data", services)
             for i in range(1, num_runs + 1):
                 rows.append(
                     {"phase": phase, "run": i, **_run(stub, f"{phase.split()[0]}-{i}", config, services)}

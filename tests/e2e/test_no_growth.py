@@ -17,6 +17,7 @@ import pytest
 from support.processes import ServiceProcess
 from support.stack import coordinator_stub, start_run, wait_run
 
+from bench.bench_run_growth import grpo_config
 from rollway.coordinator.v1 import coordinator_pb2
 
 pytestmark = pytest.mark.slow
@@ -42,27 +43,6 @@ def small_model_dir(tmp_path_factory):
     from rollway.demo.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("small-model"), seed=0, preset="small")
-
-
-def grpo_config(model: Path, data: Path, services: dict) -> dict:
-    return {
-        "hf_checkpoint": str(model),
-        "prompt_data": [str(data / "rl.parquet")],
-        "input_key": "prompt",
-        "label_key": "label",
-        "apply_chat_template": True,
-        "rollout_batch_size": 4,
-        "n_samples_per_prompt": 4,
-        "global_batch_size": 16,
-        "num_rollout": 2,
-        "rollout_max_response_len": 8,
-        "lr": 1e-4,
-        "use_dynamic_batch_size": True,
-        "max_tokens_per_gpu": 4096,
-        "dataloader_addr": services["dataloader"].address,
-        "trainer_addr": services["trainer"].address,
-        "rollout_addr": [services["rollout"].address],
-    }
 
 
 def run_and_measure(stub, run_id: str, config: dict, services: dict) -> dict[str, int]:
