@@ -17,7 +17,9 @@ import os
 import random
 import signal
 import string
+import threading
 from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 from support.processes import alive, descendants, wait_all_gone
@@ -161,6 +163,33 @@ class FirstTurnCallsTheCalculator(CalculatorEnvironment):
 """
 
 
+def test_a_run_starts_on_servers_still_running_a_former_request(stack):
+    """A request a former run left on a server (one sent as its batch was aborted) is aborted by
+    the next run's Init; SGLang refuses to flush its cache under a running request, so the reset
+    to the run's weights would fail otherwise."""
+    if not server_pids(stack):
+        run(stack, "launch", num_rollout=1)
+    server_log = stack["workdir"] / "sglang-logs" / "server-0.log"
+    prefills = _log_count(server_log, "Prefill batch")
+    stray = {}
+
+    def generate() -> None:  # ~1000 tokens: far longer than the next run's Init
+        body = {"max_new_tokens": 1000, "ignore_eos": True, "temperature": 1.0}
+        stray["reply"] = SGLangClient(stack["urls"][0]).generate([5, 6, 7], body, rid="stray", timeout=300)
+
+    thread = threading.Thread(target=generate, daemon=True)
+    thread.start()
+    wait_until(
+        lambda: _log_count(server_log, "Prefill batch") > prefills, timeout=60, what="the stray request"
+    )
+    assert thread.is_alive()
+    metrics = run(stack, "after-stray", num_rollout=1)
+    thread.join(timeout=60)
+    assert stray["reply"]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert len(stray["reply"]["output_ids"]) < 1000
+    assert metrics[0]["train/train_rollout_logprob_abs_diff"] < LOG_PROB_TOLERANCE
+
+
 def test_multi_turn_calculator_episodes(stack):
     (stack["workdir"] / "rewards" / "forced_calculator.py").write_text(FORCED_CALCULATOR)
     dump = str(stack["workdir"] / "episodes" / "rollout_{rollout_id}.pb")
@@ -191,8 +220,17 @@ def test_multi_turn_calculator_episodes(stack):
 
 
 def _kill_when(stack, name: str, ready, timeout: float = 300.0) -> int:
-    """Wait until `ready()`; then kill -9 the first server and return its old pid."""
-    wait_until(ready, timeout=timeout, what=f"{name}: the moment to kill", poll=0.05)
+    """Wait until `ready()` (failing at once if the run ends first); then kill -9 the first server
+    and return its old pid."""
+
+    def moment() -> bool:
+        if ready():
+            return True
+        run = stack["stub"].GetRun(coordinator_pb2.GetRunRequest(run_id=name)).run
+        assert run.state not in (SUCCEEDED, FAILED), f"{name} ended before the moment to kill: {run.error}"
+        return False
+
+    wait_until(moment, timeout=timeout, what=f"{name}: the moment to kill", poll=0.05)
     port = int(stack["urls"][0].rsplit(":", 1)[1])
     pid = server_pids(stack)[port]
     os.kill(pid, signal.SIGKILL)
@@ -231,18 +269,22 @@ def test_kill_a_server_mid_generation(stack):
 
 def test_kill_a_server_mid_weight_update(stack):
     server_log = stack["workdir"] / "sglang-logs" / "server-0.log"
-    begun = server_log.read_text().count("/begin_weight_update")
+    begun = _log_count(server_log, "/begin_weight_update")
     # Small buckets: an update is many /update_weights_from_distributed calls.
     start_run(stack["stub"], "kill-sync", rl_config(stack["services"], **stack["engine"], num_rollout=3,
                                                       update_weight_buffer_size=64 * 1024))  # fmt: skip
 
     def updating() -> bool:  # the second update (after step 0) has begun on server 0
-        return server_log.read_text().count("/begin_weight_update") >= begun + 2
+        return _log_count(server_log, "/begin_weight_update") >= begun + 2
 
     old_pid = _kill_when(stack, "kill-sync", updating)
     metrics = _steps_once(stack, "kill-sync", 3)
     assert [m["rollout/weight_version"] for m in metrics] == [2.0, 3.0, 4.0]
     _restarted_with_weights(stack, old_pid, 4)
+
+
+def _log_count(log: Path, text: str) -> int:
+    return log.read_text().count(text) if log.exists() else 0
 
 
 def _in_flight(rollout) -> int:

@@ -48,6 +48,9 @@ from rollway.rollout.engines.sglang_server import ServerProcess, Supervisor, lau
 log = get_logger("rollway.rollout.sglang")
 # How often a sample waiting for a servable server looks again.
 SERVER_WAIT_SECONDS = 0.2
+# How long a server may take to finish the requests still running when its cache must be flushed
+# after a disk load (aborted ones end within a step or two; a stray one ends at its length limit).
+FLUSH_IDLE_SECONDS = 60.0
 
 
 class SGLangEngine(Engine):
@@ -477,7 +480,10 @@ class SGLangEngine(Engine):
 
         def load(server: ServerProcess) -> None:
             try:
-                server.client.update_weights_from_disk(model_path, weight_version)
+                # SGLang refuses a flush (and so the whole load) while any request runs, and an
+                # abort just before takes a step to land: load, then flush once the server is idle.
+                server.client.update_weights_from_disk(model_path, weight_version, flush_cache=False)
+                server.client.flush_cache(timeout=FLUSH_IDLE_SECONDS)
             except SGLangHTTPError:
                 failed.append(server)
                 raise
@@ -527,6 +533,8 @@ class SGLangEngine(Engine):
         return num_tensors
 
     def reset_weights(self) -> None:
-        # SGLang reloads a Hugging Face directory in place (/update_weights_from_disk).
+        # A new run: whatever a former run left on the servers (a request sent as its batch was
+        # aborted) is aborted too; then SGLang reloads the Hugging Face directory in place.
+        self._each_server(lambda s: s.client.abort_request(abort_all=True), skip_unreachable=True)
         self.update_weights_from_disk(self.config.hf_checkpoint, 0)
         self.weight_version = 0

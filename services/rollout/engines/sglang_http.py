@@ -7,7 +7,8 @@ Endpoints and bodies follow SGLang's http_server.py and io_struct.py:
            "output_token_logprobs": [[logprob, token_id, text|null], ...], "weight_version", ...}}
   GET  /health_generate, /health  -> 200 when healthy, 503 while starting or unhealthy
   POST /pause_generation {"mode"}, /continue_generation {}, /abort_request {"rid" | "abort_all"}
-  GET|POST /flush_cache           -> 200, or 400 while requests are running
+  GET|POST /flush_cache[?timeout=s] -> 200, or 400 while requests are running (with a timeout, the
+       scheduler waits up to that long for them to end)
   POST /release_memory_occupation, /resume_memory_occupation {"tags"}
   POST /begin_weight_update {}, /end_weight_update {}  (0.5.21+: a weight-update session; the
        distributed update is refused with 400 outside one; 404 on servers without sessions)
@@ -18,7 +19,7 @@ Endpoints and bodies follow SGLang's http_server.py and io_struct.py:
   POST /init_weights_update_group {"master_address", "master_port", "rank_offset", "world_size",
        "group_name", "backend"}, /update_weights_from_distributed {"names", "dtypes", "shapes",
        "group_name", "flush_cache", "weight_version", "load_format"}, /update_weights_from_disk {"model_path",
-       "weight_version"}                -> {"success": bool, "message": str}, 400 when not successful
+       "weight_version", "flush_cache"}  -> {"success": bool, "message": str}, 400 when not successful
 Errors: 400 with {"error": {"message"}} (ValueError in a handler), {"object": "error", "message",
 "code"} (validation), or {"success": false, "message"} (weight endpoints).
 """
@@ -142,8 +143,13 @@ class SGLangClient:
     def continue_generation(self) -> None:
         self.post("/continue_generation", {})
 
-    def flush_cache(self) -> None:
-        self.post("/flush_cache")
+    def flush_cache(self, timeout: float = 0.0) -> None:
+        """Flush the radix cache; with `timeout`, SGLang waits up to that long for running requests
+        to end (an aborted request leaves the batch at the scheduler's next step, not at once)."""
+        if timeout:
+            self.post(f"/flush_cache?timeout={timeout:g}", timeout=timeout + self.timeout)
+        else:
+            self.post("/flush_cache")
 
     # --- memory ---
 
@@ -230,8 +236,8 @@ class SGLangClient:
             body["load_format"] = load_format
         return self._post_success("/update_weights_from_distributed", body)
 
-    def update_weights_from_disk(self, model_path: str, weight_version: int) -> str:
-        body = {"model_path": model_path, "weight_version": str(weight_version)}
+    def update_weights_from_disk(self, model_path: str, weight_version: int, flush_cache: bool = True) -> str:
+        body = {"model_path": model_path, "weight_version": str(weight_version), "flush_cache": flush_cache}
         return self._post_success("/update_weights_from_disk", body)
 
 

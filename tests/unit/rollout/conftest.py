@@ -15,6 +15,7 @@ class SGLangPeer:
 
     def __init__(self):
         self.requests: list[tuple[str, str, object]] = []
+        self.queries: list[str] = []  # the query string of each request, in the same order
         self.routes = {}
         self.aborted: dict[str, threading.Event] = {}
         self.hold_generate = False  # /generate waits for /abort_request of its rid
@@ -28,9 +29,11 @@ class SGLangPeer:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
                 body = json.loads(raw) if raw else None
+                path, _, query = self.path.partition("?")
                 with peer.lock:
-                    peer.requests.append((method, self.path, body))
-                status, payload = peer.reply(method, self.path, body)
+                    peer.requests.append((method, path, body))
+                    peer.queries.append(query)
+                status, payload = peer.reply(method, path, body)
                 data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(data)))

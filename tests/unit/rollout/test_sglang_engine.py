@@ -181,8 +181,12 @@ def test_memory_and_weight_endpoints_send_sglang_bodies(tiny_model_dir, sglang_p
         "weight_version": "4",
     }
     assert peers[0].calls("/update_weights_from_disk") == [
-        {"model_path": "/ckpt/step4", "weight_version": "4"}
+        {"model_path": "/ckpt/step4", "weight_version": "4", "flush_cache": False}
     ]
+    # The cache is flushed after the load, once the server is idle (SGLang waits up to the timeout).
+    paths = [path for _, path, _ in peers[0].requests]
+    after_load = paths.index("/update_weights_from_disk") + 1
+    assert paths[after_load] == "/flush_cache" and peers[0].queries[after_load] == "timeout=60"
 
 
 def test_client_reports_unsuccessful_weight_updates_with_200(sglang_peer):

@@ -118,7 +118,7 @@ def test_disk_update_verifies_the_files_before_sglang_loads_them(tiny_model_dir,
         reply = receiver.update(rollout_pb2.UpdateWeightsRequest(manifest=manifest))
         assert reply.weight_version == 2 and reply.timings.verify_seconds <= time.perf_counter() - started
         assert peer.calls("/update_weights_from_disk") == [
-            {"model_path": str(tmp_path), "weight_version": "2"}
+            {"model_path": str(tmp_path), "weight_version": "2", "flush_cache": False}
         ]
         TENSORS["c.weight"][0, 0] += 1.0  # the files on disk no longer match a new manifest
         corrupt = _manifest(3, transport="disk", disk_path=str(tmp_path))
