@@ -8,6 +8,7 @@ from contextlib import ExitStack
 
 import pytest
 from support.stack import coordinator_stub, sft_service_args, start_run, start_services, wait_run
+from support.waiting import wait_until
 
 from rollway.coordinator.prompt_ledger import PromptLedger
 from rollway.coordinator.v1 import coordinator_pb2
@@ -117,3 +118,38 @@ def test_a_bit_flip_in_the_data_cursor_falls_back_and_trains_no_prompt_twice(
     first_prompts = PromptLedger.by_step(tmp_path / "first" / "runs" / "first")
     resumed_prompts = PromptLedger.by_step(tmp_path / "resumed" / "runs" / "resumed")
     assert {s: resumed_prompts[s] for s in (4, 5)} == {s: first_prompts[s] for s in (4, 5)}
+
+
+def test_a_run_stopped_during_background_writes_resumes_from_a_complete_checkpoint(
+    tiny_model_dir, demo_data_dir, tmp_path
+):
+    """StopRun (immediate) of an async_save run that saves every step, so a write is in flight or
+    just done: every run checkpoint left is complete or is never picked, and the next run on the
+    same services resumes from the newest complete one."""
+    save = tmp_path / "save"
+    with ExitStack() as stack:
+        services = start_services(stack, tmp_path / "stop", sft_service_args(tiny_model_dir, demo_data_dir))
+        stub = coordinator_stub(services["coordinator"])
+        config = sft_config(services, save, async_save=True, save_interval=1, num_rollout=10_000)
+        start_run(stub, "stopped", config)
+        wait_until(
+            lambda: stub.GetRun(coordinator_pb2.GetRunRequest(run_id="stopped")).run.step >= 3,
+            timeout=120,
+            what="three steps of the run to stop",
+        )
+        stub.StopRun(coordinator_pb2.StopRunRequest(run_id="stopped", immediate=True))
+        stopped = wait_run(stub, "stopped", timeout=60)
+        assert stopped.state == coordinator_pb2.RUN_STATE_STOPPED, stopped.error
+
+        written = sorted(save.glob("rollout_*"))
+        complete = [d for d in written if (d / "coordinator.json").exists()]
+        assert complete and all(d in complete for d in written[:-1])  # only the newest may be unfinished
+        newest = int(complete[-1].name.removeprefix("rollout_"))
+        print("run checkpoints after the stop:", [(d.name, d in complete) for d in written])
+        assert newest >= 2  # the write started after step 2 may have been abandoned by the stop
+
+        again = wait_run(stub, start_run(stub, "again", {**config, "num_rollout": newest + 2}).run_id)
+        assert again.state == coordinator_pb2.RUN_STATE_SUCCEEDED, again.error
+        records = (tmp_path / "stop" / "runs" / "again" / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(line)["step"] for line in records] == [newest, newest + 1]
+        assert (save / f"rollout_{newest + 2:07d}" / "coordinator.json").exists()

@@ -8,6 +8,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import pytest
 from support.small_disk import MIB, small_disk
 from support.stack import coordinator_stub, sft_service_args, start_run, start_services, wait_run
 
@@ -42,13 +43,22 @@ def sft_run(tmp_path, model_dir, data_dir, name, **config) -> tuple[coordinator_
     return final, elapsed, logs
 
 
-def test_a_full_checkpoint_disk_fails_the_run_at_once_naming_it(tmp_path, tiny_model_dir, demo_data_dir):
+# async_save: the write that fails is the trainer's background one, reported at the next finish.
+WRITES = pytest.mark.parametrize("async_save", [False, True], ids=["blocking", "async_save"])
+
+
+@WRITES
+def test_a_full_checkpoint_disk_fails_the_run_at_once_naming_it(
+    tmp_path, tiny_model_dir, demo_data_dir, async_save
+):
     with small_disk(tmp_path / "disk", 6 * MIB) as disk:  # a tiny-model checkpoint is ~12 MiB
         save = disk / "save"
         crashed = save / "rollout_0000009" / "trainer" / ".tmp-iter_0000009-0badc0de"  # an earlier crash
         crashed.mkdir(parents=True)
         (crashed / "shard").write_bytes(b"\0" * MIB)
-        final, elapsed, logs = sft_run(tmp_path, tiny_model_dir, demo_data_dir, "full", save=str(save))
+        final, elapsed, logs = sft_run(
+            tmp_path, tiny_model_dir, demo_data_dir, "full", save=str(save), async_save=async_save
+        )
         assert final.state == coordinator_pb2.RUN_STATE_FAILED
         assert "No space left on device" in final.error and "ENOSPC" in final.error, final.error
         assert str(save / "rollout_0000001" / "trainer") in final.error
@@ -62,8 +72,9 @@ def test_a_full_checkpoint_disk_fails_the_run_at_once_naming_it(tmp_path, tiny_m
         assert elapsed < 30.0  # today: 60 s, the coordinator's deadline on SaveCheckpoint
 
 
+@WRITES
 def test_continue_on_checkpoint_error_keeps_training_and_retries_the_next_save(
-    tmp_path, tiny_model_dir, demo_data_dir
+    tmp_path, tiny_model_dir, demo_data_dir, async_save
 ):
     with small_disk(tmp_path / "disk", 20 * MIB) as disk:  # room for one checkpoint, not two
         save = disk / "save"
@@ -74,6 +85,7 @@ def test_continue_on_checkpoint_error_keeps_training_and_retries_the_next_save(
             "continue",
             save=str(save),
             on_checkpoint_error="continue",
+            async_save=async_save,
         )
         assert final.state == coordinator_pb2.RUN_STATE_SUCCEEDED, final.error
         assert (save / "rollout_0000001" / "coordinator.json").exists()  # the first save fit
@@ -85,8 +97,13 @@ def test_continue_on_checkpoint_error_keeps_training_and_retries_the_next_save(
         assert "ENOSPC" in failed[0]
         # Before the second save the trainer saw less free space than the first one took.
         assert "less free space than the last checkpoint took" in logs["trainer"]
-        metrics = (tmp_path / "continue" / "runs" / "continue" / "metrics.jsonl").read_text().splitlines()
-        assert [json.loads(line)["step"] for line in metrics] == [0, 1, 2, 3]
+        lines = (tmp_path / "continue" / "runs" / "continue" / "metrics.jsonl").read_text().splitlines()
+        metrics = [json.loads(line) for line in lines]
+        assert [m["step"] for m in metrics] == [0, 1, 2, 3]
+        # Only the first checkpoint was written: its size is reported with its step, or, written
+        # in the background, with the next step (where it was finished); failed writes report none.
+        sized = [m["step"] for m in metrics if "checkpoint/bytes" in m]
+        assert sized == ([1] if async_save else [0])
 
 
 def test_status_json_is_written_when_the_run_dir_disk_is_full(tmp_path, tiny_model_dir, demo_data_dir):
