@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 import yaml
+from support.jsonl import read_metrics
 from support.processes import ServiceProcess, descendants, wait_all_gone
 from support.stack import coordinator_stub, start_run, wait_run
 
@@ -106,10 +107,6 @@ def rl_config(tmp_path: Path, model_dir: Path, data_dir: Path, run_id: str, **ex
         rollout_max_response_len=6,
         **extra,
     )
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
 
 
 def ray_placement(run_dir: Path) -> dict:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from contextlib import ExitStack
 
 import pytest
-from support.rl_stack import read_metrics, rl_config, start_rl_stack
+from support.jsonl import read_metrics
+from support.rl_stack import rl_config, start_rl_stack
 from support.stack import coordinator_stub, start_run, wait_run
 
 from rollway.coordinator import run_state
@@ -30,7 +31,7 @@ def run_rl(
         start_run(stub, name, rl_config(services, **extra))
         final = wait_run(stub, name)
         assert final.state == SUCCEEDED, final.error
-        return read_metrics(tmp_path / name / "runs" / name / "metrics.jsonl")
+        return read_metrics(tmp_path / name / "runs" / name)
 
 
 def test_sync_grpo_syncs_weights_every_step_and_versions_move_forward(
@@ -159,7 +160,7 @@ def test_rollout_only_with_dynamic_sampling_refills_dropped_groups(tiny_model_di
         start_run(stub, "ds", config)
         final = wait_run(stub, "ds")
         assert final.state == SUCCEEDED, final.error
-        metrics = read_metrics(workdir / "runs" / "ds" / "metrics.jsonl")
+        metrics = read_metrics(workdir / "runs" / "ds")
     assert [m["step"] for m in metrics] == [0, 1, 2]
     # Groups of two with equal rewards carry no signal: dropped, and refilled up to 4 groups.
     assert all(m["rollout/num_samples"] == 8.0 for m in metrics)

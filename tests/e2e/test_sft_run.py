@@ -8,6 +8,7 @@ from contextlib import ExitStack
 
 import grpc
 import pytest
+from support.jsonl import read_metrics
 from support.processes import ServiceProcess
 from support.stack import coordinator_stub, sft_service_args, start_run, start_services, wait_run
 
@@ -27,10 +28,6 @@ def sft_run_config(services, **extra) -> dict:
         "trainer_addr": services["trainer"].address,
         **extra,
     }
-
-
-def read_metrics(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def trainer_checksum(service: ServiceProcess) -> str:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from contextlib import ExitStack
 
 import pytest
-from support.rl_stack import read_metrics, rl_config, start_rl_stack
+from support.jsonl import read_metrics
+from support.rl_stack import rl_config, start_rl_stack
 from support.sglang_servers import NEWEST, sglang_venv, start_servers
 from support.stack import coordinator_stub, start_run, wait_run
 
@@ -31,7 +32,7 @@ def test_grpo_on_two_attached_servers(tiny_model_dir, demo_data_dir, tmp_path):
             start_run(stub, "attached", config)
             final = wait_run(stub, "attached", timeout=600)
             assert final.state == coordinator_pb2.RUN_STATE_SUCCEEDED, final.error
-            metrics = read_metrics(tmp_path / "runs" / "attached" / "metrics.jsonl")
+            metrics = read_metrics(tmp_path / "runs" / "attached")
         assert [m["step"] for m in metrics] == [0, 1, 2]
         assert [m["rollout/weight_version/min"] for m in metrics] == [1.0, 2.0, 3.0]
         assert all(m["rollout/num_samples"] == 16.0 and m["train/grad_norm"] > 0 for m in metrics)

@@ -22,8 +22,9 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+from support.jsonl import read_metrics
 from support.processes import alive, descendants, wait_all_gone
-from support.rl_stack import read_metrics, rl_config, start_rl_stack
+from support.rl_stack import rl_config, start_rl_stack
 from support.sglang_servers import NEWEST, rollout_settings
 from support.stack import coordinator_stub, start_run, wait_run
 from support.waiting import wait_until
@@ -69,7 +70,7 @@ def run(stack, name: str, **extra) -> list[dict]:
     start_run(stack["stub"], name, config)
     final = wait_run(stack["stub"], name, timeout=600)
     assert final.state == SUCCEEDED, final.error
-    return read_metrics(stack["workdir"] / "runs" / name / "metrics.jsonl")
+    return read_metrics(stack["workdir"] / "runs" / name)
 
 
 def server_pids(stack) -> dict[int, int]:
@@ -240,7 +241,7 @@ def _kill_when(stack, name: str, ready, timeout: float = 300.0) -> int:
 def _steps_once(stack, name: str, num_steps: int) -> list[dict]:
     final = wait_run(stack["stub"], name, timeout=600)
     assert final.state == SUCCEEDED, final.error
-    metrics = read_metrics(stack["workdir"] / "runs" / name / "metrics.jsonl")
+    metrics = read_metrics(stack["workdir"] / "runs" / name)
     assert [m["step"] for m in metrics] == list(range(num_steps))
     return metrics
 

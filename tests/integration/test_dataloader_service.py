@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -12,6 +11,7 @@ import grpc
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support.jsonl import write_jsonl
 from support.processes import ServiceProcess
 
 from rollway.common.client import open_channel
@@ -23,11 +23,6 @@ QWEN_TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "chat_templates" 
 
 def write_parquet(path: Path, rows: list[dict], row_group_size: int | None = None) -> str:
     pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=row_group_size)
-    return str(path)
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> str:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return str(path)
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.jsonl import read_metrics
 
 from rollway.demo import addition as demo_module
 
@@ -555,10 +556,6 @@ def _ports_in_use(services: dict) -> list[int]:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 busy.append(port)
     return busy
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
 
 
 def demo_run_dirs(demo: Path) -> dict[str, Path]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from contextlib import ExitStack
 
@@ -86,7 +85,3 @@ def rl_config(services, **extra) -> dict:
     if "rollout" in services:
         config["rollout_addr"] = [services["rollout"].address]
     return {**config, **extra}
-
-
-def read_metrics(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]

@@ -5,6 +5,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support.jsonl import write_jsonl
 
 from rollway.dataloader.datasets import DataError, open_source
 from rollway.dataloader.readers import SourceError, read_rows
@@ -21,11 +22,6 @@ def rl_rows(n):
 
 def write_parquet(path, rows, row_group_size=None):
     pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=row_group_size)
-    return path
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from support.jsonl import write_jsonl
 
 from rollway.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted
 from rollway.dataloader.datasets import open_sources
@@ -12,11 +13,6 @@ from rollway.dataloader.sources import parse_sources
 from rollway.dataloader.stream import DataStream, StreamSettings
 
 RULES = RowRules(input_key="prompt", label_key="label", apply_chat_template=True)
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
 
 
 @pytest.fixture(scope="module")
