@@ -120,6 +120,25 @@ def test_a_bit_flip_in_the_data_cursor_falls_back_and_trains_no_prompt_twice(
     assert {s: resumed_prompts[s] for s in (4, 5)} == {s: first_prompts[s] for s in (4, 5)}
 
 
+def test_save_total_limit_keeps_the_newest_checkpoints_and_a_resume_reads_them(
+    tiny_model_dir, demo_data_dir, tmp_path
+):
+    save = tmp_path / "save"
+    final, losses, first = run(tmp_path, tiny_model_dir, demo_data_dir, "kept", save, save_total_limit=2)
+    assert final.state == coordinator_pb2.RUN_STATE_SUCCEEDED, final.error
+    # Saves after steps 1, 3 and 5 (for rollouts 2, 4, 6); rotation left the newest two.
+    assert sorted(p.name for p in save.glob("rollout_*")) == ["rollout_0000004", "rollout_0000006"]
+    saves = [r for r in first["records"] if "perf/save_time" in r]
+    assert [r["step"] for r in saves] == [1, 3, 5] and all(r["checkpoint/bytes"] > 0 for r in saves)
+
+    final, resumed, _ = run(
+        tmp_path, tiny_model_dir, demo_data_dir, "after-kept", save, num_rollout=8, save_total_limit=2
+    )
+    assert final.state == coordinator_pb2.RUN_STATE_SUCCEEDED, final.error
+    assert sorted(resumed) == [6, 7]
+    assert sorted(p.name for p in save.glob("rollout_*")) == ["rollout_0000006", "rollout_0000008"]
+
+
 def test_a_run_stopped_during_background_writes_resumes_from_a_complete_checkpoint(
     tiny_model_dir, demo_data_dir, tmp_path
 ):

@@ -79,33 +79,3 @@ def test_a_half_deleted_checkpoint_is_never_resumed_from(tmp_path):
     save = make_save(tmp_path, complete=[1, 2], latest=2)
     (save / "rollout_0000001").rename(save / ".tmp-deleting-rollout_0000001")
     assert [p.name for p in candidates(save)] == ["rollout_0000002"]
-
-
-def test_a_run_rotates_after_each_save_and_reports_time_and_bytes(tmp_path):
-    from types import SimpleNamespace
-
-    from rollway.common.config import from_dict
-    from rollway.coordinator.config import CoordinatorConfig
-    from rollway.coordinator.run import Run
-
-    save = tmp_path / "save"
-    config = from_dict(
-        CoordinatorConfig,
-        {
-            "save": str(save),
-            "save_interval": 1,
-            "save_total_limit": 2,
-            "num_rollout": 4,
-            "debug_rollout_only": True,
-        },
-    )
-    run = Run(config, SimpleNamespace(trainer=None, dataloader=None), tmp_path / "run", progress=False)
-    steps = []
-    for step in range(4):
-        metrics: dict[str, float] = {}
-        run._after_step(step, metrics, prompts=[])  # the step's bookkeeping: checkpoint, rotate, log
-        steps.append(metrics)
-    run.sink.close()
-    assert names(save) == [3, 4]  # a checkpoint after step k is for rollout k + 1
-    assert all(m["perf/save_time"] >= 0 and m["checkpoint/bytes"] > 0 for m in steps)
-    assert candidates(save)[0].name == "rollout_0000004"
