@@ -24,8 +24,8 @@ def gateway(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def training(gateway, tiny_model_dir):
-    client = tinker.ServiceClient(base_url=gateway[0], api_key=TOKEN)
-    return client.create_lora_training_client(base_model=str(tiny_model_dir), rank=0).result()
+    with tinker.ServiceClient(base_url=gateway[0], api_key=TOKEN) as client:  # closed: no stray heartbeats
+        yield client.create_lora_training_client(base_model=str(tiny_model_dir), rank=0).result()
 
 
 def test_binds_loopback_and_refuses_a_wrong_key(gateway):
@@ -39,11 +39,11 @@ def test_binds_loopback_and_refuses_a_wrong_key(gateway):
 
 
 def test_a_base_model_that_is_not_a_local_model_is_named(gateway, tmp_path):
-    client = tinker.ServiceClient(base_url=gateway[0], api_key=TOKEN)
-    with pytest.raises(
-        tinker.BadRequestError, match="base_model: .* is not a local Hugging Face model directory"
-    ):
-        client.create_lora_training_client(base_model=str(tmp_path), rank=0).result()
+    with tinker.ServiceClient(base_url=gateway[0], api_key=TOKEN) as client:
+        with pytest.raises(
+            tinker.BadRequestError, match="base_model: .* is not a local Hugging Face model directory"
+        ):
+            client.create_lora_training_client(base_model=str(tmp_path), rank=0).result()
 
 
 def test_bad_training_calls_fail_naming_the_field_and_the_model_keeps_training(training):

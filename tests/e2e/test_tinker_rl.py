@@ -65,8 +65,10 @@ def sequence_logprob(training, data: list[types.Datum], num_prompt_targets: list
 
 def test_rl_loop_reward_rises_and_sampler_and_trainer_agree(tmp_path, tiny_model_dir, demo_data_dir):
     questions = pq.read_table(demo_data_dir / "rl.parquet").to_pylist()[:NUM_PROMPTS]
-    with running_gateway(tmp_path) as (base_url, _):
-        service = tinker.ServiceClient(base_url=base_url, api_key=TOKEN)
+    with (
+        running_gateway(tmp_path) as (base_url, _),
+        tinker.ServiceClient(base_url=base_url, api_key=TOKEN) as service,  # closed before the gateway
+    ):
         training = service.create_lora_training_client(base_model=str(tiny_model_dir), rank=0).result()
         tokenizer = training.get_tokenizer()
         chats = [[{"role": "user", "content": q["prompt"]}] for q in questions]

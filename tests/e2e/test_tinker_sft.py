@@ -32,9 +32,14 @@ def gateway(tmp_path_factory):
         yield base_url, process
 
 
-def test_sft_loss_falls_and_saved_weights_reload_in_transformers(gateway, tiny_model_dir):
+@pytest.fixture
+def service(gateway):
+    with tinker.ServiceClient(base_url=gateway[0], api_key=TOKEN) as client:  # closed: no stray heartbeats
+        yield client
+
+
+def test_sft_loss_falls_and_saved_weights_reload_in_transformers(gateway, service, tiny_model_dir):
     base_url, process = gateway
-    service = tinker.ServiceClient(base_url=base_url, api_key=TOKEN)
     training = service.create_lora_training_client(
         base_model=str(tiny_model_dir), rank=0
     ).result()  # rank 0: full fine-tuning
