@@ -103,6 +103,27 @@ def test_a_run_survives_kill_9_of_every_service_with_nothing_lost_or_repeated(
     assert_same_run(chaos_dir, straight_dir)
 
 
+def test_kill_9_during_background_checkpoint_writes_loses_and_repeats_nothing(
+    tmp_path, tiny_model_dir, demo_data_dir, straight_dir
+):
+    """async_save with a save every step: a kill -9 just after a step lands while that step's
+    checkpoint is being written (or just after). The trainer's kill loses its write; the
+    coordinator's kill abandons the completion; either way the recovery resumes from the newest
+    complete checkpoint and the run ends as the uninterrupted (blocking-save) run did."""
+    schedule = [Kill(2, "trainer"), Kill(6, "coordinator")]
+    run, async_dir, workdir = run_to_end(
+        tmp_path, "async", tiny_model_dir, demo_data_dir, schedule, seed=7, async_save=True
+    )
+    log = (workdir / "launcher.log").read_text()
+    assert run.returncode == 0, log[-3000:]
+    assert run.error is None, run.error
+    assert [kill.service for kill in run.kills] == ["trainer", "coordinator"]
+    assert all(kill.next_step_seconds is not None for kill in run.kills), run.kills
+    saves = [json.loads(line) for line in (async_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("perf/save_write_time" in r for r in saves)  # the writes were in the background
+    assert_same_run(async_dir, straight_dir)
+
+
 def test_a_run_survives_frozen_services_and_a_full_disk(
     tmp_path, tiny_model_dir, demo_data_dir, straight_dir
 ):
