@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -456,14 +457,45 @@ def _localize(value, service_names: set[str], data_dir: Path):
     return "127.0.0.1" if value == "0.0.0.0" else value
 
 
+# The compose file's service ports (50050-50063, the dashboard's 51050) lie in Linux's ephemeral
+# range: on the host, an outgoing connection of any process may hold one as its source port, and
+# the service could not bind it (seen once: a test's leftover client socket on 50050). Containers
+# have a network each; these local processes get the same ports moved below that range, all
+# together, so what is tested is still the file's wiring.
+EPHEMERAL = range(32768, 61000)
+
+
+def moved_ports(services: dict) -> dict[int, int]:
+    """Each port in the ephemeral range the services name -> a port below it (free now)."""
+    text = json.dumps(services)
+    ports = sorted({int(p) for p in re.findall(r"\b(\d{5})\b", text) if int(p) in EPHEMERAL})
+    while True:
+        base = random.randrange(20000, 28000, 100)
+        moved = {port: base + i for i, port in enumerate(ports)}
+        if not _busy(moved.values()):
+            return moved
+
+
+def _busy(ports) -> list[int]:
+    busy = []
+    for port in sorted(ports):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                busy.append(port)
+    return busy
+
+
 class ComposeProcesses:
     """The cpu profile's containers as local processes, stopped by pid in reverse order."""
 
     def __init__(self, workdir: Path, env: dict[str, str]):
         compose = interpolate(load_compose(), env)
-        self.services = {
-            name: s for name, s in compose["services"].items() if "cpu" in s.get("profiles", ["cpu"])
-        }
+        services = {name: s for name, s in compose["services"].items() if "cpu" in s.get("profiles", ["cpu"])}
+        self.ports = moved_ports(services)  # file port -> the port used here
+        text = json.dumps(services)
+        for port, moved in self.ports.items():
+            text = re.sub(rf"\b{port}\b", str(moved), text)
+        self.services = json.loads(text)
         self.workdir = workdir
         self.data_dir = workdir / "data"
         self.data_dir.mkdir(parents=True)
@@ -550,12 +582,7 @@ class ComposeProcesses:
 
 def _ports_in_use(services: dict) -> list[int]:
     ports = {int(p) for s in services.values() for p in re.findall(r":(\d{5})\b", " ".join(s["command"]))}
-    busy = []
-    for port in sorted(ports):
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                busy.append(port)
-    return busy
+    return _busy(ports)
 
 
 def demo_run_dirs(demo: Path) -> dict[str, Path]:
@@ -566,7 +593,7 @@ def demo_run_dirs(demo: Path) -> dict[str, Path]:
     return {name: Path(c["run_dir"]) / c["run_id"] for name, c in configs.items()}
 
 
-def check_demo(demo: Path, outputs: dict[str, str]) -> dict[str, Path]:
+def check_demo(demo: Path, outputs: dict[str, str], ports: dict[int, int]) -> dict[str, Path]:
     """One demo (SFT 12 steps, GRPO 2) ran on the compose services in attach mode."""
     runs = demo_run_dirs(demo)
     # Attach mode: the jobs started no service of their own, and the coordinator dialled the
@@ -575,9 +602,11 @@ def check_demo(demo: Path, outputs: dict[str, str]) -> dict[str, Path]:
         assert "starting " not in outputs[job], outputs[job]
         assert f"run {runs[job].name} SUCCEEDED" in outputs[job]
     sft_run = json.loads((runs["sft"] / "config.json").read_text())["coordinator"]  # as the run resolved it
-    assert (sft_run["trainer_addr"], sft_run["dataloader_addr"]) == ("127.0.0.1:50061", "127.0.0.1:50063")
+    addresses = (sft_run["trainer_addr"], sft_run["dataloader_addr"])
+    assert addresses == (f"127.0.0.1:{ports[50061]}", f"127.0.0.1:{ports[50063]}")
     grpo_run = json.loads((runs["grpo"] / "config.json").read_text())["coordinator"]
-    assert grpo_run["rollout_addr"] == ["127.0.0.1:50052"] and grpo_run["update_weight_master_port"] == 29600
+    assert grpo_run["rollout_addr"] == [f"127.0.0.1:{ports[50052]}"]
+    assert grpo_run["update_weight_master_port"] == 29600
 
     sft = read_metrics(runs["sft"])
     assert [r["step"] for r in sft] == list(range(12))
@@ -610,11 +639,11 @@ def test_cpu_profile_runs_the_demo_through_the_compose_wiring(tmp_path):
     assert not busy, f"ports {busy} of the compose file are taken on this machine"
     try:
         stack.up()
-        first = check_demo(stack.data_dir / "demo", dict(stack.outputs))
+        first = check_demo(stack.data_dir / "demo", dict(stack.outputs), stack.ports)
         # The demo again on the same (live) services: its own runs, the first ones left as they were.
         outputs, failed = stack.run_jobs_again()
         assert failed is None, f"{failed} failed on the second demo:\n{outputs[failed][-4000:]}"
-        second = check_demo(stack.data_dir / "demo", outputs)
+        second = check_demo(stack.data_dir / "demo", outputs, stack.ports)
     finally:
         stack.down()
     assert first["sft"].name.startswith("sft-") and first["grpo"].name.startswith("grpo-")
