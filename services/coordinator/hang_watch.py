@@ -47,9 +47,11 @@ class _Target:
     index: int
     address: str
     stub: progress_pb2_grpc.ProgressServiceStub
-    last_answer: float
     progress: progress_pb2.GetProgressResponse | None = None
     in_flight: grpc.Future | None = None
+    # When the oldest probe that no answer has followed was sent (None: the last one answered).
+    # Silence is counted from there, so a pause in probing (a busy watch loop) blames nobody.
+    unanswered_since: float | None = None
 
 
 class HangWatch:
@@ -63,13 +65,13 @@ class HangWatch:
         self._lock = threading.Lock()
         self._channels: list[grpc.Channel] = []
         self._targets: list[_Target] = []
-        now = time.monotonic()
+        now = time.monotonic()  # a service that never answers is silent from the start
         for name, group in addresses.items():
             for index, address in enumerate(group):
                 channel = open_channel(address, client_config)
                 self._channels.append(channel)
                 stub = progress_pb2_grpc.ProgressServiceStub(channel)
-                self._targets.append(_Target(name, index, address, stub, now))
+                self._targets.append(_Target(name, index, address, stub, unanswered_since=now))
 
     def restarted(self, name: str, index: int, address: str) -> None:
         """A new process serves instance `index` of `name` (at `address`): its silence starts over."""
@@ -80,7 +82,7 @@ class HangWatch:
                     self._channels.append(channel)
                     target.stub = progress_pb2_grpc.ProgressServiceStub(channel)
                     target.address = address
-                target.last_answer, target.progress, target.in_flight = time.monotonic(), None, None
+                target.unanswered_since, target.progress, target.in_flight = time.monotonic(), None, None
 
     def close(self) -> None:
         for channel in self._channels:
@@ -89,8 +91,11 @@ class HangWatch:
     # --- probing ---
     def poll(self) -> None:
         """Ask every service whose last GetProgress has come back (never waits)."""
+        now = time.monotonic()
         for target in self._targets:
             if target.in_flight is None:
+                if target.unanswered_since is None:
+                    target.unanswered_since = now
                 future = target.stub.GetProgress.future(
                     progress_pb2.GetProgressRequest(), timeout=PROBE_SECONDS
                 )
@@ -105,8 +110,8 @@ class HangWatch:
             try:
                 target.progress = future.result()
             except grpc.RpcError:
-                return  # silent: last_answer stays
-            target.last_answer = time.monotonic()
+                return  # silent: unanswered_since stays
+            target.unanswered_since = None
 
     # --- judging ---
     def _threshold(self, progress: progress_pb2.GetProgressResponse | None, method: str = "") -> float:
@@ -122,7 +127,7 @@ class HangWatch:
         return max(MIN_HUNG_SECONDS, DURATION_FACTOR * typical)
 
     def _frozen_for(self, target: _Target, now: float) -> float:
-        return now - target.last_answer
+        return now - target.unanswered_since if target.unanswered_since is not None else 0.0
 
     def hung(self) -> DeadService | None:
         now = time.monotonic()

@@ -103,12 +103,19 @@ def start_missing_services(
     addresses.update(group.start(missing))
     if run.managed_environment:
         run.use_environment(addresses["environment"][0])
+    apply_placement(run, group)
+    return addresses, group
+
+
+def apply_placement(run: RunConfig, group: ServiceGroup) -> None:
+    """What the placement decided (where the weight group meets, ...) becomes part of the run's
+    settings, pushed to the services that declare it at their Init; again after a restart moved
+    a service (trainer rank 0 on another node)."""
     for key, value in group.placement_settings().items():
-        run.given[key] = value  # pushed to the services that declare it at their Init
+        run.given[key] = value
         for name in COMPONENTS:
             if hasattr(run.component(name), key):
                 setattr(run.component(name), key, value)
-    return addresses, group
 
 
 def connect(addresses: dict[str, list[str]]) -> Services:

@@ -31,6 +31,7 @@ from rollway.common.supervision.supervisor import (
     DeadService,
     HealthWatch,
     LocalServiceGroup,
+    ReplacementDied,
     ServiceGroup,
 )
 from rollway.common.v1 import common_pb2
@@ -45,6 +46,7 @@ from rollway.coordinator.run import Run, RunStopped
 from rollway.coordinator.run_config import COMPONENTS, RunConfig, RunConfigError, parse_run_config
 from rollway.coordinator.run_history import PastRun, is_run_dir, read_run, read_runs
 from rollway.coordinator.run_start import (
+    apply_placement,
     attached_services_down,
     connect,
     end_run,
@@ -290,14 +292,26 @@ def _recover(record: RunRecord, dead: DeadService | None, exc: BaseException) ->
                 restart=record.num_restarts + 1, failed_call=describe_error(exc))  # fmt: skip
     if record.stop.wait(backoff):
         return False
-    started = time.monotonic()
-    try:
-        record.addresses[dead.name][dead.index] = group.restart(dead.name, dead.index)
-        if dead.name == "environment":  # the rollout services' Init of the next attempt tells them
-            record.run.use_environment(record.addresses["environment"][0])
-    except CannotRestart as reason:  # fail fast, naming the dead service and why it stays dead
-        record.dead = DeadService(dead.name, dead.index, f"{dead.detail}; not restarted: {reason}")
-        return False
+    while True:
+        started = time.monotonic()
+        try:
+            record.addresses[dead.name][dead.index] = group.restart(dead.name, dead.index)
+        except ReplacementDied as died:  # lost with its node before Ray said so: one more restart
+            _count_restart(record, dead, started)
+            dead = died.dead
+            if record.num_restarts >= c.max_restarts or record.stop.is_set():
+                record.dead = DeadService(dead.name, dead.index, f"{dead.detail}; no restarts left")
+                return False
+            continue
+        except Exception as reason:  # fail fast, naming the dead service and why it stays dead
+            why = str(reason) if isinstance(reason, CannotRestart) else describe_error(reason)
+            record.dead = DeadService(dead.name, dead.index, f"{dead.detail}; not restarted: {why}")
+            log.error("service not restarted", service=str(dead).splitlines()[0], reason=why)
+            return False
+        break
+    apply_placement(record.run, group)  # a restarted trainer rank 0 may host the weight group elsewhere
+    if dead.name == "environment":  # the rollout services' Init of the next attempt tells them
+        record.run.use_environment(record.addresses["environment"][0])
     _count_restart(record, dead, started)
     record.dead = None
     return True
@@ -422,6 +436,7 @@ class _Watcher:
         # Every service, started or attached: a hung one is found by its progress (hang_watch.py).
         progress = {name: addresses for name, addresses in record.addresses.items() if name not in http}
         self.hang = HangWatch(progress, record.config.hung_service_seconds)
+        self._unreachable_named: tuple[str, int] | None = None  # named once per spell
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name=f"watch-{record.run_id}", daemon=True)
         self._thread.start()
@@ -452,6 +467,15 @@ class _Watcher:
         group = self.record.group
         if hung is None or group is None or hung.name not in group.addresses:
             return hung
+        cut_off = group.unreachable(hung.name, hung.index)
+        if cut_off is not None:  # not frozen: its node is cut off; Ray's verdict decides
+            if self._unreachable_named != (hung.name, hung.index):
+                self._unreachable_named = (hung.name, hung.index)
+                log.warning("service unreachable: not killed", service=f"{hung.name}_{hung.index}",
+                            why=cut_off)  # fmt: skip
+                self.record.notice(f"{hung.name}_{hung.index} unreachable: {cut_off}")
+            return None
+        self._unreachable_named = None
         log.error("service hung: killing it", service=str(hung))
         group.kill(hung.name, hung.index)
         return DeadService(hung.name, hung.index, f"{hung.detail}; killed (SIGKILL)")
@@ -462,7 +486,11 @@ class _Watcher:
         checks, answering no progress probe) is waited for until the watch judges it."""
         deadline = time.monotonic() + DEAD_GRACE_SECONDS
         while self.record.dead is None and self._thread.is_alive():
-            pending = max(self.hang.suspect_seconds(), self.health.suspect_seconds() if self.health else 0.0)
+            pending = max(
+                self.hang.suspect_seconds(),
+                self.health.suspect_seconds() if self.health else 0.0,
+                self.record.group.verdict_pending_seconds() if self.record.group else 0.0,
+            )
             if time.monotonic() >= deadline and pending <= 0:
                 break
             time.sleep(0.1)

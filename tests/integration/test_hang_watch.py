@@ -119,3 +119,22 @@ def test_the_automatic_bound_is_ten_times_the_usual_duration_and_at_least_a_minu
     assert watch._threshold(few, "Generate") == FIRST_CALL_HUNG_SECONDS  # none completed yet
     assert watch._threshold(None) == MIN_HUNG_SECONDS  # frozen before any call completed
     assert HangWatch({}, hung_service_seconds=7.0)._threshold(many, "TrainStep") == 7.0
+
+
+def test_a_pause_in_probing_blames_no_service_that_answers(probe):
+    """The watch loop itself may stall (a call blocked on an unreachable node): silence is counted
+    from the first probe that went unanswered, so a service that answers every probe it is sent
+    is never blamed for the gap (a partition once got a healthy dataloader killed this way)."""
+    watch = HangWatch({"probe": [probe.address]}, hung_service_seconds=BOUND)
+    try:
+        watch.poll()
+        wait_until(lambda: watch._targets[0].unanswered_since is None, 10, "the first probe's answer")
+        stalled_until = time.monotonic() + 2 * BOUND
+        while time.monotonic() < stalled_until:  # the stalled loop: no probes sent, time passes
+            time.sleep(0.1)
+        watch.poll()
+        assert watch.hung() is None
+        hung, _ = watch_until_hung(watch, 1.0)
+        assert hung is None
+    finally:
+        watch.close()

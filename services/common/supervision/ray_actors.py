@@ -48,15 +48,19 @@ class ServiceHost:
         suffix = f"-{generation}" if generation else ""  # a restarted actor keeps its predecessor's log
         self.log_path = self.workdir / f"process{suffix}.log"
         self.port_file = self.workdir / f"port{suffix}"
+        # A former attempt of the same run (a rerun, `--resume`) left its port file here: it names a
+        # port nothing listens on any more, and must not be read as this process's.
+        self.port_file.unlink(missing_ok=True)
         self.proc: subprocess.Popen | None = None
         self._log = None
 
     def node(self) -> dict:
-        """Where this actor runs: node ip, host name, the GPUs Ray gave it."""
+        """Where this actor runs: node ip and id, host name, the GPUs Ray gave it."""
         import ray
 
         return {
             "ip": ray.util.get_node_ip_address(),
+            "id": ray.get_runtime_context().get_node_id(),
             "hostname": socket.gethostname(),
             "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         }

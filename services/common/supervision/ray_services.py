@@ -10,8 +10,13 @@ restarted and stopped by the coordinator (run config `launcher: ray`, `ray_addre
                      <─ addresses "<node ip>:<port>" once each is SERVING
       .placement_settings()  the weight group meets on trainer-0's node; the ranks' store there;
                              one engine per rollout service
-      .dead()                an actor gone (node lost, OOM kill, ray stop) or its process exited
-      .restart(name, i)      a new actor in the same bundle (same node), same settings, new address
+      .dead()                an actor gone (node lost, OOM kill, ray stop) or its process exited;
+                             an actor that does not answer is `unreachable`, not dead, until Ray's
+                             verdict on its node (a partition that heals costs nothing)
+      .restart(name, i)      a new actor in the same bundle, same settings, new address: on the
+                             same node if it still answers; else after Ray's verdict, where Ray
+                             re-placed the bundle (never back onto the lost node), or NoRoom at
+                             once. The trainer's ranks are restarted together (torchelastic's rule)
       .stop()                every process by pid (rank 0 before its workers), the actors, the
                              placement group, and Ray where this process joined it
 
@@ -33,9 +38,10 @@ from pathlib import Path
 from rollway.common.client import wait_until_serving
 from rollway.common.config import non_default_settings, to_dict
 from rollway.common.log import get_logger
+from rollway.common.supervision import ray_nodes
 from rollway.common.supervision.placement import ActorSpec, PlacementError, check_fits, describe, plan_actors
 from rollway.common.supervision.ray_actors import ServiceHost
-from rollway.common.supervision.supervisor import CannotRestart, DeadService, ServiceGroup
+from rollway.common.supervision.supervisor import DeadService, ReplacementDied, ServiceGroup
 
 log = get_logger("rollway.common.supervision.ray")
 
@@ -43,6 +49,10 @@ PLACEMENT_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 600.0
 NAMESPACE = "rollway"  # actors are named rollway-<run id>-<actor> in it, whichever process placed them
 CALL_TIMEOUT_S = 30.0  # an actor method that does not answer in this long is taken as hung
+POLL_WAIT_S = 1.0  # how long one dead() waits for the actors' polls (the watch ticks on)
+UNREACHABLE_S = 3.0  # a poll unanswered this long: the actor's node is cut off or lost
+RESTART_STOP_S = 5.0  # a restart's drain of the survivors it replaces (the run resumes from a checkpoint)
+RAY_SAYS_CHARS = 300
 STOP_ORDER = ("dataloader", "rollout", "trainer")  # trainer rank 0 tells its workers to stop
 # Settings taken from the coordinator's environment into every actor's (a node's `ray start` may lack them).
 FORWARDED_ENV = (
@@ -75,8 +85,19 @@ class _Actor:
     handle: object
     node: dict
     generation: int = 0
-    pid: int = 0
+    pid: int = 0  # 0 until its process is started (a stop then only kills the actor)
     address: str = ""  # empty for trainer workers (no gRPC)
+    poll: object = None  # the poll in flight (a Ray ObjectRef), sent at poll_sent
+    poll_sent: float = 0.0
+
+    @property
+    def where(self) -> str:
+        return f"Ray actor {self.spec.name} on node {self.node['ip']}"
+
+    @property
+    def service_index(self) -> tuple[str, int]:
+        """The service it serves: a trainer rank is the trainer."""
+        return self.spec.service, 0 if self.spec.service == "trainer" else self.spec.index
 
 
 class RayServiceGroup(ServiceGroup):
@@ -92,6 +113,11 @@ class RayServiceGroup(ServiceGroup):
         self._pg = None
         self._joined = self._stopped = False
         self._lock = threading.RLock()
+        self._poll_lock = threading.Lock()
+        c = run.coordinator
+        # Where the weight group meets, as the user gave it (else on trainer rank 0's node, and
+        # placed again when rank 0 moves).
+        self._given_weight_master = (c.update_weight_master_addr, c.update_weight_master_port)
 
     # --- start ---
     def start(self, counts: dict[str, int]) -> dict[str, list[str]]:
@@ -162,25 +188,30 @@ class RayServiceGroup(ServiceGroup):
             .remote(spec.name, str(self.workdir), generation)
         )
 
-    def _start_processes(self) -> None:
-        """Trainer rank 0 first (its store is where the other ranks meet), then everything else."""
+    def _start_processes(self, names: list[str] | None = None) -> None:
+        """Trainer rank 0 first (its store is where the other ranks meet), then everything else;
+        `names`: only these actors (a restart), all by default."""
         import ray
 
-        trainer = None
-        if "trainer-0" in self.actors:
+        names = list(self.actors) if names is None else names
+        trainer = self.run.trainer
+        if "trainer-0" in names:
             trainer = self._trainer_settings(self.run.trainer)
             self._launch["trainer-0"] = ("trainer", non_default_settings(trainer))
             self._spawn("trainer-0")
             ray.get(self.actors["trainer-0"].handle.wait_port.remote(START_TIMEOUT_S))
         if "rollout" in {a.spec.service for a in self.actors.values()}:
             self._placement["rollout_num_gpus"] = self.run.rollout.rollout_num_gpus_per_engine
-        for name, actor in self.actors.items():
-            spec = actor.spec
+        for name in names:
+            spec = self.actors[name].spec
             if spec.is_trainer_worker:
                 args = (spec.index, trainer.world_size, trainer.master_addr, trainer.master_port)
                 self._launch[name] = ("worker", (*args, to_dict(trainer)))
             elif spec.service == "rollout":
-                self._launch[name] = ("rollout", non_default_settings(self._rollout_settings(actor)))
+                self._launch[name] = (
+                    "rollout",
+                    non_default_settings(self._rollout_settings(self.actors[name])),
+                )
             elif spec.service == "dataloader":
                 self._launch[name] = ("dataloader", non_default_settings(self.run.dataloader))
             if name != "trainer-0":
@@ -214,13 +245,14 @@ class RayServiceGroup(ServiceGroup):
             if actor.address:
                 self.addresses.setdefault(actor.spec.service, []).append(actor.address)
 
-    def _wait_serving(self, address: str) -> None:
-        """Wait for SERVING, failing at once if any actor or its process died meanwhile."""
+    def _wait_serving(self, address: str, restarting: bool = False) -> None:
+        """Wait for SERVING, failing at once if any actor or its process died meanwhile (a
+        replacement that died while `restarting` is ReplacementDied: one more restart)."""
 
         def check() -> None:
             dead = self.dead()
             if dead is not None:
-                raise RayStartError(f"{dead.name} {dead.detail}")
+                raise ReplacementDied(dead) if restarting else RayStartError(f"{dead.name} {dead.detail}")
 
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
@@ -238,10 +270,10 @@ class RayServiceGroup(ServiceGroup):
 
         handle, ip = self.actors["trainer-0"].handle, self.actors["trainer-0"].node["ip"]
         master_port, weight_port = ray.get(handle.free_ports.remote(2), timeout=CALL_TIMEOUT_S)
-        c = self.run.coordinator
-        if not c.update_weight_master_addr:
+        given_addr, given_port = self._given_weight_master
+        if not given_addr:
             self._placement["update_weight_master_addr"] = ip
-        if not c.update_weight_master_port:
+        if not given_port:
             self._placement["update_weight_master_port"] = weight_port
         if trainer.world_size == 1:
             return trainer
@@ -267,73 +299,135 @@ class RayServiceGroup(ServiceGroup):
 
     # --- supervision ---
     def dead(self) -> DeadService | None:
+        """The first actor found dead (Ray says so, or its process exited). Each actor has one
+        poll in flight at a time; one that does not come back is silence, judged by unreachable()
+        and in the end by Ray's verdict on the node, never by this call blocking on it."""
         import ray
 
         with self._lock:
             actors = list(self.actors.values())
-        polls = [(actor, actor.handle.poll.remote()) for actor in actors]
+        with self._poll_lock:
+            now = time.monotonic()
+            for actor in actors:
+                if actor.poll is None:
+                    actor.poll, actor.poll_sent = actor.handle.poll.remote(), now
+                elif now - actor.poll_sent > 4 * UNREACHABLE_S and ray_nodes.node_answers(actor.node["id"]):
+                    actor.poll, actor.poll_sent = actor.handle.poll.remote(), now  # a healed partition
+            polls = [(actor, actor.poll) for actor in actors]
+        if not polls:
+            return None
+        ready, _ = ray.wait([poll for _, poll in polls], num_returns=len(polls), timeout=POLL_WAIT_S)
+        answered = set(ready)
         for actor, poll in polls:
-            spec, where = actor.spec, f"Ray actor {actor.spec.name} on node {actor.node['ip']}"
-            index = 0 if spec.service == "trainer" else spec.index  # a trainer rank is the trainer
-            try:
-                status = ray.get(poll, timeout=CALL_TIMEOUT_S)
-            except ray.exceptions.RayActorError as exc:
-                reason = str(exc).strip().splitlines()[0][:300]
-                return DeadService(
-                    spec.service, index, f"({where}) died; its service is gone. Ray says: {reason}"
-                )
-            except ray.exceptions.GetTimeoutError:
+            if poll not in answered:
                 continue
+            with self._poll_lock:
+                if actor.poll is poll:
+                    actor.poll = None
+            try:
+                status = ray.get(poll)
+            except ray.exceptions.RayActorError as exc:
+                return DeadService(*actor.service_index, f"({actor.where}) died; its service is gone. "
+                                   f"Ray says: {_excerpt(str(exc))}")  # fmt: skip
             if status is not None:
                 return DeadService(
-                    spec.service,
-                    index,
-                    f"({where}, pid {status['pid']}) exited with {status['code']}; "
+                    *actor.service_index,
+                    f"({actor.where}, pid {status['pid']}) exited with {status['code']}; "
                     f"last log lines:\n{status['log_tail']}",
                 )
         return None
 
+    def _silent_seconds(self, actor: _Actor) -> float:
+        with self._poll_lock:
+            return time.monotonic() - actor.poll_sent if actor.poll is not None else 0.0
+
+    def unreachable(self, name: str, index: int) -> str | None:
+        for actor in self._members(name, index):
+            silent = self._silent_seconds(actor)
+            if silent > UNREACHABLE_S:
+                return (
+                    f"{actor.where} has not answered for {silent:.0f}s: its node is cut off or lost "
+                    "(Ray's verdict on the node decides; a partition that heals costs no restart)"
+                )
+        return None
+
+    def verdict_pending_seconds(self) -> float:
+        with self._lock:
+            actors = list(self.actors.values())
+        silent = [self._silent_seconds(a) for a in actors]
+        return max([0.0, *(ray_nodes.VERDICT_TIMEOUT_S - s for s in silent if s > UNREACHABLE_S)])
+
+    def _members(self, name: str, index: int) -> list[_Actor]:
+        """The actors of instance `index` of `name`: every rank for the trainer."""
+        with self._lock:
+            return [a for a in self.actors.values() if a.service_index == (name, index)]
+
     def restart(self, name: str, index: int) -> str:
-        """A new actor in the dead one's bundle (so on its node), started with the same settings."""
+        """New actors in place of the instance's (every trainer rank together), started with the
+        same settings: on the same node where it still answers, else where Ray re-placed the
+        bundle after its verdict on the lost node. NoRoom (CannotRestart) when no live node can
+        host it; ReplacementDied when the new actor dies while it starts."""
         import ray
 
-        world_size = self.run.trainer.world_size
-        if "trainer-1" in self.actors:
-            raise CannotRestart(
-                f"the trainer's {world_size} ranks are Ray actors of their own, and a recovering run "
-                "rebuilds every service, which rank 0 cannot do with ranks it did not start; run again "
-                "to resume from the last checkpoint"
-            )
+        members = self._members(name, index)
+        for actor in sorted(members, key=lambda a: a.spec.index):  # rank 0 before its workers
+            _stop_actor(actor, RESTART_STOP_S)
+        for actor in members:
+            self._await_room(actor)
         with self._lock:
-            actor = next(a for a in self.actors.values() if (a.spec.service, a.spec.index) == (name, index))
-            _stop_actor(actor)
-            _wait_name_free(f"rollway-{self.name}-{actor.spec.name}")
-            actor.generation += 1
-            actor.handle = self._new_actor(actor.spec, actor.bundle, actor.generation)
-            actor.node = ray.get(actor.handle.node.remote(), timeout=PLACEMENT_TIMEOUT_S)
-            self._spawn(actor.spec.name)
+            for actor in members:
+                _wait_name_free(f"rollway-{self.name}-{actor.spec.name}")
+                actor.generation += 1
+                actor.pid, actor.address, actor.poll = 0, "", None
+                actor.handle = self._new_actor(actor.spec, actor.bundle, actor.generation)
         try:
-            port = ray.get(actor.handle.wait_port.remote(START_TIMEOUT_S))
+            for actor in members:
+                actor.node = ray.get(actor.handle.node.remote(), timeout=PLACEMENT_TIMEOUT_S)
+            self._start_processes([a.spec.name for a in members])
+            for actor in members:
+                if not actor.spec.is_trainer_worker:
+                    port = ray.get(actor.handle.wait_port.remote(START_TIMEOUT_S))
+                    actor.address = f"{actor.node['ip']}:{port}"
+        except ray.exceptions.RayActorError as exc:
+            raise ReplacementDied(
+                DeadService(
+                    name, index, f"(its replacement) died while starting. Ray says: {_excerpt(str(exc))}"
+                )
+            ) from None
         except ray.exceptions.RayTaskError as exc:
             raise RayStartError(f"could not restart on Ray: {exc.cause or exc}") from None
-        actor.address = f"{actor.node['ip']}:{port}"
-        self._wait_serving(actor.address)
-        log.info("Ray actor restarted", actor=actor.spec.name, node=actor.node["ip"], address=actor.address,
-                 pid=actor.pid, generation=actor.generation)  # fmt: skip
-        self.addresses[name][index] = actor.address
+        address = next(a.address for a in members if a.address)
+        self._wait_serving(address, restarting=True)
+        for actor in members:
+            log.info("Ray actor restarted", actor=actor.spec.name, node=actor.node["ip"], address=actor.address,
+                     pid=actor.pid, generation=actor.generation)  # fmt: skip
+        self.addresses[name][index] = address
         self._write_actors()
-        return actor.address
+        return address
+
+    def _await_room(self, actor: _Actor) -> None:
+        """Where the dead actor's node no longer answers, wait for Ray's verdict on it and for its
+        bundle to be placed on a live node (Ray reschedules it), or fail naming what is missing."""
+        node_id, ip = actor.node["id"], actor.node["ip"]
+        if ray_nodes.node_answers(node_id):
+            return  # the node lives (the actor or its process alone died): its bundle is still there
+        log.warning("waiting for Ray's verdict on a node that does not answer", actor=actor.spec.name,
+                    node=ip)  # fmt: skip
+        if not ray_nodes.await_verdict(node_id, stopping=lambda: self._stopped):
+            return  # it answers again: a partition that healed
+        log.warning("Ray declared the node dead; waiting for its bundle to be placed elsewhere",
+                    actor=actor.spec.name, node=ip)  # fmt: skip
+        ray_nodes.await_bundle(
+            self._pg, actor.bundle, actor.spec.resources, actor.spec.name, lost_node=ip,
+            timeout_s=PLACEMENT_TIMEOUT_S,
+        )  # fmt: skip
 
     def kill(self, name: str, index: int) -> None:
         """SIGKILL the hung service's process (every rank's, for the trainer): dead() then sees it."""
         import ray
 
-        with self._lock:
-            actors = [
-                a for a in self.actors.values()
-                if a.spec.service == name and (name == "trainer" or a.spec.index == index)
-            ]  # fmt: skip
-        ray.get([a.handle.kill.remote() for a in actors], timeout=CALL_TIMEOUT_S)
+        refs = [a.handle.kill.remote() for a in self._members(name, index)]
+        ray.wait(refs, num_returns=len(refs), timeout=CALL_TIMEOUT_S)
 
     def _write_actors(self) -> None:
         """WORKDIR/ray.json: where each actor runs (node, address, pid, restarts) and the settings
@@ -367,7 +461,7 @@ class RayServiceGroup(ServiceGroup):
                 self.actors.values(), key=lambda a: (STOP_ORDER.index(a.spec.service), a.spec.index)
             )
         for actor in ordered:
-            _stop_actor(actor)
+            _stop_actor(actor, 0.0 if self._silent_seconds(actor) > UNREACHABLE_S else 60.0)
         try:
             if self._pg is not None:
                 ray.util.remove_placement_group(self._pg)
@@ -376,15 +470,25 @@ class RayServiceGroup(ServiceGroup):
                 _leave_ray()
 
 
-def _stop_actor(actor: _Actor) -> None:
-    """Its process by pid (a drain of up to 30 s), then the actor; a dead actor took its process with it."""
+def _stop_actor(actor: _Actor, drain_s: float) -> None:
+    """Its process by pid (a drain of up to `drain_s`), then the actor; a dead actor took its
+    process with it, and one that never started a process (or does not answer) is only killed."""
     import ray
 
-    try:
-        ray.get(actor.handle.stop.remote(), timeout=60)
-    except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
-        pass
+    if actor.pid and drain_s > 0:
+        try:
+            ray.get(actor.handle.stop.remote(min(drain_s, 30.0)), timeout=drain_s + 5)
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+            pass
     ray.kill(actor.handle, no_restart=True)
+
+
+def _excerpt(text: str, limit: int = RAY_SAYS_CHARS) -> str:
+    """The first line of what Ray says, cut at a word (Ray's messages run to pages)."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    if len(line) <= limit:
+        return line
+    return line[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 def _wait_name_free(name: str, timeout_s: float = 60.0) -> None:

@@ -61,6 +61,15 @@ class CannotRestart(RuntimeError):
     """This group cannot put a new instance in place of a dead one; the message says why."""
 
 
+class ReplacementDied(RuntimeError):
+    """The new instance died while it was being started (its node was lost meanwhile, before Ray
+    had said so): that counts as one more restart, if the run has one left."""
+
+    def __init__(self, dead: DeadService):
+        super().__init__(str(dead))
+        self.dead = dead
+
+
 class ServiceGroup(ABC):
     """Services a run started (local processes, Ray actors): addresses, death, restart, stop."""
 
@@ -82,6 +91,15 @@ class ServiceGroup(ABC):
     @abstractmethod
     def restart(self, name: str, index: int) -> str:
         """A new instance in place of instance `index` of `name`; its address (CannotRestart)."""
+
+    def unreachable(self, name: str, index: int) -> str | None:
+        """Why instance `index` of `name` cannot be reached now, when its host (a cluster node)
+        is cut off: it is then not frozen, and must not be killed for silence. None on one machine."""
+        return None
+
+    def verdict_pending_seconds(self) -> float:
+        """How long a verdict on an unreachable service may still take (0: none is unreachable)."""
+        return 0.0
 
     @abstractmethod
     def kill(self, name: str, index: int) -> None:
