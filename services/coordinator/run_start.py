@@ -132,29 +132,38 @@ def init_services(
     run_id: str,
     *,
     rebuild: bool = False,
+    fresh: frozenset[str] = frozenset(),
     seconds: dict[str, float] | None = None,
 ) -> dict[str, object]:
     """Init every service at once with its settings; the replies by service (rollout_i). `rebuild`:
-    every service starts the run's state afresh (a recovery resumes from the last checkpoint).
+    every service starts the run's state afresh (a recovery resumes from the last checkpoint),
+    except those in `fresh` (trainer, dataloader, rollout_i): new processes, with no state of the
+    run to drop (a rebuild there would also drop trainer ranks that a launcher started for it).
     `seconds` receives each service's Init time (the startup lines name the slow one)."""
     seconds = {} if seconds is None else seconds
     calls = {}
     started = time.monotonic()  # the calls start together: each one's time runs from here
     with ThreadPoolExecutor(2 + len(services.rollouts)) as pool:
         if services.trainer is not None:
-            request = trainer_pb2.InitRequest(config=_struct(run, "trainer"), run_id=run_id, rebuild=rebuild)
+            request = trainer_pb2.InitRequest(
+                config=_struct(run, "trainer"), run_id=run_id, rebuild=rebuild and "trainer" not in fresh
+            )
             calls["trainer"] = pool.submit(
                 in_current_context(services.trainer.Init), request, timeout=LONG_CALL_SECONDS
             )
         if services.dataloader is not None:
             request = dataloader_pb2.InitRequest(
-                config=_struct(run, "dataloader"), run_id=run_id, rebuild=rebuild
+                config=_struct(run, "dataloader"),
+                run_id=run_id,
+                rebuild=rebuild and "dataloader" not in fresh,
             )
             calls["dataloader"] = pool.submit(
                 in_current_context(services.dataloader.Init), request, timeout=LONG_CALL_SECONDS
             )
         for i, stub in enumerate(services.rollouts):
-            request = rollout_pb2.InitRequest(config=_struct(run, "rollout"), run_id=run_id, rebuild=rebuild)
+            request = rollout_pb2.InitRequest(
+                config=_struct(run, "rollout"), run_id=run_id, rebuild=rebuild and f"rollout_{i}" not in fresh
+            )
             calls[f"rollout_{i}"] = pool.submit(
                 in_current_context(stub.Init), request, timeout=LONG_CALL_SECONDS
             )

@@ -93,6 +93,7 @@ class RunRecord:
     notices: list[str] = field(default_factory=list)  # what the run survived, a line each (RunInfo)
     startup: list[str] = field(default_factory=list)  # what it did while starting (RunInfo)
     failed_at: float = 0.0  # time.monotonic() when the failure being recovered from was caught
+    fresh: set[str] = field(default_factory=set)  # services restarted since the last Init (rollout_i)
 
     def starting(self, line: str) -> None:
         """A line of what the starting run is doing (RunInfo.startup, the log)."""
@@ -214,8 +215,10 @@ def _attempt(record: RunRecord, *, progress: bool) -> dict[str, float]:
         record.starting(loading_line(record.run.component("trainer").hf_checkpoint, loaders))
     stopwatch, seconds = Stopwatch(record.starting), {}
     init_services(
-        record.services, record.run, record.run_id, rebuild=record.num_restarts > 0, seconds=seconds
-    )
+        record.services, record.run, record.run_id, rebuild=record.num_restarts > 0,
+        fresh=frozenset(record.fresh), seconds=seconds,
+    )  # fmt: skip
+    record.fresh.clear()
     stopwatch.done("services initialised", seconds)
     evaluator = None
     if c.eval_prompt_data and not c.train_only:
@@ -309,6 +312,14 @@ def _recover(record: RunRecord, dead: DeadService | None, exc: BaseException) ->
             log.error("service not restarted", service=str(dead).splitlines()[0], reason=why)
             return False
         break
+    record.fresh.add(dead.name if dead.name != "rollout" else f"rollout_{dead.index}")
+    for name in group.rebuilt_by_restart() - {dead.name}:  # survivors that cannot rebuild in place
+        try:
+            record.addresses[name][0] = group.restart(name, 0)
+        except Exception as reason:
+            record.dead = DeadService(name, 0, f"restarted with {dead.name} for the recovery, but: {reason}")
+            return False
+        record.fresh.add(name)
     apply_placement(record.run, group)  # a restarted trainer rank 0 may host the weight group elsewhere
     if dead.name == "environment":  # the rollout services' Init of the next attempt tells them
         record.run.use_environment(record.addresses["environment"][0])

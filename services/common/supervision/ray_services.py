@@ -341,6 +341,9 @@ class RayServiceGroup(ServiceGroup):
         with self._poll_lock:
             return time.monotonic() - actor.poll_sent if actor.poll is not None else 0.0
 
+    def rebuilt_by_restart(self) -> set[str]:
+        return {"trainer"} if "trainer-1" in self.actors else set()
+
     def unreachable(self, name: str, index: int) -> str | None:
         for actor in self._members(name, index):
             silent = self._silent_seconds(actor)

@@ -92,6 +92,12 @@ class ServiceGroup(ABC):
     def restart(self, name: str, index: int) -> str:
         """A new instance in place of instance `index` of `name`; its address (CannotRestart)."""
 
+    def rebuilt_by_restart(self) -> set[str]:
+        """Services that cannot rebuild their state in place for a recovering run, so a recovery
+        restarts them with whichever service died (a Ray trainer whose ranks are actors of their
+        own: rank 0 cannot start them again)."""
+        return set()
+
     def unreachable(self, name: str, index: int) -> str | None:
         """Why instance `index` of `name` cannot be reached now, when its host (a cluster node)
         is cut off: it is then not frozen, and must not be killed for silence. None on one machine."""
