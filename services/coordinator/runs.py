@@ -94,6 +94,7 @@ class RunRecord:
     startup: list[str] = field(default_factory=list)  # what it did while starting (RunInfo)
     failed_at: float = 0.0  # time.monotonic() when the failure being recovered from was caught
     fresh: set[str] = field(default_factory=set)  # services restarted since the last Init (rollout_i)
+    partition_retries: int = 0  # attempts redone after a partition healed (no restart)
 
     def starting(self, line: str) -> None:
         """A line of what the starting run is doing (RunInfo.startup, the log)."""
@@ -179,6 +180,8 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
             except Exception as exc:
                 record.failed_at = time.monotonic()
                 dead = record.dead or watcher.wait_for_dead()
+                if dead is None and _healed_partition(record, watcher, exc):
+                    continue
                 if not _recover(record, dead, exc):
                     raise
             finally:
@@ -198,12 +201,14 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
             record.state = "FAILED"  # after the error: GetRun must never show a failure without its cause
             log.error("run failed", error=record.error, traceback=traceback.format_exc())
     finally:
+        # The ending is recorded before the services are stopped: a stop may take a while (a drain,
+        # an actor on a lost node), and a client that saw the final state may stop this process.
+        record.ended = time.time()
         try:
+            run_files.write_status(record.run_dir, record.state, record.error)  # for the dashboard
+        finally:
             if record.group is not None:
                 record.group.stop()
-        finally:  # every ending is recorded, also one whose services would not stop cleanly
-            record.ended = time.time()
-            run_files.write_status(record.run_dir, record.state, record.error)  # for the dashboard
         log.info("run ended", state=record.state, num_restarts=record.num_restarts)
 
 
@@ -328,6 +333,24 @@ def _recover(record: RunRecord, dead: DeadService | None, exc: BaseException) ->
     return True
 
 
+def _healed_partition(record: RunRecord, watcher: _Watcher, exc: BaseException) -> bool:
+    """A call failed while a service was cut off, and every service answers again before Ray
+    declared its node lost: the run goes on from its last checkpoint on the same services, with no
+    restart (at most max_restarts times: a link that flaps for ever fails the run)."""
+    cut_off = watcher.unreachable_seen
+    if not cut_off or record.stop.is_set() or record.partition_retries >= record.config.max_restarts:
+        return False
+    if any(record.group.unreachable(name, index) for name, index in cut_off):
+        return False
+    record.partition_retries += 1
+    names = ", ".join(f"{name}_{index}" for name, index in sorted(cut_off))
+    record.notice(
+        f"{names} answers again after a partition ({describe_error(exc)}); the run goes on from its "
+        "last checkpoint on the same services, no restart"
+    )
+    return True
+
+
 def _restart_environment(record: RunRecord, dead: DeadService, health: HealthWatch | None) -> bool:
     """The run's environment service died: a new one on its port while the run goes on (the
     samples that were using it end FAILED; the rollout services' channels reconnect to the same
@@ -448,6 +471,7 @@ class _Watcher:
         progress = {name: addresses for name, addresses in record.addresses.items() if name not in http}
         self.hang = HangWatch(progress, record.config.hung_service_seconds)
         self._unreachable_named: tuple[str, int] | None = None  # named once per spell
+        self.unreachable_seen: set[tuple[str, int]] = set()  # cut off at some time in this attempt
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name=f"watch-{record.run_id}", daemon=True)
         self._thread.start()
@@ -456,6 +480,7 @@ class _Watcher:
         while not self._stop.wait(WATCH_SECONDS):
             record = self.record
             self.hang.poll()
+            self._note_unreachable()
             dead = (
                 (record.group.dead() if record.group else None)
                 or (self.health.dead() if self.health else None)
@@ -470,6 +495,15 @@ class _Watcher:
                 if record.services is not None:
                     record.services.cancel_all(dead=(dead.name, dead.index))
                 return
+
+    def _note_unreachable(self) -> None:
+        group = self.record.group
+        if group is None:
+            return
+        for name, addresses in group.addresses.items():
+            for index in range(len(addresses)):
+                if group.unreachable(name, index):
+                    self.unreachable_seen.add((name, index))
 
     def _hung(self) -> DeadService | None:
         """A hung service, killed (SIGKILL) when the run started it: then it is dead like any other

@@ -85,7 +85,7 @@ def node_label(node_id: str) -> str:
     return node["NodeManagerAddress"] if node else node_id[:12]
 
 
-def _plain(resources: dict[str, float]) -> dict[str, float]:
+def plain_resources(resources: dict[str, float]) -> dict[str, float]:
     """Resources without Ray's internal ones (placement-group shares, node: markers, memory)."""
     return {
         name: amount
@@ -101,7 +101,7 @@ def free_by_node() -> dict[str, dict[str, float]]:
 
     live = {node_id: node for node_id, node in nodes().items() if node["Alive"]}
     free = state.state.available_resources_per_node()
-    return {node["NodeManagerAddress"]: _plain(free.get(node_id, {})) for node_id, node in live.items()}
+    return {node["NodeManagerAddress"]: plain_resources(free.get(node_id, {})) for node_id, node in live.items()}
 
 
 def hosts(free: dict[str, float], bundle: dict[str, float]) -> bool:

@@ -328,7 +328,7 @@ class RayServiceGroup(ServiceGroup):
                 status = ray.get(poll)
             except ray.exceptions.RayActorError as exc:
                 return DeadService(*actor.service_index, f"({actor.where}) died; its service is gone. "
-                                   f"Ray says: {_excerpt(str(exc))}")  # fmt: skip
+                                   f"Ray says: {excerpt(str(exc))}")  # fmt: skip
             if status is not None:
                 return DeadService(
                     *actor.service_index,
@@ -394,7 +394,7 @@ class RayServiceGroup(ServiceGroup):
         except ray.exceptions.RayActorError as exc:
             raise ReplacementDied(
                 DeadService(
-                    name, index, f"(its replacement) died while starting. Ray says: {_excerpt(str(exc))}"
+                    name, index, f"(its replacement) died while starting. Ray says: {excerpt(str(exc))}"
                 )
             ) from None
         except ray.exceptions.RayTaskError as exc:
@@ -486,7 +486,7 @@ def _stop_actor(actor: _Actor, drain_s: float) -> None:
     ray.kill(actor.handle, no_restart=True)
 
 
-def _excerpt(text: str, limit: int = RAY_SAYS_CHARS) -> str:
+def excerpt(text: str, limit: int = RAY_SAYS_CHARS) -> str:
     """The first line of what Ray says, cut at a word (Ray's messages run to pages)."""
     line = text.strip().splitlines()[0] if text.strip() else ""
     if len(line) <= limit:

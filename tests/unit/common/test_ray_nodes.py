@@ -1,0 +1,41 @@
+"""The pure half of the recovery's questions to Ray: which live node can host a bundle, what the
+error says when none can, and how Ray's long messages are cut."""
+
+from __future__ import annotations
+
+from rollway.common.supervision import ray_nodes
+from rollway.common.supervision.ray_services import excerpt
+
+
+def test_ray_internal_resources_are_left_out_of_what_a_node_has_free():
+    free = {
+        "CPU": 1.0,
+        "CPU_group_0_8f97": 1.0,
+        "bundle_group_8f97": 1000.0,
+        "node:198.18.0.3": 1.0,
+        "memory": 1e9,
+        "object_store_memory": 1e8,
+        "node_trainer": 1.0,
+    }
+    assert ray_nodes.plain_resources(free) == {"CPU": 1.0, "node_trainer": 1.0}
+
+
+def test_a_bundle_fits_only_where_every_resource_it_asks_for_is_free():
+    assert ray_nodes.hosts({"CPU": 1.0}, {"CPU": 1.0})
+    assert not ray_nodes.hosts({"CPU": 0.5}, {"CPU": 1.0})
+    assert not ray_nodes.hosts({"CPU": 4.0}, {"CPU": 1.0, "GPU": 1.0})
+    assert ray_nodes.hosts({"CPU": 4.0}, {"CPU": 1.0, "GPU": 0.0})  # asking for none is no ask
+
+
+def test_the_no_room_message_names_each_live_node_and_what_it_has_free():
+    text = ray_nodes.describe_free({"198.18.0.2": {"CPU": 0.0}, "198.18.0.4": {}})
+    assert text == "198.18.0.2: CPU 0 free; 198.18.0.4: nothing free"
+    assert ray_nodes.describe_free({}) == "no live node is left"
+
+
+def test_what_ray_says_is_cut_at_a_word_and_to_its_first_line():
+    said = "The actor died because its node has died. " * 20 + "\nTraceback ..."
+    excerpt = excerpt(said)
+    assert len(excerpt) <= 304 and excerpt.endswith(" ...") and "Traceback" not in excerpt
+    assert excerpt[:-4] == said[: len(excerpt) - 4] and said[len(excerpt) - 4] == " "  # a whole word
+    assert excerpt("short") == "short"
