@@ -101,7 +101,9 @@ def free_by_node() -> dict[str, dict[str, float]]:
 
     live = {node_id: node for node_id, node in nodes().items() if node["Alive"]}
     free = state.state.available_resources_per_node()
-    return {node["NodeManagerAddress"]: plain_resources(free.get(node_id, {})) for node_id, node in live.items()}
+    return {
+        node["NodeManagerAddress"]: plain_resources(free.get(node_id, {})) for node_id, node in live.items()
+    }
 
 
 def hosts(free: dict[str, float], bundle: dict[str, float]) -> bool:

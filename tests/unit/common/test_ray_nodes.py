@@ -35,7 +35,7 @@ def test_the_no_room_message_names_each_live_node_and_what_it_has_free():
 
 def test_what_ray_says_is_cut_at_a_word_and_to_its_first_line():
     said = "The actor died because its node has died. " * 20 + "\nTraceback ..."
-    excerpt = excerpt(said)
-    assert len(excerpt) <= 304 and excerpt.endswith(" ...") and "Traceback" not in excerpt
-    assert excerpt[:-4] == said[: len(excerpt) - 4] and said[len(excerpt) - 4] == " "  # a whole word
+    cut = excerpt(said)
+    assert len(cut) <= 304 and cut.endswith(" ...") and "Traceback" not in cut
+    assert cut[:-4] == said[: len(cut) - 4] and said[len(cut) - 4] == " "  # a whole word
     assert excerpt("short") == "short"
