@@ -247,7 +247,13 @@ class TrainerRuns:
         if request.run_id:
             bind_run_context(run_id=request.run_id)
         settings = run_settings(self.startup, struct_to_dict(request.config))
-        servicer, already, rebuilt = self.host.init(request.run_id, settings, rebuild=request.rebuild)
+        # Broken ranks are never handed to a run: its Init builds new ones (a trainer that nothing
+        # restarts heals here; a supervised one has exited instead: broken_ranks.py).
+        current = self.host.current()
+        broken = current is not None and current.controller.runtime.broken is not None
+        servicer, already, rebuilt = self.host.init(
+            request.run_id, settings, rebuild=request.rebuild or broken
+        )
         engine = servicer.require_engine()
         self.server.set_serving()  # a rebuild replaces ranks a failed run may have broken
         repeat = servicer.controller.init(

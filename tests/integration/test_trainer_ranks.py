@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from support.processes import ServiceProcess, alive
+from support.processes import ServiceProcess, alive, descendants
 
 from rollway.common.client import open_channel
 from rollway.common.v1 import common_pb2
@@ -68,7 +68,9 @@ def test_sigterm_on_rank_0_stops_the_other_ranks(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
-def test_a_killed_rank_is_reported_and_health_goes_not_serving(tiny_model_dir, tmp_path):
+def test_a_killed_rank_is_reported_health_goes_not_serving_and_the_next_init_rebuilds(
+    tiny_model_dir, tmp_path
+):
     svc = start_trainer(tiny_model_dir, tmp_path)
     try:
         with open_channel(svc.address) as channel:
@@ -83,6 +85,12 @@ def test_a_killed_rank_is_reported_and_health_goes_not_serving(tiny_model_dir, t
                 train_step(stub, 1)
             assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "trainer rank 1 exited with code -9" in err.value.details()
+            # Nothing restarts this trainer: the next Init builds new ranks, from the model's start.
+            assert stub.Init(pb.InitRequest()).rebuilt
+            assert health(svc.address) == health_pb2.HealthCheckResponse.SERVING
+            (new_worker,) = descendants(svc.pid)  # spawned by a gRPC thread: not in the main task's children
+            assert new_worker != worker and alive(new_worker)
+            assert train_step(stub, 1).global_step == 1
     finally:
         assert svc.stop() == 0
 
