@@ -47,14 +47,15 @@ def run_service(service: str, config_classes: Sequence[type], argv: Sequence[str
     )
     module = importlib.import_module(f"rollway.{service}.service")
     try:
-        module.serve(server_config, *service_configs)
+        code = module.serve(server_config, *service_configs)  # None, or a service's own exit code
     except PortInUseError as exc:  # an operator's mistake, said in one line (no traceback)
         print(f"rollway {service}: {exc.strerror}", file=sys.stderr, flush=True)
         exit_without_teardown(PORT_IN_USE_EXIT_CODE)
     # serve() returns once the service has drained, stopped its ranks and engines and flushed its
-    # spans. Interpreter teardown is skipped: with a peer of a torch.distributed group gone (a
-    # killed trainer rank, a dead weight-sync member), gloo's threads abort the process there
+    # spans; an exit code it returns says why it stopped (a trainer whose ranks broke: 75).
+    # Interpreter teardown is skipped: with a peer of a torch.distributed group gone (a killed
+    # trainer rank, a dead weight-sync member), gloo's threads abort the process there
     # ("terminate called without an active exception"), and the exit status must say that the
     # service stopped cleanly. Handlers still unwinding (a join the stop cancelled) finish first.
     RUNNING_HANDLERS.wait_idle(HANDLERS_EXIT_SECONDS)
-    exit_without_teardown(0)
+    exit_without_teardown(code or 0)

@@ -96,8 +96,13 @@ def start_missing_services(
     else:
         environment = {"environment": run.environment_args()} if run.managed_environment else {}
         module = run.environment_module
+        # The run restarts a dead trainer, so a trainer whose ranks broke exits to be restarted
+        # with all of them (trainer/broken_ranks.py).
+        trainer = {"trainer": ["--exit-when-ranks-break"]}
         group = LocalServiceGroup(
-            workdir, args=environment, http_services={"environment": module} if module else None
+            workdir,
+            args={**environment, **trainer},
+            http_services={"environment": module} if module else None,
         )
     log.info("starting services", services=sorted(missing), launcher=c.launcher)
     addresses.update(group.start(missing))

@@ -4,6 +4,7 @@ of a local `rollway run` at seeded random moments, one failure at a time, and ti
     run = run_with_chaos(config, run_dir, [Kill(1, "trainer"), Kill(3, "coordinator")], seed=7,
                          log_path=workdir / "launcher.log")      # `rollway run CONFIG`, to its end
     Kill(2, "rollout", signal.SIGSTOP)   a frozen service: the coordinator's hang watch must kill it
+    Kill(2, "trainer.worker")            rank 1 of a 2-rank trainer (python -m rollway.trainer.worker)
     run.returncode  0
     run.kills       [KillRecord(service="trainer", pid=..., steps_logged=1, replaced_seconds=0.2,
                                 next_step_seconds=6.0, ...), ...]

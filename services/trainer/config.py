@@ -53,6 +53,13 @@ class TrainerConfig:
     distributed_timeout_seconds: float = setting(
         600.0, "timeout of a collective between ranks: a rank that stops answering is reported after it"
     )
+    exit_when_ranks_break: bool = setting(
+        False,
+        "when a rank dies (or the ranks fall out of step), exit with code 75 so that whatever "
+        "supervises this trainer restarts it with every rank (the coordinator's local launcher sets "
+        "it; also for systemd or Kubernetes); false: stay up NOT_SERVING until a run's Init rebuilds "
+        "the ranks",
+    )
     ref_load: str = setting(
         "", "Hugging Face directory of the reference model for KL (default: the starting checkpoint)"
     )

@@ -3,12 +3,16 @@
 Start-up with a model: parse config -> serve gRPC (health NOT_SERVING) -> spawn ranks 1..N-1 ->
 load and shard the model on every rank -> SERVING. Without one (a bare trainer) it is SERVING at
 once and the first run's Init loads the run's model. Each run gets its own ranks, model,
-optimizer and step results (RunHost); SIGTERM drains the calls, then stops the ranks.
+optimizer and step results (RunHost); SIGTERM drains the calls, then stops the ranks. Ranks
+that broke (a rank died) make it NOT_SERVING, or make it exit where a launcher restarts it
+(broken_ranks.py).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 
 from google.protobuf import json_format, struct_pb2
 
@@ -20,6 +24,7 @@ from rollway.common.server import RollwayServer, ServerConfig
 from rollway.common.structs import to_struct
 from rollway.common.v1 import common_pb2
 from rollway.trainer.batch import to_items
+from rollway.trainer.broken_ranks import BrokenRanks
 from rollway.trainer.config import TRAINING_SETTINGS, TrainerConfig
 from rollway.trainer.controller import TrainerController
 from rollway.trainer.datums import datum_loss, to_datum_items
@@ -242,7 +247,13 @@ class TrainerRuns:
         if request.run_id:
             bind_run_context(run_id=request.run_id)
         settings = run_settings(self.startup, struct_to_dict(request.config))
-        servicer, already, rebuilt = self.host.init(request.run_id, settings, rebuild=request.rebuild)
+        # Broken ranks are never handed to a run: its Init builds new ones (a trainer that nothing
+        # restarts heals here; a supervised one has exited instead: broken_ranks.py).
+        current = self.host.current()
+        broken = current is not None and current.controller.runtime.broken is not None
+        servicer, already, rebuilt = self.host.init(
+            request.run_id, settings, rebuild=request.rebuild or broken
+        )
         engine = servicer.require_engine()
         self.server.set_serving()  # a rebuild replaces ranks a failed run may have broken
         repeat = servicer.controller.init(
@@ -272,14 +283,17 @@ def run_settings(startup: TrainerConfig, overrides: dict) -> TrainerConfig:
         raise InvalidArgument(f"config.{exc.setting}", exc.problem) from None
 
 
-def build_for_run(settings: TrainerConfig, on_broken, auth_token: str = "") -> TrainerService:
-    """Ranks, model and controller for one run (blocks while the model loads on every rank)."""
+def build_for_run(
+    settings: TrainerConfig, on_broken: Callable[[TrainerConfig, str], None], auth_token: str = ""
+) -> TrainerService:
+    """Ranks, model and controller for one run (blocks while the model loads on every rank).
+    `on_broken(settings, reason)`: the ranks broke (broken_ranks.py)."""
     try:
         read_hf_config(settings.hf_checkpoint)
         check_reference(settings)
     except ModelLoadError as exc:
         raise InvalidArgument("config.hf_checkpoint", str(exc)) from None
-    runtime = RankRuntime(settings, on_broken=on_broken, auth_token=auth_token)
+    runtime = RankRuntime(settings, on_broken=functools.partial(on_broken, settings), auth_token=auth_token)
     servicer = TrainerService(TrainerController(settings, runtime), auth_token)
     try:
         engine = runtime.start()
@@ -302,8 +316,9 @@ def same_start_up(old: TrainerConfig, new: TrainerConfig) -> bool:
     return all(old_values[k] == new_values[k] for k in old_values if k not in TRAINING_SETTINGS)
 
 
-def serve(server_config: ServerConfig, config: TrainerConfig) -> None:
-    """Serve until SIGTERM, then stop every rank. With a model in the flags, load it first."""
+def serve(server_config: ServerConfig, config: TrainerConfig) -> int | None:
+    """Serve until SIGTERM, then stop every rank. With a model in the flags, load it first.
+    Returns the exit code of a trainer that stopped because its ranks broke (broken_ranks.py)."""
     server = RollwayServer("trainer", server_config, WATCHED_CALLS)
     bare = not config.hf_checkpoint
     if not bare:
@@ -314,12 +329,10 @@ def serve(server_config: ServerConfig, config: TrainerConfig) -> None:
             log.error("cannot start", error=str(exc))
             sys.exit(2)
 
-    def on_broken(reason: str) -> None:
-        server.set_serving(False)
-
+    broken = BrokenRanks(server)
     host = RunHost(
         "trainer",
-        lambda settings: build_for_run(settings, on_broken, server.auth_token),
+        lambda settings: build_for_run(settings, broken.on_broken, server.auth_token),
         close_run,
         in_place=same_start_up,
     )
@@ -339,7 +352,7 @@ def serve(server_config: ServerConfig, config: TrainerConfig) -> None:
     try:
         server.start()
         if not bare:
-            host.adopt(build_for_run(config, on_broken, server.auth_token), config)
+            host.adopt(build_for_run(config, broken.on_broken, server.auth_token), config)
     except Exception:
         log.exception("trainer failed to start")
         server.stop(0)
@@ -348,3 +361,4 @@ def serve(server_config: ServerConfig, config: TrainerConfig) -> None:
         log.info("trainer ready without a model: a run's Init configures it")
     server.set_serving()
     server.wait_for_termination()
+    return broken.exit_code

@@ -1,4 +1,5 @@
-"""Trainer rank processes: no orphans after SIGTERM, a dead or hung rank is reported, never a hang."""
+"""Trainer rank processes: no orphans after SIGTERM, a dead or hung rank is reported, never a hang;
+a supervised trainer exits when a rank dies, to be restarted with all of them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from support.processes import ServiceProcess, alive
+from support.processes import ServiceProcess, alive, descendants
 
 from rollway.common.client import open_channel
 from rollway.common.v1 import common_pb2
@@ -67,7 +68,9 @@ def test_sigterm_on_rank_0_stops_the_other_ranks(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
-def test_a_killed_rank_is_reported_and_health_goes_not_serving(tiny_model_dir, tmp_path):
+def test_a_killed_rank_is_reported_health_goes_not_serving_and_the_next_init_rebuilds(
+    tiny_model_dir, tmp_path
+):
     svc = start_trainer(tiny_model_dir, tmp_path)
     try:
         with open_channel(svc.address) as channel:
@@ -82,8 +85,39 @@ def test_a_killed_rank_is_reported_and_health_goes_not_serving(tiny_model_dir, t
                 train_step(stub, 1)
             assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "trainer rank 1 exited with code -9" in err.value.details()
+            # Nothing restarts this trainer: the next Init builds new ranks, from the model's start.
+            assert stub.Init(pb.InitRequest()).rebuilt
+            assert health(svc.address) == health_pb2.HealthCheckResponse.SERVING
+            (new_worker,) = descendants(svc.pid)  # spawned by a gRPC thread: not in the main task's children
+            assert new_worker != worker and alive(new_worker)
+            assert train_step(stub, 1).global_step == 1
     finally:
         assert svc.stop() == 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
+def test_a_killed_rank_makes_a_supervised_trainer_exit_to_be_restarted_whole(tiny_model_dir, tmp_path):
+    """With exit_when_ranks_break (the coordinator's launcher sets it) a dead rank ends the
+    trainer, with its own exit code and the reason in its log, so that its launcher restarts it
+    with every rank; the ranks still running are stopped with it."""
+    svc = start_trainer(tiny_model_dir, tmp_path, "--world-size", "3", "--exit-when-ranks-break")
+    try:
+        with open_channel(svc.address) as channel:
+            stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+            stub.Init(pb.InitRequest())
+            assert train_step(stub, 0).global_step == 1
+        rank_1, rank_2 = children(svc.pid)
+        os.kill(rank_1, signal.SIGKILL)
+        killed = time.monotonic()
+        assert wait_for(lambda: svc.proc.poll() is not None, 10.0), "the trainer outlived its rank"
+        # Within the coordinator's grace for a failed call's service to be seen dead (3 s).
+        assert time.monotonic() - killed < 3.0 + 1.0  # + the rank watch's poll
+        assert svc.proc.returncode == 75
+        assert "trainer ranks broken: exiting so that the launcher restarts every rank" in svc.log_text()
+        assert "trainer rank 1 exited with code -9" in svc.log_text()
+        assert wait_for(lambda: not alive(rank_2), 5.0), "rank 2 outlived the trainer"
+    finally:
+        svc.stop()
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
