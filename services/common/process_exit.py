@@ -12,6 +12,18 @@ from __future__ import annotations
 import os
 import sys
 
+# A trainer whose ranks broke (one died, or a command left them out of step) exits with this so
+# that its launcher restarts every rank. EX_TEMPFAIL: temporary, a restart heals it; distinct
+# from a start-up error (1) and from a signal (negative).
+RANKS_BROKEN_EXIT_CODE = os.EX_TEMPFAIL
+EXIT_MEANINGS = {RANKS_BROKEN_EXIT_CODE: "its ranks broke: a rank died or fell out of step"}
+
+
+def describe_exit(code: int | None) -> str:
+    """`exited with N`, and what N means where a rollway process chose it."""
+    meaning = EXIT_MEANINGS.get(code)
+    return f"exited with {code}" + (f" ({meaning})" if meaning else "")
+
 
 def exit_without_teardown(code: int) -> None:
     """Flush Python's standard streams and end the process now with `code`."""

@@ -16,19 +16,15 @@ the dead rank, and the next run's Init (or a recovery's rebuild) builds new rank
 
 from __future__ import annotations
 
-import os
 import threading
 
 from rollway.common.log import get_logger
-from rollway.common.process_exit import exit_without_teardown
+from rollway.common.process_exit import RANKS_BROKEN_EXIT_CODE, exit_without_teardown
 from rollway.common.server import RollwayServer
 from rollway.trainer.config import TrainerConfig
 
 log = get_logger("rollway.trainer.broken_ranks")
 
-# EX_TEMPFAIL: the failure is temporary, a restart heals it. Distinct from a start-up error (1),
-# a bad flag or model (2) and a clean stop (0), so the launcher's log says which it was.
-RANKS_BROKEN_EXIT_CODE = os.EX_TEMPFAIL
 # The failing call answers within this (it names the dead rank to the coordinator) ...
 DRAIN_SECONDS = 0.5
 # ... and the process is gone within this, whatever the drain is stuck on: the coordinator gives a

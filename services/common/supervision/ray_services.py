@@ -38,6 +38,7 @@ from pathlib import Path
 from rollway.common.client import wait_until_serving
 from rollway.common.config import non_default_settings, to_dict
 from rollway.common.log import get_logger
+from rollway.common.process_exit import describe_exit
 from rollway.common.supervision import ray_nodes
 from rollway.common.supervision.placement import ActorSpec, PlacementError, check_fits, describe, plan_actors
 from rollway.common.supervision.ray_actors import ServiceHost
@@ -332,7 +333,7 @@ class RayServiceGroup(ServiceGroup):
             if status is not None:
                 return DeadService(
                     *actor.service_index,
-                    f"({actor.where}, pid {status['pid']}) exited with {status['code']}; "
+                    f"({actor.where}, pid {status['pid']}) {describe_exit(status['code'])}; "
                     f"last log lines:\n{status['log_tail']}",
                 )
         return None

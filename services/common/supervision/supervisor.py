@@ -35,6 +35,7 @@ from pathlib import Path
 import grpc
 
 from rollway.common.client import ClientConfig, open_channel
+from rollway.common.process_exit import describe_exit
 from rollway.common.supervision.service_process import ServiceProcess
 from rollway.common.tracing import trace_file_environment
 
@@ -175,7 +176,7 @@ class LocalServiceGroup(ServiceGroup):
                         return DeadService(
                             name,
                             index,
-                            f"(pid {p.pid}) exited with {p.proc.returncode}; last log lines:\n{tail}",
+                            f"(pid {p.pid}) {describe_exit(p.proc.returncode)}; last log lines:\n{tail}",
                         )
         return None
 
