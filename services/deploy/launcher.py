@@ -356,6 +356,12 @@ def plan_main(argv: list[str]) -> int:
     given: dict = {}
     configs = parse_run_config(argv, prog="rollway plan", given=given)
     print(plan(configs))
+    if configs["coordinator"].launcher == "ray":
+        from rollway.common.supervision.ray_cluster import read_cluster
+        from rollway.coordinator.plan_text import ray_placement_text
+
+        nodes, source = read_cluster(configs["coordinator"].ray_address)
+        print(ray_placement_text(configs, nodes, source))
     started = memory_plan.services_started_here(configs) or ["dataloader", "rollout", "trainer"]
     budget = int(options.memory_budget * memory_plan.GIB) or memory_plan.available_memory()
     try:

@@ -1,7 +1,7 @@
 """Ray as a ServiceGroup: the services a run starts, as Ray actors placed together, watched,
 restarted and stopped by the coordinator (run config `launcher: ray`, `ray_address`).
 
-    coordinator (run thread)                 Ray cluster (one placement group, PACK)
+    coordinator (run thread)                 Ray cluster (one placement group, ray_placement_strategy)
     RayServiceGroup(run, workdir, name)
       .start(counts) ─ join Ray (or start a local instance) ─ plan_actors ─> one bundle and one
                        ServiceHost actor per process:
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import threading
 import time
@@ -33,8 +34,17 @@ from pathlib import Path
 from rollway.common.client import wait_until_serving
 from rollway.common.config import non_default_settings, to_dict
 from rollway.common.log import get_logger
-from rollway.common.supervision.placement import ActorSpec, PlacementError, check_fits, describe, plan_actors
+from rollway.common.supervision.placement import (
+    ActorSpec,
+    PlacementError,
+    PlacementSettings,
+    check_cluster,
+    check_fits,
+    describe,
+    plan_actors,
+)
 from rollway.common.supervision.ray_actors import ServiceHost
+from rollway.common.supervision.ray_cluster import head_problem, live_nodes
 from rollway.common.supervision.supervisor import CannotRestart, DeadService, ServiceGroup
 
 log = get_logger("rollway.common.supervision.ray")
@@ -101,12 +111,15 @@ class RayServiceGroup(ServiceGroup):
 
         configs = {"trainer": self.run.trainer, "rollout": self.run.rollout}
         services = list(counts)
+        settings = PlacementSettings.from_config(self.run.coordinator)
+        self._strategy = settings.strategy
         try:
-            upper = plan_actors(configs, services, float("inf"))
-            _join_ray(self.ray_address, int(sum(s.resources.get("CPU", 0.0) for s in upper)))
+            upper = plan_actors(configs, services, float("inf"), settings)
+            _join_ray(self.ray_address, math.ceil(sum(s.resources.get("CPU", 0.0) for s in upper)))
             self._joined = True
-            specs = plan_actors(configs, services, ray.cluster_resources().get("GPU", 0.0))
+            specs = plan_actors(configs, services, ray.cluster_resources().get("GPU", 0.0), settings)
             check_fits(specs, ray.cluster_resources())
+            check_cluster(specs, settings.strategy, live_nodes())
         except PlacementError as exc:
             self.stop()
             raise RayStartError(f"cannot place the run on Ray: {exc}") from None
@@ -131,7 +144,7 @@ class RayServiceGroup(ServiceGroup):
         import ray
         from ray.util.placement_group import placement_group
 
-        self._pg = placement_group([s.resources for s in specs], strategy="PACK")
+        self._pg = placement_group([s.resources for s in specs], strategy=self._strategy)
         ready, _ = ray.wait([self._pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
         if not ready:
             raise RayStartError(
@@ -424,7 +437,7 @@ def _join_ray(address: str, num_cpus: int) -> None:
                     ray.init(num_cpus=max(os.cpu_count() or 1, num_cpus), include_dashboard=False,
                              log_to_driver=False)  # fmt: skip
             except ConnectionError as exc:
-                raise RayStartError(f"cannot reach the Ray cluster: {exc}") from None
+                raise RayStartError(f"cannot reach the Ray cluster: {exc}{_answered_hint(address)}") from None
             _ray_ours = True
         elif address and ":" in address and not address.startswith("ray://"):
             joined = ray.get_runtime_context().gcs_address
@@ -434,6 +447,26 @@ def _join_ray(address: str, num_cpus: int) -> None:
                     f"{joined} (one cluster per coordinator process)"
                 )
         _ray_users += 1
+
+
+def _answered_hint(address: str) -> str:
+    """Where the head answered on its port and ray.init still failed, the likely causes: Ray's token
+    auth (a head with RAY_AUTH_MODE=token or ~/.ray/auth_token refuses a driver without the token,
+    and ray.init only times out) or another Ray or Python version than the head's."""
+    import sys
+
+    import ray
+
+    if not address or head_problem(address):
+        return ""
+    mode = os.environ.get("RAY_AUTH_MODE", "")
+    return (
+        f"; the head answers at {address}, so the likely cause is Ray's token auth: a head started with "
+        "RAY_AUTH_MODE=token (or with ~/.ray/auth_token) needs RAY_AUTH_MODE=token and the same token "
+        "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) in the coordinator's environment "
+        f"(here RAY_AUTH_MODE is {mode or 'unset'}); else a Ray or Python version other than the head's "
+        f"(this coordinator: Ray {ray.__version__}, Python {sys.version.split()[0]})"
+    )
 
 
 def _leave_ray() -> None:
