@@ -122,4 +122,4 @@ def test_progress_has_every_step_the_recovery_and_the_real_pace(tmp_path, tiny_m
         [r.get("perf/weight_sync_bytes") for r in steps],
         expected_bytes,
     )
-    assert all(r["perf/weight_sync_gbps"] > 0 for r in steps)
+    assert all(r["perf/weight_sync_gbytes_per_s"] > 0 for r in steps)
