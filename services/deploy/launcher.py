@@ -213,8 +213,10 @@ def _drive(
     except grpc.RpcError as exc:
         print(f"run refused: {exc.details()}", file=sys.stderr)
         return 2
-    # The coordinator's count: a num_epoch run's steps are known once it has read the data.
-    progress = ProgressLine(started.num_steps or num_steps)
+    # The coordinator's count: a num_epoch run's steps are known once it has read the data. A
+    # resumed run's stream replays the earlier attempts' records: from this attempt's start (on the
+    # coordinator's clock, which stamps the records) the line shows steps and counts their pace.
+    progress = ProgressLine(started.num_steps or num_steps, since=started.created_time)
     stream = stub.StreamMetrics(coordinator_pb2.StreamMetricsRequest(run_id=run_id), timeout=1e7)
     follower = threading.Thread(
         target=lambda: [progress.update(r.step + 1, dict(r.metrics), at=r.time) for r in _quiet(stream)],
