@@ -138,7 +138,7 @@ def ray_placement_text(configs: dict[str, object], nodes: list | None, source: s
         return f"Ray placement: {source}: the run cannot be placed: {exc}"
     if nodes is None:
         return (
-            f"Ray actors ({settings.strategy}; {source}: the actors and their requirements on a "
-            f"cluster with GPUs only)\n{placement.describe(specs)}"
+            f"Ray placement ({settings.strategy}): no cluster reached ({source}): the actors and what "
+            f"each needs on a cluster with GPUs only, not where they would go\n{placement.describe(specs)}"
         )
     return f"Ray cluster: {source}\n" + placement.layout_text(specs, settings.strategy, nodes)

@@ -193,3 +193,37 @@ def test_layout_text_says_where_and_which_loss_the_run_does_not_survive():
     )
     one = layout_text(actors({"CPU": 1.0}), "PACK", cpu_nodes(2))
     assert one.endswith("losing 10.0.0.1: a0 would have nowhere to go: the cluster has no other node")
+
+
+def test_plan_text_without_a_cluster_lists_the_actors_and_says_where_they_go_is_unknown():
+    from pathlib import Path
+
+    from rollway.coordinator.plan_text import ray_placement_text
+    from rollway.deploy.launcher import parse_run_config
+
+    example = Path(__file__).resolve().parents[3] / "deploy" / "ray" / "grpo-8gpu.yaml"
+    configs = parse_run_config([str(example), "--launcher", "ray", "--ray-rollout-num-cpus", "2"], given={})
+    text = ray_placement_text(configs, None, "nothing answers at 127.0.0.1:1")
+    assert text.splitlines()[0] == (
+        "Ray placement (PACK): no cluster reached (nothing answers at 127.0.0.1:1): the actors and what "
+        "each needs on a cluster with GPUs only, not where they would go"
+    )
+    assert "  rollout-1      CPU 2, GPU 2" in text.splitlines()
+    two_nodes = [Node("10.0.0.1", {"CPU": 8.0, "GPU": 4.0}), Node("10.0.0.2", {"CPU": 8.0, "GPU": 4.0})]
+    text = ray_placement_text(configs, two_nodes, "the Ray cluster at H:6379")
+    assert text.startswith("Ray cluster: the Ray cluster at H:6379\nRay placement (PACK;")
+    assert (
+        "  rollout-1      CPU 2, GPU 2                     -> 10.0.0.2" in text
+    )  # 4 trainer GPUs fill node 1
+    assert text.endswith(  # the dataloader went to node 1, which had CPUs left
+        "survives the loss of any one node: no\n"
+        "  losing 10.0.0.1: trainer-0, trainer-1, trainer-2, trainer-3, dataloader (CPU 5, GPU 4) would not fit "
+        "what the other nodes have left: 10.0.0.2 (CPU 4, GPU 0)\n"
+        "  losing 10.0.0.2: rollout-0, rollout-1 (CPU 4, GPU 4) would not fit what the other nodes have left: "
+        "10.0.0.1 (CPU 3, GPU 0)"
+    )
+    small = [Node("10.0.0.1", {"CPU": 4.0, "GPU": 8.0})]
+    assert ray_placement_text(configs, small, "c") == (
+        "Ray placement: c: the run cannot be placed: the run's actors need 9 CPU in total and the Ray "
+        "cluster has 4"
+    )
