@@ -318,6 +318,14 @@ def test_runs_that_do_not_fit_the_cluster_fail_before_any_actor_starts(
         "of the Ray cluster has node_trainer; the nodes have: "
     ) in capfd.readouterr().out
     assert not run_actors("label")
+    spread = sft_config(
+        tmp_path, tiny_model_dir, demo_data_dir, "spread", ray_placement_strategy="STRICT_SPREAD"
+    )
+    assert run([str(spread), "--launcher", "ray"]) == 1
+    assert (
+        "cannot place the run on Ray: ray_placement_strategy: STRICT_SPREAD puts each of the run's 2 actors "
+        "on a node of its own, and the Ray cluster has 1 node: "
+    ) in capfd.readouterr().out
 
 
 def test_plan_says_where_each_actor_would_go_and_that_one_node_cannot_survive_its_loss(

@@ -218,7 +218,7 @@ def check_cluster(specs: list[ActorSpec], strategy: str, nodes: list[Node]) -> N
     if strategy == "STRICT_SPREAD" and len(specs) > len(nodes):
         raise PlacementError(
             f"ray_placement_strategy: STRICT_SPREAD puts each of the run's {len(specs)} actors on a node "
-            f"of its own, and the Ray cluster has {len(nodes)} nodes: {nodes_text(nodes)}"
+            f"of its own, and the Ray cluster has {len(nodes)} node{'s' * (len(nodes) != 1)}: {nodes_text(nodes)}"
         )
     if strategy == "STRICT_PACK" and not any(_fits(_total(specs), n.resources) for n in nodes):
         raise PlacementError(

@@ -40,7 +40,7 @@ from rollway.common.supervision.placement import (
     PlacementSettings,
     check_cluster,
     check_fits,
-    describe,
+    layout_text,
     plan_actors,
 )
 from rollway.common.supervision.ray_actors import ServiceHost
@@ -119,14 +119,20 @@ class RayServiceGroup(ServiceGroup):
             self._joined = True
             specs = plan_actors(configs, services, ray.cluster_resources().get("GPU", 0.0), settings)
             check_fits(specs, ray.cluster_resources())
-            check_cluster(specs, settings.strategy, live_nodes())
+            nodes = live_nodes()
+            check_cluster(specs, settings.strategy, nodes)
         except PlacementError as exc:
             self.stop()
             raise RayStartError(f"cannot place the run on Ray: {exc}") from None
         except BaseException:
             self.stop()
             raise
-        log.info("placing the run on Ray", num_actors=len(specs), actors=describe(specs))
+        # Where each actor would go and which node's loss the run would not survive (an estimate).
+        log.info(
+            "placing the run on Ray",
+            num_actors=len(specs),
+            actors=layout_text(specs, settings.strategy, nodes),
+        )
         try:
             self._create(specs)
             self._start_processes()
