@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import socket
 
-from rollway.common.supervision.placement import Node
+from rollway.common.supervision.cluster_layout import Node
 
 PLAN_CONNECT_TIMEOUT_S = 5.0
 

@@ -34,13 +34,12 @@ from pathlib import Path
 from rollway.common.client import wait_until_serving
 from rollway.common.config import non_default_settings, to_dict
 from rollway.common.log import get_logger
+from rollway.common.supervision.cluster_layout import check_cluster, layout_text
 from rollway.common.supervision.placement import (
     ActorSpec,
     PlacementError,
     PlacementSettings,
-    check_cluster,
     check_fits,
-    layout_text,
     plan_actors,
 )
 from rollway.common.supervision.ray_actors import ServiceHost

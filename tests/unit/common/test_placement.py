@@ -9,17 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from rollway.common.config import ConfigError, from_dict
-from rollway.common.supervision.placement import (
-    ActorSpec,
-    Node,
-    PlacementError,
-    PlacementSettings,
-    check_cluster,
-    layout_text,
-    node_losses,
-    plan_actors,
-    simulate,
-)
+from rollway.common.supervision.cluster_layout import Node, check_cluster, layout_text, node_losses, simulate
+from rollway.common.supervision.placement import ActorSpec, PlacementError, PlacementSettings, plan_actors
 from rollway.coordinator.config import CoordinatorConfig
 
 TRAINER = SimpleNamespace(world_size=2)
