@@ -462,8 +462,9 @@ def _answered_hint(address: str) -> str:
 
     import ray
 
-    if not address or head_problem(address):
-        return ""
+    port = address.rpartition(":")[2]
+    if address.startswith("ray://") or not port.isdigit() or head_problem(address):
+        return ""  # no head answered, or an address form whose head was not checked
     mode = os.environ.get("RAY_AUTH_MODE", "")
     return (
         f"; the head answers at {address}, so the likely cause is Ray's token auth: a head started with "
