@@ -43,7 +43,7 @@ from rollway.common.supervision.placement import (
     plan_actors,
 )
 from rollway.common.supervision.ray_actors import ServiceHost
-from rollway.common.supervision.ray_cluster import head_problem, live_nodes
+from rollway.common.supervision.ray_cluster import join_failure_hint, live_nodes
 from rollway.common.supervision.supervisor import CannotRestart, DeadService, ServiceGroup
 
 log = get_logger("rollway.common.supervision.ray")
@@ -442,7 +442,9 @@ def _join_ray(address: str, num_cpus: int) -> None:
                     ray.init(num_cpus=max(os.cpu_count() or 1, num_cpus), include_dashboard=False,
                              log_to_driver=False)  # fmt: skip
             except ConnectionError as exc:
-                raise RayStartError(f"cannot reach the Ray cluster: {exc}{_answered_hint(address)}") from None
+                raise RayStartError(
+                    f"cannot reach the Ray cluster: {exc}{join_failure_hint(address)}"
+                ) from None
             _ray_ours = True
         elif address and ":" in address and not address.startswith("ray://"):
             joined = ray.get_runtime_context().gcs_address
@@ -452,27 +454,6 @@ def _join_ray(address: str, num_cpus: int) -> None:
                     f"{joined} (one cluster per coordinator process)"
                 )
         _ray_users += 1
-
-
-def _answered_hint(address: str) -> str:
-    """Where the head answered on its port and ray.init still failed, the likely causes: Ray's token
-    auth (a head with RAY_AUTH_MODE=token or ~/.ray/auth_token refuses a driver without the token,
-    and ray.init only times out) or another Ray or Python version than the head's."""
-    import sys
-
-    import ray
-
-    port = address.rpartition(":")[2]
-    if address.startswith("ray://") or not port.isdigit() or head_problem(address):
-        return ""  # no head answered, or an address form whose head was not checked
-    mode = os.environ.get("RAY_AUTH_MODE", "")
-    return (
-        f"; the head answers at {address}, so the likely cause is Ray's token auth: a head started with "
-        "RAY_AUTH_MODE=token (or with ~/.ray/auth_token) needs RAY_AUTH_MODE=token and the same token "
-        "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) in the coordinator's environment "
-        f"(here RAY_AUTH_MODE is {mode or 'unset'}); else a Ray or Python version other than the head's "
-        f"(this coordinator: Ray {ray.__version__}, Python {sys.version.split()[0]})"
-    )
 
 
 def _leave_ray() -> None:
