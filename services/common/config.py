@@ -135,6 +135,11 @@ def _coerce(
             raise ConfigError(name, f"must be a list (got {type(value).__name__})")
         return [_coerce(f"{name}[{i}]", item_tp, v, bounds, strict) for i, v in enumerate(value)]
     if origin is dict:
+        if isinstance(value, str):  # a flag: a YAML mapping, e.g. --ray-trainer-resources '{node_a: 1}'
+            try:
+                value = yaml.safe_load(value) if value.strip() else {}
+            except yaml.YAMLError:
+                raise ConfigError(name, f"must be a mapping such as {{key: 1}} (got {value!r})") from None
         if not isinstance(value, Mapping):
             raise ConfigError(name, f"must be a mapping (got {type(value).__name__})")
         return dict(value)

@@ -13,9 +13,20 @@ from typing import Literal
 
 from rollway.common import shared_settings
 from rollway.common.advantages import ESTIMATORS
-from rollway.common.config import ConfigError, setting
+from rollway.common.config import ConfigError, non_default_settings, setting
 
 LossType = Literal["sft_loss", "policy_loss"]
+# What a run asks of Ray for its actors (common/supervision/placement.py reads them).
+RAY_PLACEMENT_SETTINGS = (
+    "ray_placement_strategy",
+    "ray_trainer_num_cpus",
+    "ray_trainer_num_gpus",
+    "ray_rollout_num_cpus",
+    "ray_dataloader_num_cpus",
+    "ray_trainer_resources",
+    "ray_rollout_resources",
+    "ray_dataloader_resources",
+)
 
 
 @dataclass
@@ -177,6 +188,32 @@ class CoordinatorConfig:
     ray_address: str = setting(
         "", "launcher ray: the cluster to join (empty: RAY_ADDRESS, else a local Ray instance)"
     )
+    ray_placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = setting(
+        "PACK",
+        "launcher ray: the strategy of the run's placement group (Ray's names): PACK on as few nodes "
+        "as possible, SPREAD over as many, STRICT_PACK all on one node, STRICT_SPREAD one actor per node",
+    )
+    ray_trainer_num_cpus: float = setting(1.0, "launcher ray: CPUs each trainer rank's actor reserves")
+    ray_trainer_num_gpus: float = setting(
+        1.0,
+        "launcher ray: GPUs each trainer rank's actor reserves on a cluster with GPUs (0.5: two ranks a GPU)",
+    )
+    ray_rollout_num_cpus: float = setting(
+        1.0,
+        "launcher ray: CPUs each rollout service's actor reserves (its GPUs: rollout_num_gpus_per_engine)",
+    )
+    ray_dataloader_num_cpus: float = setting(1.0, "launcher ray: CPUs the dataloader's actor reserves")
+    ray_trainer_resources: dict[str, float] = setting(
+        {},
+        "launcher ray: custom resources each trainer rank's actor reserves, e.g. {node_trainer: 1} to "
+        "put the ranks on the nodes started with ray start --resources '{\"node_trainer\": 8}'",
+    )
+    ray_rollout_resources: dict[str, float] = setting(
+        {}, "launcher ray: custom resources each rollout service's actor reserves (as ray_trainer_resources)"
+    )
+    ray_dataloader_resources: dict[str, float] = setting(
+        {}, "launcher ray: custom resources the dataloader's actor reserves (as ray_trainer_resources)"
+    )
     remote_environment: str = setting(
         "",
         "environment: remote with no environment_url: the Environment service the coordinator starts, "
@@ -274,10 +311,31 @@ class CoordinatorConfig:
             raise ConfigError("rollout_temperature", "must not be negative")
         if self.ray_address and self.launcher != "ray":
             raise ConfigError("ray_address", "needs launcher ray")
+        self._validate_ray_placement()
         if self.remote_environment:
             self._validate_remote_environment()
         if self.openenv_app:
             self._validate_openenv_app()
+
+    def _validate_ray_placement(self) -> None:
+        changed = non_default_settings(self)
+        for name in RAY_PLACEMENT_SETTINGS:
+            value = getattr(self, name)
+            if self.launcher != "ray" and name in changed:
+                raise ConfigError(name, "needs launcher ray")
+            if name.endswith("_num_cpus") and value <= 0:
+                # A bundle of nothing is refused by Ray; a fraction (0.5) shares a CPU.
+                raise ConfigError(name, f"must be positive (got {value:g})")
+            if name.endswith("_num_gpus") and value < 0:
+                raise ConfigError(name, f"must not be negative (got {value:g})")
+            if name.endswith("_resources"):
+                for key, amount in value.items():
+                    if key in ("CPU", "GPU", "memory", "object_store_memory"):
+                        raise ConfigError(
+                            name, f"{key} is not a custom resource (CPUs and GPUs have settings of their own)"
+                        )
+                    if isinstance(amount, bool) or not isinstance(amount, int | float) or amount < 0:
+                        raise ConfigError(name, f"{key}: must be a non-negative number (got {amount!r})")
 
     def _validate_remote_environment(self) -> None:
         if self.launcher == "ray":

@@ -60,6 +60,8 @@ def _type_schema(tp: Any, bounds: tuple[int, int] | None) -> dict[str, Any]:
     if origin in (list, tuple):
         (item,) = typing.get_args(tp)[:1] or (Any,)
         return {"type": "array", "items": _type_schema(item, bounds)}
+    if origin is dict and typing.get_args(tp)[1:] == (float,):  # e.g. custom resource -> amount
+        return {"type": "object", "additionalProperties": {"type": "number"}}
     if origin is dict or tp is dict:
         return {"type": "object"}
     if tp is bool:

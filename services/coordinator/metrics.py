@@ -149,22 +149,29 @@ class ProgressLine:
     Time per step is wall time between the ends of recent steps (step_pace.py), so checkpoint
     saves, evaluations and recoveries between steps are in it and in the ETA. Each record is timed
     by its own `time` (when the run wrote it): a resumed run's stream replays its earlier steps at
-    once, and receiving them is not their pace."""
+    once, and those written before `since` (this attempt's start, on the clock that stamps the
+    records) are an earlier attempt's: not shown, and not in the pace."""
 
-    def __init__(self, total_steps: int, stream=None):
+    def __init__(self, total_steps: int, stream=None, since: float = 0.0):
         self.total = total_steps
         self.stream = stream or sys.stdout
-        self.started = time.time()
-        self.pace = StepPace(total_steps)
+        self.since = since
+        self.started = since or time.time()
+        self.pace = StepPace(total_steps, since=since)
+        self.first_step: int | None = None  # this attempt's first step (counting from 1)
 
-    def update(self, step: int, metrics: dict[str, float], at: float | None = None) -> str:
+    def update(self, step: int, metrics: dict[str, float], at: float | None = None) -> str | None:
         """`step` counts from 1 (the line shows "step 3/10" once the third has ended); `at`: the
-        record's unix time (now when not given)."""
+        record's unix time (now when not given). None, printing nothing, for an earlier attempt's."""
         at = time.time() if at is None else at
+        if at < self.since:
+            return None
         self.pace.add(step - 1, at, metrics)
+        if self.first_step is None:
+            self.first_step = step
         per_step = self.pace.seconds_per_step
-        if per_step is None:  # one step and no timer of its own: the clock since the start
-            per_step = max(at - self.started, 0.0) / max(step, 1)
+        if per_step is None:  # one step and no timer of its own: the clock since the attempt began
+            per_step = max(at - self.started, 0.0) / max(step - self.first_step + 1, 1)
         remaining = max(self.total - step, 0) * per_step
         # A record past the last step is the final evaluation.
         parts = [f"step {step}/{self.total}" if not self.total or step <= self.total else "final"]

@@ -1,5 +1,6 @@
 """`rollway plan`'s text and ValidateRun's plan: the batch arithmetic of a run, its micro-batches,
-CPU threads and how its number of steps is settled (run_plan.py)."""
+CPU threads and how its number of steps is settled (run_plan.py); with launcher ray, its actors and
+where they would go on the cluster (common/supervision/placement.py, cluster_layout.py)."""
 
 from __future__ import annotations
 
@@ -113,3 +114,31 @@ def micro_batch_lines(configs: dict[str, object], per_rank: int) -> list[str]:
             f"of 256 tokens); set rollout_max_prompt_len to bound the count"
         )
     return lines
+
+
+def ray_placement_text(configs: dict[str, object], nodes: list | None, source: str) -> str:
+    """The run's Ray actors and their resources; on `nodes` (the cluster's, read from `source`)
+    where each would go and whether the run survives the loss of any one node; without nodes, the
+    actors and requirements only (as on a GPU cluster), saying so."""
+    from rollway.common.supervision import cluster_layout, placement
+    from rollway.coordinator.run_config import RunConfig
+
+    run = RunConfig(**configs, given={})
+    addresses = run.addresses()
+    services = [name for name in run.services_used() if not addresses.get(name)]
+    settings = placement.PlacementSettings.from_config(configs["coordinator"])
+    parts = {"trainer": configs["trainer"], "rollout": configs["rollout"]}
+    gpus = float("inf") if nodes is None else sum(n.resources.get("GPU", 0.0) for n in nodes)
+    try:
+        specs = placement.plan_actors(parts, services, gpus, settings)
+        if nodes is not None:
+            placement.check_fits(specs, cluster_layout.total_resources(nodes))
+            cluster_layout.check_cluster(specs, settings.strategy, nodes)
+    except placement.PlacementError as exc:
+        return f"Ray placement: {source}: the run cannot be placed: {exc}"
+    if nodes is None:
+        return (
+            f"Ray placement ({settings.strategy}): no cluster reached ({source}): the actors and what "
+            f"each needs on a cluster with GPUs only, not where they would go\n{placement.describe(specs)}"
+        )
+    return f"Ray cluster: {source}\n" + cluster_layout.layout_text(specs, settings.strategy, nodes)

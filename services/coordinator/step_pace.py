@@ -6,6 +6,10 @@ evaluations and recoveries between steps: at 0.6B a checkpoint every step made t
 (each metrics record's `time`, stamped once the step's save is done), over the last
 PACE_WINDOW steps, so everything the run spends between two steps counts, as it does in the
 run's duration. The console's progress line and the dashboard share this one formula.
+
+A resumed run's pace counts only the steps of this attempt (records written from `since` on, the
+attempt's start): the downtime between attempts is no step's time, and the earlier attempt's
+records, which a resumed run's stream replays, are not this attempt's pace.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ PACE_WINDOW = 20  # steps: recent enough to follow a change of pace, long enough
 
 class StepPace:
     """The ends of the last PACE_WINDOW steps, fed record by record (replayed ones included: a
-    record carries the time it was written, not the time it was received)."""
+    record carries the time it was written, not the time it was received); records written before
+    `since` (an earlier attempt's) are left out."""
 
-    def __init__(self, num_steps: int = 0, window: int = PACE_WINDOW):
+    def __init__(self, num_steps: int = 0, window: int = PACE_WINDOW, since: float = 0.0):
         self.num_steps = num_steps
         self.window = window
+        self.since = since
         self.ends: list[tuple[int, float]] = []  # (step, time) of each step's last record
         self.first_step_seconds: float | None = None  # the only figure before a second step ends
 
@@ -27,6 +33,8 @@ class StepPace:
         """One metrics record of `step` (0-based) written at unix time `at`."""
         if self.num_steps and step >= self.num_steps:
             return  # the final evaluation, logged past the last step
+        if at < self.since:
+            return  # an earlier attempt's step
         # A later record of the same step moves its end; a redone step (the run resumed from an
         # earlier checkpoint) drops the ends from it on.
         while self.ends and self.ends[-1][0] >= step:
@@ -52,9 +60,10 @@ class StepPace:
         return max(self.num_steps - 1 - self.ends[-1][0], 0) * per_step
 
 
-def pace_of(records: list[dict], num_steps: int) -> StepPace:
-    """The pace of a run from its metrics records ({"step", "time", ...} in the order written)."""
-    pace = StepPace(num_steps)
+def pace_of(records: list[dict], num_steps: int, since: float = 0.0) -> StepPace:
+    """The pace of a run from its metrics records ({"step", "time", ...} in the order written),
+    counting those written from `since` on (this attempt's)."""
+    pace = StepPace(num_steps, since=since)
     for record in records:
         pace.add(record["step"], record["time"], record)
     return pace

@@ -250,7 +250,7 @@ def sync_volume(sender) -> dict[str, float]:
         return {}
     volume = {"perf/weight_sync_bytes": float(sender.num_bytes)}
     if sender.wire_seconds > 0:
-        volume["perf/weight_sync_gbps"] = sender.num_bytes / sender.wire_seconds / 1e9
+        volume["perf/weight_sync_gbytes_per_s"] = sender.num_bytes / sender.wire_seconds / 1e9
     return volume
 
 

@@ -213,8 +213,10 @@ def _drive(
     except grpc.RpcError as exc:
         print(f"run refused: {exc.details()}", file=sys.stderr)
         return 2
-    # The coordinator's count: a num_epoch run's steps are known once it has read the data.
-    progress = ProgressLine(started.num_steps or num_steps)
+    # The coordinator's count: a num_epoch run's steps are known once it has read the data. A
+    # resumed run's stream replays the earlier attempts' records: from this attempt's start (on the
+    # coordinator's clock, which stamps the records) the line shows steps and counts their pace.
+    progress = ProgressLine(started.num_steps or num_steps, since=started.created_time)
     stream = stub.StreamMetrics(coordinator_pb2.StreamMetricsRequest(run_id=run_id), timeout=1e7)
     follower = threading.Thread(
         target=lambda: [progress.update(r.step + 1, dict(r.metrics), at=r.time) for r in _quiet(stream)],
@@ -356,6 +358,12 @@ def plan_main(argv: list[str]) -> int:
     given: dict = {}
     configs = parse_run_config(argv, prog="rollway plan", given=given)
     print(plan(configs))
+    if configs["coordinator"].launcher == "ray":
+        from rollway.common.supervision.ray_cluster import read_cluster
+        from rollway.coordinator.plan_text import ray_placement_text
+
+        nodes, source = read_cluster(configs["coordinator"].ray_address)
+        print(ray_placement_text(configs, nodes, source))
     started = memory_plan.services_started_here(configs) or ["dataloader", "rollout", "trainer"]
     budget = int(options.memory_budget * memory_plan.GIB) or memory_plan.available_memory()
     try:

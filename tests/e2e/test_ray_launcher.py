@@ -318,6 +318,56 @@ def test_runs_that_do_not_fit_the_cluster_fail_before_any_actor_starts(
     assert "the run's actors need 10 CPU in total and the Ray cluster has 8" in capfd.readouterr().out
     assert not (tmp_path / "runs" / "big" / "services" / "ray.json").exists()
     assert not run_actors("big") and not run_actors("sglang")
+    # A custom resource no node has: refused when the coordinator reads the nodes, not after Ray's wait.
+    labelled = sft_config(
+        tmp_path, tiny_model_dir, demo_data_dir, "label", ray_trainer_resources={"node_trainer": 1}
+    )
+    assert run([str(labelled), "--launcher", "ray"]) == 1
+    assert (
+        "cannot place the run on Ray: ray_trainer_resources: trainer-0 asks for node_trainer 1, and no node "
+        "of the Ray cluster has node_trainer; the nodes have: "
+    ) in capfd.readouterr().out
+    assert not run_actors("label")
+    spread = sft_config(
+        tmp_path, tiny_model_dir, demo_data_dir, "spread", ray_placement_strategy="STRICT_SPREAD"
+    )
+    assert run([str(spread), "--launcher", "ray"]) == 1
+    assert (
+        "cannot place the run on Ray: ray_placement_strategy: STRICT_SPREAD puts each of the run's 2 actors "
+        "on a node of its own, and the Ray cluster has 1 node: "
+    ) in capfd.readouterr().out
+
+
+def test_plan_says_where_each_actor_would_go_and_that_one_node_cannot_survive_its_loss(
+    ray_cluster, tiny_model_dir, demo_data_dir, tmp_path
+):
+    config = sft_config(
+        tmp_path,
+        tiny_model_dir,
+        demo_data_dir,
+        "plan",
+        world_size=2,
+        launcher="ray",
+        ray_dataloader_num_cpus=2,
+    )
+    result = subprocess.run(  # joins the module's cluster through RAY_ADDRESS, reads its nodes, leaves
+        [sys.executable, "-m", "rollway.cli", "plan", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    node = ray.nodes()[0]["NodeManagerAddress"]
+    out = result.stdout
+    assert f"Ray cluster: the Ray cluster at {ray_cluster}\nRay placement (PACK; " in out
+    assert re.search(
+        rf"  trainer-1 +CPU 1 +-> {re.escape(node)}\n  dataloader +CPU 2 +-> {re.escape(node)}\n", out
+    ), out
+    assert f"nodes: {node} (CPU 8)" in out
+    assert (
+        f"survives the loss of any one node: no\n  losing {node}: trainer-0, trainer-1, dataloader would have "
+        "nowhere to go: the cluster has no other node"
+    ) in out
 
 
 def test_a_service_that_cannot_start_is_reported_with_its_log(

@@ -65,7 +65,9 @@ def test_kill_9_of_trainer_rank_1_rebuilds_the_trainer_and_the_run_ends_as_if_un
     result = json.loads((healed_dir / "result.json").read_text())
     assert result["num_restarts"] == 1
     (recovery,) = result["recoveries"]
-    assert recovery["service"] == "trainer" and "exited with 75 (its ranks broke" in recovery["cause"], recovery
+    assert recovery["service"] == "trainer" and "exited with 75 (its ranks broke" in recovery["cause"], (
+        recovery
+    )
 
     # Each step once, with the uninterrupted run's losses, and the final weights bit for bit.
     records = [json.loads(line) for line in (healed_dir / "metrics.jsonl").read_text().splitlines()]

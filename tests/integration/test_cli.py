@@ -213,6 +213,13 @@ def test_a_killed_coordinator_is_restarted_and_the_run_succeeds(tiny_model_dir, 
     assert "restarting the coordinator (2/2)" not in err
     assert "run coord SUCCEEDED" in out
     assert _no_traceback(out + err), out + err
+    # The resumed attempt's stream replays the first attempt's steps: the console shows them once,
+    # and the resumed attempt's lines from the step it resumed at on.
+    shown = [
+        int(line.split("/")[0].removeprefix("step ")) for line in out.splitlines() if line.startswith("step ")
+    ]
+    steps_back = [i for i in range(1, len(shown)) if shown[i] <= shown[i - 1]]  # where it resumed
+    assert len(steps_back) <= 1 and shown.count(1) == 1 and shown[-1] == 20, shown
     run_dir = tmp_path / "runs" / "coord"
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(20))  # each step once: the resumed run replaced what it redid

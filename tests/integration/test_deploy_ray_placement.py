@@ -97,6 +97,62 @@ def test_an_unreachable_ray_address_is_refused_at_once(tmp_path, tiny_model_dir)
     assert time.monotonic() - started < 60  # not Ray's minutes of retries
 
 
+TOKEN_HEAD = """
+import sys, ray
+ray.init(num_cpus=1, include_dashboard=False)
+print(ray.get_runtime_context().gcs_address, flush=True)
+sys.stdin.read()  # until the test closes it
+ray.shutdown()
+"""
+
+
+def test_a_head_with_token_auth_that_answers_is_named_as_the_likely_cause(tmp_path, tiny_model_dir):
+    """A Ray head with RAY_AUTH_MODE=token answers on its port, and a coordinator without the token
+    cannot join: the run fails naming Ray's token auth and what to set, not only 'cannot reach'."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    head_env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "rollway-test-" + "0" * 32}
+    head = subprocess.Popen(
+        [sys.executable, "-c", TOKEN_HEAD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=head_env,
+    )
+    try:
+        address = head.stdout.readline().strip()  # ray.init's own start deadline bounds this
+        assert address.count(":") == 1, address
+        (tmp_path / "home").mkdir()
+        driver_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        driver_env["HOME"] = str(tmp_path / "home")  # no ~/.ray/auth_token either
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "rollway.cli", "run", str(EXAMPLE), "--hf-checkpoint", str(tiny_model_dir),
+             "--rollout-max-response-len", "64", "--run-dir", str(tmp_path / "runs"), "--launcher", "ray",
+             "--ray-address", address],
+            capture_output=True, text=True, timeout=180, cwd=tmp_path, env=driver_env,
+        )  # fmt: skip
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert "FAILED: RayStartError: cannot reach the Ray cluster: " in result.stdout
+        assert (
+            f"; the head answers at {address}, so the likely cause is Ray's token auth: a head started with "
+            "RAY_AUTH_MODE=token (or with ~/.ray/auth_token) needs RAY_AUTH_MODE=token and the same token "
+            "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) in the coordinator's environment "
+            "(here RAY_AUTH_MODE is unset)"
+        ) in result.stdout, result.stdout
+        assert time.monotonic() - started < 120  # Ray's ~20 s of retries, not minutes
+    finally:
+        head.stdin.close()  # the head shuts its Ray instance down and exits
+        try:
+            head.wait(60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait()
+
+
 def test_trainer_ranks_started_elsewhere_need_a_fixed_store_port():
     from rollway.common.config import ConfigError, from_dict
     from rollway.trainer.config import TrainerConfig

@@ -46,7 +46,7 @@ METRICS = {
     "perf/weight_sync_verify_time",
     "perf/weight_sync_time",
     "perf/weight_sync_bytes",
-    "perf/weight_sync_gbps",
+    "perf/weight_sync_gbytes_per_s",
 }
 
 

@@ -62,6 +62,9 @@ TESTED_BY = {
     ".venv/bin/rollway run run.yaml --launcher ray": (
         "tests/e2e/test_ray_launcher.py::test_grpo_on_ray_syncs_weights_from_the_trainer_actors_to_the_rollout_actor"
     ),
+    ".venv/bin/rollway plan run.yaml --launcher ray": (
+        "tests/e2e/test_ray_launcher.py::test_plan_says_where_each_actor_would_go_and_that_one_node_cannot_survive_its_loss"
+    ),
     ".venv/bin/rollway dashboard runs/": "tests/e2e/test_dashboard_browser.py::test_finished_run_views",
     "python -m rollway.rollout.environments --environment custom "
     "--custom-generate-function-path my_env:GuessEnvironment --port 50070": (

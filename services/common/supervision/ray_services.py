@@ -1,7 +1,7 @@
 """Ray as a ServiceGroup: the services a run starts, as Ray actors placed together, watched,
 restarted and stopped by the coordinator (run config `launcher: ray`, `ray_address`).
 
-    coordinator (run thread)                 Ray cluster (one placement group, PACK)
+    coordinator (run thread)                 Ray cluster (one placement group, ray_placement_strategy)
     RayServiceGroup(run, workdir, name)
       .start(counts) ─ join Ray (or start a local instance) ─ plan_actors ─> one bundle and one
                        ServiceHost actor per process:
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import threading
 import time
@@ -40,8 +41,16 @@ from rollway.common.config import non_default_settings, to_dict
 from rollway.common.log import get_logger
 from rollway.common.process_exit import describe_exit
 from rollway.common.supervision import ray_nodes
-from rollway.common.supervision.placement import ActorSpec, PlacementError, check_fits, describe, plan_actors
+from rollway.common.supervision.cluster_layout import check_cluster, layout_text
+from rollway.common.supervision.placement import (
+    ActorSpec,
+    PlacementError,
+    PlacementSettings,
+    check_fits,
+    plan_actors,
+)
 from rollway.common.supervision.ray_actors import ServiceHost
+from rollway.common.supervision.ray_cluster import join_failure_hint, live_nodes
 from rollway.common.supervision.supervisor import DeadService, ReplacementDied, ServiceGroup
 
 log = get_logger("rollway.common.supervision.ray")
@@ -128,19 +137,28 @@ class RayServiceGroup(ServiceGroup):
 
         configs = {"trainer": self.run.trainer, "rollout": self.run.rollout}
         services = list(counts)
+        settings = PlacementSettings.from_config(self.run.coordinator)
+        self._strategy = settings.strategy
         try:
-            upper = plan_actors(configs, services, float("inf"))
-            _join_ray(self.ray_address, int(sum(s.resources.get("CPU", 0.0) for s in upper)))
+            upper = plan_actors(configs, services, float("inf"), settings)
+            _join_ray(self.ray_address, math.ceil(sum(s.resources.get("CPU", 0.0) for s in upper)))
             self._joined = True
-            specs = plan_actors(configs, services, ray.cluster_resources().get("GPU", 0.0))
+            specs = plan_actors(configs, services, ray.cluster_resources().get("GPU", 0.0), settings)
             check_fits(specs, ray.cluster_resources())
+            nodes = live_nodes()
+            check_cluster(specs, settings.strategy, nodes)
         except PlacementError as exc:
             self.stop()
             raise RayStartError(f"cannot place the run on Ray: {exc}") from None
         except BaseException:
             self.stop()
             raise
-        log.info("placing the run on Ray", num_actors=len(specs), actors=describe(specs))
+        # Where each actor would go and which node's loss the run would not survive (an estimate).
+        log.info(
+            "placing the run on Ray",
+            num_actors=len(specs),
+            actors=layout_text(specs, settings.strategy, nodes),
+        )
         try:
             self._create(specs)
             self._start_processes()
@@ -158,7 +176,7 @@ class RayServiceGroup(ServiceGroup):
         import ray
         from ray.util.placement_group import placement_group
 
-        self._pg = placement_group([s.resources for s in specs], strategy="PACK")
+        self._pg = placement_group([s.resources for s in specs], strategy=self._strategy)
         ready, _ = ray.wait([self._pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
         if not ready:
             raise RayStartError(
@@ -532,7 +550,9 @@ def _join_ray(address: str, num_cpus: int) -> None:
                     ray.init(num_cpus=max(os.cpu_count() or 1, num_cpus), include_dashboard=False,
                              log_to_driver=False)  # fmt: skip
             except ConnectionError as exc:
-                raise RayStartError(f"cannot reach the Ray cluster: {exc}") from None
+                raise RayStartError(
+                    f"cannot reach the Ray cluster: {exc}{join_failure_hint(address)}"
+                ) from None
             _ray_ours = True
         elif address and ":" in address and not address.startswith("ray://"):
             joined = ray.get_runtime_context().gcs_address

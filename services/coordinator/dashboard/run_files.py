@@ -153,11 +153,12 @@ def num_steps(run_dir: Path) -> int:
     return int(config.get("coordinator", {}).get("num_rollout", 0) or 0)
 
 
-def progress(records: list[dict], num_steps: int, state: str) -> dict:
-    """Steps done, total, seconds per step and the ETA of a run from its metrics records."""
+def progress(records: list[dict], num_steps: int, state: str, since: float = 0.0) -> dict:
+    """Steps done, total, seconds per step and the ETA of a run from its metrics records (the pace
+    of those written from `since` on: a resumed run's attempt)."""
     steps = [r for r in records if num_steps == 0 or r["step"] < num_steps]
     done = (max(r["step"] for r in steps) + 1) if steps else 0
-    pace = pace_of(steps, num_steps)  # wall time between step ends: saves and evaluations count
+    pace = pace_of(steps, num_steps, since)  # wall time between step ends: saves and evaluations count
     eta = pace.eta_seconds() if state in ("RUNNING", "STARTING") else None
     return {
         "step": done,

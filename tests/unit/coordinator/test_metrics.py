@@ -5,7 +5,7 @@ import threading
 
 from rollway.coordinator.metrics import MetricsSink, ProgressLine
 from rollway.coordinator.plot import plot_run
-from rollway.coordinator.step_pace import StepPace
+from rollway.coordinator.step_pace import StepPace, pace_of
 
 
 def test_sink_writes_jsonl_tensorboard_and_feeds_followers(tmp_path):
@@ -123,3 +123,33 @@ def test_the_rl_progress_line_shows_the_loss_terms_not_a_zero_total():
         "clipfrac 0.0000 | grad_norm 0.7500 |"
     )
     assert "| loss " not in line
+
+
+def test_a_resumed_attempt_prints_only_its_own_steps_and_paces_them_without_the_downtime():
+    """`rollway run --resume`: the stream replays steps 1-4 of the earlier attempt (written before
+    this attempt began at t=1000); the line shows steps 5.. only, and their pace is theirs."""
+    out = io.StringIO()
+    progress = ProgressLine(10, stream=out, since=1000.0)
+    for step in range(1, 5):  # the earlier attempt, 10 s a step, replayed at once
+        assert progress.update(step, {"sft/loss": 2.0, "perf/step_time": 10.0}, at=100.0 + 10 * step) is None
+    line = progress.update(5, {"sft/loss": 1.0}, at=1003.0)  # no timer: the clock since the attempt began
+    assert line.endswith("| 3.00 s/step | ETA 0:00:15")  # 3 s over 1 step of this attempt, 5 left
+    for step in (6, 7):
+        line = progress.update(step, {"sft/loss": 1.0}, at=1003.0 + 2 * (step - 5))
+    assert line.endswith("| 2.00 s/step | ETA 0:00:06")  # not (1007 - 140) / 3 over the downtime
+    assert [row.split(" |")[0] for row in out.getvalue().splitlines()] == [
+        "step 5/10",
+        "step 6/10",
+        "step 7/10",
+    ]
+
+
+def test_the_pace_of_a_resumed_run_leaves_out_the_earlier_attempt():
+    records = [{"step": s, "time": 100.0 + s} for s in range(4)] + [
+        {"step": 4, "time": 1000.0},
+        {"step": 5, "time": 1004.0},
+    ]
+    assert pace_of(records, 10).seconds_per_step == 180.8  # (1004 - 100) / 5: the downtime counted
+    resumed = pace_of(records, 10, since=999.0)
+    assert resumed.ends == [(4, 1000.0), (5, 1004.0)]
+    assert resumed.seconds_per_step == 4.0 and resumed.eta_seconds() == 16.0

@@ -363,9 +363,9 @@ async function loadServices() {
 const SYNC_PHASES = ["weight_sync_gather_time", "weight_sync_pause_time", "weight_sync_wire_time", "weight_sync_load_time", "weight_sync_verify_time"];
 function renderSyncs(rows) {
   // Each push's size (MB) and the transport's bandwidth over its wire time (GB/s) after the times.
-  const head = ["step", "weight_version", ...SYNC_PHASES, "weight_sync_time", "weight_sync_mb", "weight_sync_gbps"];
+  const head = ["step", "weight_version", ...SYNC_PHASES, "weight_sync_time", "weight_sync_mb", "weight_sync_gbytes_per_s"];
   const shown = rows.map((r) => ({...r, weight_sync_mb: r.weight_sync_bytes === undefined ? undefined : r.weight_sync_bytes / 1e6}));
-  $("#sync-table thead").replaceChildren(el("tr", {}, ...head.map((h) => el("th", {}, h.replace("weight_sync_", "").replace("_time", "").replace("gbps", "GB/s").replace("mb", "MB")))));
+  $("#sync-table thead").replaceChildren(el("tr", {}, ...head.map((h) => el("th", {}, h.replace("weight_sync_", "").replace("_time", "").replace("gbytes_per_s", "GB/s").replace("mb", "MB")))));
   $("#sync-table tbody").replaceChildren(...shown.slice(-20).reverse().map((r) => el("tr", {}, ...head.map((h) => el("td", {}, fmt(r[h], 3))))));
   const parts = SYNC_PHASES.map((p) => [p.replace("weight_sync_", "").replace("_time", ""), rows.map((r) => r[p] || 0)]);
   // What the phases leave of the whole update (commit, the group's bookkeeping, the calls).
