@@ -27,6 +27,7 @@ import argparse
 import atexit
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -121,6 +122,7 @@ class NetnsCluster:
         self._namespaces: list[str] = []
         self._probe: subprocess.Popen | None = None
         self._closed = False
+        remove_leftovers()
         atexit.register(self.close)
 
     @property
@@ -137,7 +139,7 @@ class NetnsCluster:
     def start(self) -> NetnsCluster:
         """Build the namespaces and start Ray on every node; returns once Ray lists all alive."""
         try:
-            self._build_network()
+            self.build_network()
             self._start_ray(self.nodes[0])
             for node in self.nodes[1:]:
                 self._start_ray(node)
@@ -147,7 +149,8 @@ class NetnsCluster:
             raise
         return self
 
-    def _build_network(self) -> None:
+    def build_network(self) -> None:
+        """The bridge namespace and every node namespace with its address (no Ray yet)."""
         self._add_namespace(self.bridge_ns)
         _ip("-n", self.bridge_ns, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.bridge_ns, "link", "set", "br0", "up")
@@ -346,6 +349,31 @@ class NetnsCluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def remove_leftovers() -> list[str]:
+    """Namespaces and temp dirs of clusters whose process is gone (killed before its teardown ran):
+    their processes by pid, then the namespaces. A live process's cluster is never touched."""
+    removed = []
+    for line in _ip_quiet("netns", "list").splitlines():
+        name = line.split()[0] if line.split() else ""
+        match = re.fullmatch(r"rw(\d+)-(br|n\d+)", name)
+        if match is None or Path(f"/proc/{match.group(1)}").exists():
+            continue
+        pids = [int(p) for p in _ip_quiet("netns", "pids", name).split()]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _wait_gone(pids, 10.0)
+        _ip_quiet("netns", "delete", name)
+        removed.append(name)
+    for path in Path("/tmp").glob("rw*-*"):
+        match = re.fullmatch(r"rw(\d+)-\w+", path.name)
+        if match and path.is_dir() and not Path(f"/proc/{match.group(1)}").exists():
+            shutil.rmtree(path, ignore_errors=True)
+    return removed
 
 
 def _run(argv: list[str]) -> str:
