@@ -150,6 +150,19 @@ class ClusterRun:
         export = Path(self.result()["hf_export_dir"])
         return hashlib.sha256((export / "model.safetensors").read_bytes()).hexdigest()
 
+    def describe(self) -> str:
+        """What the run directory says of its end, restarts and actors (for assertion messages)."""
+        parts = []
+        for name in ("status.json", "result.json", "services/ray.json"):
+            path = self.run_dir / name
+            if path.exists():
+                text = path.read_text()
+                if name == "result.json":
+                    result = json.loads(text)
+                    text = json.dumps({k: result[k] for k in ("num_restarts", "recoveries") if k in result})
+                parts.append(f"{name}: {text[:3000]}")
+        return "\n".join(parts)
+
     def log_tail(self, num_chars: int = 4000) -> str:
         return self.log_path.read_text()[-num_chars:] if self.log_path.exists() else ""
 
@@ -161,7 +174,8 @@ class ClusterRun:
         while not condition():
             if self.process.poll() is not None and not condition():
                 raise AssertionError(
-                    f"the run exited with {self.process.returncode} while waiting for {what}:\n{self.log_tail()}"
+                    f"the run exited with {self.process.returncode} while waiting for {what}:\n{self.log_tail()}\n"
+                    f"{self.describe()}"
                 )
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}:\n{self.log_tail()}")
