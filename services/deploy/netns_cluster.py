@@ -43,6 +43,9 @@ HEAD_PORT = 6379
 NODE_START_TIMEOUT_S = 120.0
 COMMAND_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 30.0
+# A node silent this long may be declared dead by Ray even after its link is back (seen: 55-65 s
+# after it went quiet, for a 40 s partition; a 10 s one is not): its raylet then exits.
+LONG_PARTITION_S = 20.0
 
 # Asks the GCS for its node table, one JSON line per request line; runs inside the head's namespace.
 _PROBE = r"""
@@ -121,6 +124,8 @@ class NetnsCluster:
         self.env = self._node_env(env or {})
         self._namespaces: list[str] = []
         self._probe: subprocess.Popen | None = None
+        self._cut_since: dict[int, float] = {}
+        self.long_partitioned: set[int] = set()  # nodes Ray may declare dead late (restart them to be sure)
         self._closed = False
         remove_leftovers()
         atexit.register(self.close)
@@ -309,9 +314,16 @@ class NetnsCluster:
     def partition(self, node: int) -> None:
         """Cut the node off the others (its link down); its processes run on."""
         _ip("-n", self.nodes[node].namespace, "link", "set", "eth0", "down")
+        self._cut_since[node] = time.monotonic()
 
-    def heal(self, node: int) -> None:
+    def heal(self, node: int) -> float:
+        """Its link up again; returns how long it was cut off. Ray may still declare a node dead
+        that was silent for long (its raylet then exits): see `long_partitioned`."""
         _ip("-n", self.nodes[node].namespace, "link", "set", "eth0", "up")
+        seconds = time.monotonic() - self._cut_since.pop(node, time.monotonic())
+        if seconds >= LONG_PARTITION_S:
+            self.long_partitioned.add(node)
+        return seconds
 
     def rate_limit(self, node: int, rate: str, burst: str = "256kb", latency: str = "50ms") -> None:
         """Limit the node's egress to `rate` (tc syntax: "100mbit"); netem is missing on this kernel."""

@@ -46,18 +46,26 @@ def netns_cluster(tmp_path_factory):
 @pytest.fixture
 def cluster(netns_cluster):
     """The module's cluster with every worker node alive in Ray again after the test (a test that
-    lost a node leaves it to this)."""
+    lost a node leaves it to this; a node cut off for long is started afresh, before Ray's late
+    verdict on it could fall into the next test)."""
     yield netns_cluster
     revive_all(netns_cluster)
 
 
 def revive_all(cluster: NetnsCluster) -> None:
     alive = {n["ip"] for n in cluster.ray_nodes() if n["alive"]}
-    lost = [node.index for node in cluster.nodes[1:] if node.ip not in alive or not cluster.pids(node.index)]
+    lost = [
+        node.index
+        for node in cluster.nodes[1:]
+        if node.ip not in alive or not cluster.pids(node.index) or node.index in cluster.long_partitioned
+    ]
+    cluster.long_partitioned.clear()
+    for index in lost:  # what is left of each (a cut-off node's actors, a raylet that lingers), all at once
+        cluster.kill_node(index)
     for index in lost:
-        cluster.kill_node(index)  # what is left of it (a partitioned node's actors, a raylet that lingers)
         if cluster.node_alive_in_ray(index):
             cluster.wait_dead(index)
+    for index in lost:
         cluster.start_node(index, wait=False)
     if lost:
         cluster.wait_alive(lost)
