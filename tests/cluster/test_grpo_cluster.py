@@ -120,7 +120,7 @@ def test_no_free_node_fails_naming_it_and_resume_completes(cluster, grpo_referen
     cluster.wait_alive([*free, lost])
     resumed = ClusterRun.launch(cluster, run.config, run.run_dir, "--resume")
     started = time.monotonic()
-    assert resumed.wait_end() == 0, resumed.log_tail()
+    assert resumed.wait_end(timeout=150) == 0, f"{resumed.log_tail()}\n{resumed.describe()}"
     report(f"(e) `rollway run --resume` completed in {time.monotonic() - started:.1f}s")
     assert_completed_as_reference(resumed, grpo_reference)
     assert -2 < failed_after < 60, f"ended {failed_after:.1f}s after Ray's verdict\n{failure}"
