@@ -1,0 +1,437 @@
+"""A Ray cluster of network namespaces on one machine: each "node" is a namespace with its own
+address and its own Ray node, so placement, node loss and partitions behave as on real machines.
+
+    namespace <prefix>br      bridge br0 ── v1 ── eth0 198.18.0.1  <prefix>n1  Ray head (0 CPUs)
+                                        ├── v2 ── eth0 198.18.0.2  <prefix>n2  Ray worker (1 CPU)
+                                        └── vN ── eth0 198.18.0.N  <prefix>nN  ...
+
+    cluster = NetnsCluster(num_workers=5).start()     # every node alive in Ray, or an error
+    cluster.run_in(0, ["rollway", "run", ...], env)   # a process inside the head's namespace
+    cluster.kill_node(3); cluster.wait_dead(3)        # kill -9 of its every pid; Ray's verdict
+    cluster.start_node(3)                             # a fresh Ray node there ("a node added")
+    cluster.partition(2); cluster.heal(2)             # its link down / up
+    cluster.rate_limit(2, "200mbit")                  # a slow link (tbf)
+    cluster.close()                                   # every pid of ours, the namespaces, temp dirs
+
+Nothing is added to the root namespace (it cannot reach 198.18.0.0/15, by design: no traffic leaves
+the machine), so Ray is asked about its nodes from a probe process inside the head's namespace.
+Namespace names start with `rw<pid>-` so parallel or leftover clusters never collide. Ray runs with
+a HOME of the cluster's own: Ray 2.60 turns token auth on when ~/.ray/auth_token exists, which the
+machine's own HOME may have. Processes are stopped by pid (`ip netns pids`), never `ray stop`
+(which finds Ray processes by name on the whole machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUBNET_PREFIX = 15  # 198.18.0.0/15, the benchmarking range (RFC 2544): never anyone else's
+HEAD_PORT = 6379
+NODE_START_TIMEOUT_S = 120.0
+COMMAND_TIMEOUT_S = 30.0
+PROBE_TIMEOUT_S = 30.0
+# A node silent this long may be declared dead by Ray even after its link is back (seen: 55-65 s
+# after it went quiet, for a 40 s partition; a 10 s one is not): its raylet then exits.
+LONG_PARTITION_S = 20.0
+
+# Asks the GCS for its node table, one JSON line per request line; runs inside the head's namespace.
+_PROBE = r"""
+import json, sys
+from ray._private.state import GlobalState
+from ray._raylet import GcsClientOptions
+state = GlobalState()
+state._initialize_global_state(GcsClientOptions.create(sys.argv[1], None, allow_cluster_id_nil=True,
+                                                       fetch_cluster_id_if_nil=False))
+for _ in sys.stdin:
+    try:
+        nodes = [{"ip": n["NodeManagerAddress"], "alive": n["Alive"], "node_id": n["NodeID"],
+                  "resources": n.get("Resources", {})} for n in state.node_table()]
+        print(json.dumps({"nodes": nodes}), flush=True)
+    except Exception as exc:
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+"""
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be built, or a wait on it ran past its deadline; the message says why."""
+
+
+def unavailable_reason() -> str:
+    """Why namespaces cannot be built here ("" when they can): tests skip naming it (fail on CI)."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` (iproute2) is not installed"
+    return ""
+
+
+@dataclass
+class Node:
+    """One namespace and the Ray node in it. `index` 0 is the head."""
+
+    index: int
+    namespace: str
+    ip: str
+    num_cpus: int
+    resources: dict[str, float] = field(default_factory=dict)
+    temp_dir: str = ""
+    num_starts: int = 0
+
+
+class NetnsCluster:
+    """A head (`head_cpus`, default 0, so no actor lands on it) and `num_workers` worker nodes of
+    `worker_cpus` CPUs each; `worker_resources[i]` adds custom Ray resources to worker i (1-based
+    node index). `env`: variables every Ray node and every `run_in` process gets (PYTHONPATH ...)."""
+
+    def __init__(
+        self,
+        num_workers: int = 5,
+        *,
+        head_cpus: int = 0,
+        worker_cpus: int = 1,
+        worker_resources: dict[int, dict[str, float]] | None = None,
+        env: dict[str, str] | None = None,
+        object_store_bytes: int = 100_000_000,
+        ray_bin: str = "",
+    ):
+        self.prefix = f"rw{os.getpid()}-"
+        self.bridge_ns = f"{self.prefix}br"
+        self.ray_bin = ray_bin or str(Path(sys.executable).with_name("ray"))
+        self.object_store_bytes = object_store_bytes
+        # Short: Ray's unix sockets live under each node's temp dir (a path limit of 107 bytes).
+        self.root = Path(tempfile.mkdtemp(prefix=self.prefix, dir="/tmp"))
+        self.home = self.root / "home"
+        self.home.mkdir()
+        resources = worker_resources or {}
+        self.nodes = [Node(0, f"{self.prefix}n0", "198.18.0.1", head_cpus)] + [
+            Node(i, f"{self.prefix}n{i}", f"198.18.0.{i + 1}", worker_cpus, dict(resources.get(i, {})))
+            for i in range(1, num_workers + 1)
+        ]
+        self.env = self._node_env(env or {})
+        self._namespaces: list[str] = []
+        self._probe: subprocess.Popen | None = None
+        self._cut_since: dict[int, float] = {}
+        self.long_partitioned: set[int] = set()  # nodes Ray may declare dead late (restart them to be sure)
+        self._closed = False
+        remove_leftovers()
+        atexit.register(self.close)
+
+    @property
+    def ray_address(self) -> str:
+        return f"{self.nodes[0].ip}:{HEAD_PORT}"
+
+    def _node_env(self, extra: dict[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        env.update(HOME=str(self.home), RAY_USAGE_STATS_ENABLED="0", **extra)
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        return env
+
+    # --- build ---
+    def start(self) -> NetnsCluster:
+        """Build the namespaces and start Ray on every node; returns once Ray lists all alive."""
+        try:
+            self.build_network()
+            self._start_ray(self.nodes[0])
+            for node in self.nodes[1:]:
+                self._start_ray(node)
+            self.wait_alive([n.index for n in self.nodes])
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def build_network(self) -> None:
+        """The bridge namespace and every node namespace with its address (no Ray yet)."""
+        self._add_namespace(self.bridge_ns)
+        _ip("-n", self.bridge_ns, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.bridge_ns, "link", "set", "br0", "up")
+        for node in self.nodes:
+            ns, peer = node.namespace, f"v{node.index}"
+            self._add_namespace(ns)
+            # Made inside the node's namespace with its peer in the bridge's: never in the root one.
+            _ip(
+                "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", peer, "netns", self.bridge_ns
+            )
+            _ip("-n", self.bridge_ns, "link", "set", peer, "master", "br0", "up")
+            _ip("-n", ns, "addr", "add", f"{node.ip}/{SUBNET_PREFIX}", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+
+    def _add_namespace(self, name: str) -> None:
+        _ip("netns", "add", name)
+        self._namespaces.append(name)
+
+    def _start_ray(self, node: Node) -> None:
+        node.num_starts += 1
+        node.temp_dir = str(self.root / f"n{node.index}-{node.num_starts}")  # a fresh one per start
+        argv = [
+            self.ray_bin,
+            "start",
+            "--node-ip-address",
+            node.ip,
+            "--num-cpus",
+            str(node.num_cpus),
+            "--temp-dir",
+            node.temp_dir,
+            "--object-store-memory",
+            str(self.object_store_bytes),
+            "--disable-usage-stats",
+        ]
+        if node.index == 0:
+            argv += ["--head", "--port", str(HEAD_PORT), "--include-dashboard=false"]
+        else:
+            argv += ["--address", self.ray_address]
+        if node.resources:
+            argv += ["--resources", json.dumps(node.resources)]
+        started = subprocess.run(
+            ["ip", "netns", "exec", node.namespace, *argv],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=NODE_START_TIMEOUT_S,
+        )
+        if started.returncode != 0:
+            raise ClusterError(
+                f"ray start on node {node.index} ({node.ip}) exited with {started.returncode}:\n"
+                f"{started.stdout[-2000:]}{started.stderr[-2000:]}"
+            )
+
+    # --- processes in a node ---
+    def run_in(
+        self, node: int, argv: list[str], env: dict[str, str] | None = None, **popen
+    ) -> subprocess.Popen:
+        """Start `argv` inside node `node`'s namespace with the cluster's environment plus `env`."""
+        return subprocess.Popen(
+            ["ip", "netns", "exec", self.nodes[node].namespace, *argv],
+            env={**self.env, **(env or {})},
+            **popen,
+        )
+
+    def pids(self, node: int) -> list[int]:
+        """Every process in node `node`'s namespace (Ray's and any `run_in`)."""
+        out = _ip("netns", "pids", self.nodes[node].namespace)
+        return [int(p) for p in out.split()]
+
+    # --- what Ray says ---
+    def ray_nodes(self) -> list[dict]:
+        """Ray's node table ({ip, alive, node_id, resources} each), asked from the head's namespace."""
+        probe = self._probe_process()
+        probe.stdin.write("nodes\n")
+        probe.stdin.flush()
+        ready, _, _ = select.select([probe.stdout], [], [], PROBE_TIMEOUT_S)
+        line = probe.stdout.readline() if ready else ""
+        if not line:
+            self._stop_probe()
+            raise ClusterError(f"the Ray probe on the head did not answer within {PROBE_TIMEOUT_S:.0f}s")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise ClusterError(f"the Ray probe on the head failed: {answer['error']}")
+        return answer["nodes"]
+
+    def _probe_process(self) -> subprocess.Popen:
+        if self._probe is None or self._probe.poll() is not None:
+            self._probe = self.run_in(
+                0,
+                [sys.executable, "-c", _PROBE, self.ray_address],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        return self._probe
+
+    def _stop_probe(self) -> None:
+        if self._probe is not None and self._probe.poll() is None:
+            self._probe.kill()
+            self._probe.wait(10)
+        self._probe = None
+
+    def node_alive_in_ray(self, node: int) -> bool:
+        """Whether Ray lists an alive node at that node's address (its latest start)."""
+        ip = self.nodes[node].ip
+        return any(n["alive"] for n in self.ray_nodes() if n["ip"] == ip)
+
+    def node_of(self, ip: str) -> int:
+        """The index of the node with address `ip` (ray.json's "node" of an actor)."""
+        for node in self.nodes:
+            if node.ip == ip:
+                return node.index
+        raise KeyError(f"no node of this cluster has the address {ip}")
+
+    def wait_alive(self, nodes: list[int], timeout: float = NODE_START_TIMEOUT_S) -> None:
+        """Until Ray lists every one of `nodes` alive."""
+        self._wait(
+            lambda: all(self.node_alive_in_ray(i) for i in nodes), timeout, f"nodes {nodes} alive in Ray"
+        )
+
+    def wait_dead(self, node: int, timeout: float = 120.0) -> float:
+        """Until Ray's verdict that `node` is dead; returns the seconds waited."""
+        started = time.monotonic()
+        self._wait(
+            lambda: not self.node_alive_in_ray(node), timeout, f"Ray's verdict that node {node} is dead"
+        )
+        return time.monotonic() - started
+
+    @staticmethod
+    def _wait(condition, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(0.5)
+
+    # --- faults ---
+    def kill_node(self, node: int) -> list[int]:
+        """SIGKILL every process of the node (raylet, workers, actors): the node is lost."""
+        killed = []
+        for pid in self.pids(node):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except ProcessLookupError:
+                pass
+        return killed
+
+    def start_node(self, node: int, wait: bool = True) -> None:
+        """A fresh Ray node in that namespace (after kill_node, or a raylet that exited): a node added."""
+        self._start_ray(self.nodes[node])
+        if wait:
+            self.wait_alive([node])
+
+    def partition(self, node: int) -> None:
+        """Cut the node off the others (its link down); its processes run on."""
+        _ip("-n", self.nodes[node].namespace, "link", "set", "eth0", "down")
+        self._cut_since[node] = time.monotonic()
+
+    def heal(self, node: int) -> float:
+        """Its link up again; returns how long it was cut off. Ray may still declare a node dead
+        that was silent for long (its raylet then exits): see `long_partitioned`."""
+        _ip("-n", self.nodes[node].namespace, "link", "set", "eth0", "up")
+        seconds = time.monotonic() - self._cut_since.pop(node, time.monotonic())
+        if seconds >= LONG_PARTITION_S:
+            self.long_partitioned.add(node)
+        return seconds
+
+    def rate_limit(self, node: int, rate: str, burst: str = "256kb", latency: str = "50ms") -> None:
+        """Limit the node's egress to `rate` (tc syntax: "100mbit"); netem is missing on this kernel."""
+        _run(["tc", "-n", self.nodes[node].namespace, "qdisc", "replace", "dev", "eth0", "root", "tbf",
+              "rate", rate, "burst", burst, "latency", latency])  # fmt: skip
+
+    def clear_rate_limit(self, node: int) -> None:
+        _run(["tc", "-n", self.nodes[node].namespace, "qdisc", "del", "dev", "eth0", "root"])
+
+    # --- teardown ---
+    def close(self) -> None:
+        """Kill every pid in our namespaces, delete them (their veths and the bridge go with them),
+        remove the temp dirs. Safe to call twice, and at exit."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_probe()
+        for ns in reversed(self._namespaces):
+            for _ in range(3):  # a dying process may fork once more; go round until none is left
+                pids = _ip_quiet("netns", "pids", ns).split()
+                if not pids:
+                    break
+                for pid in pids:
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                _wait_gone([int(p) for p in pids], 10.0)
+            _ip_quiet("netns", "delete", ns)
+        shutil.rmtree(self.root, ignore_errors=True)
+        atexit.unregister(self.close)
+
+    def __enter__(self) -> NetnsCluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def remove_leftovers() -> list[str]:
+    """Namespaces and temp dirs of clusters whose process is gone (killed before its teardown ran):
+    their processes by pid, then the namespaces. A live process's cluster is never touched."""
+    removed = []
+    for line in _ip_quiet("netns", "list").splitlines():
+        name = line.split()[0] if line.split() else ""
+        match = re.fullmatch(r"rw(\d+)-(br|n\d+)", name)
+        if match is None or Path(f"/proc/{match.group(1)}").exists():
+            continue
+        pids = [int(p) for p in _ip_quiet("netns", "pids", name).split()]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _wait_gone(pids, 10.0)
+        _ip_quiet("netns", "delete", name)
+        removed.append(name)
+    for path in Path("/tmp").glob("rw*-*"):
+        match = re.fullmatch(r"rw(\d+)-\w+", path.name)
+        if match and path.is_dir() and not Path(f"/proc/{match.group(1)}").exists():
+            shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def _run(argv: list[str]) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    if done.returncode != 0:
+        raise ClusterError(f"{' '.join(argv)} exited with {done.returncode}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def _ip(*args: str) -> str:
+    return _run(["ip", *args])
+
+
+def _ip_quiet(*args: str) -> str:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    return done.stdout if done.returncode == 0 else ""
+
+
+def _wait_gone(pids: list[int], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{pid}").exists() for pid in pids):
+            return
+        time.sleep(0.05)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rollway.deploy.netns_cluster`: a cluster to try rollway on, until Ctrl-C."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=3, help="worker nodes (1 CPU each by default)")
+    parser.add_argument("--worker-cpus", type=int, default=1)
+    args = parser.parse_args(argv)
+    reason = unavailable_reason()
+    if reason:
+        print(f"cannot build the cluster: {reason}", file=sys.stderr)
+        return 1
+    with NetnsCluster(args.workers, worker_cpus=args.worker_cpus) as cluster:
+        print(f"Ray at {cluster.ray_address}; run inside the head's namespace, e.g.:")
+        print(f"  ip netns exec {cluster.nodes[0].namespace} rollway run CONFIG --launcher ray "
+              f"--ray-address {cluster.ray_address}")  # fmt: skip
+        print(f"  (HOME={cluster.home} keeps token auth off). Ctrl-C ends the cluster.", flush=True)
+        stop = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # sigwait takes them instead of a handler
+        signal.sigwait(stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
