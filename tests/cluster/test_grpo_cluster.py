@@ -154,7 +154,11 @@ def test_a_short_partition_costs_no_restart(cluster, grpo_reference, settings, t
     assert_completed_as_reference(run, grpo_reference)
 
 
-def test_a_long_partition_moves_only_the_cut_off_service(cluster, grpo_reference, settings, tmp_path):
+def test_a_long_partition_kills_no_service_on_a_healthy_node(cluster, grpo_reference, settings, tmp_path):
+    """With hung_service_seconds 8, a 40 s cut of the rollout's node makes it silent for 5x its
+    bound: it is named unreachable, not killed as hung, and no healthy service is blamed. Ray may
+    still declare the node lost 55-65 s after the cut (after the link is back): the rollout then
+    moves off it; a run that ends before that verdict rode the partition out."""
     run = ClusterRun.start(cluster, tmp_path, settings("grpo-cut", hung_service_seconds=8))
     run.wait_steps(2)
     before = run.placement()
@@ -169,5 +173,6 @@ def test_a_long_partition_moves_only_the_cut_off_service(cluster, grpo_reference
     after = run.placement()
     for name in ("trainer-0", "dataloader"):  # on healthy nodes: never killed as hung
         assert after[name]["generation"] == before[name]["generation"], f"{name} restarted\n{run.describe()}"
-    assert cluster.node_of(after["rollout-0"]["node"]) != cut
+    if after["rollout-0"]["generation"] != before["rollout-0"]["generation"]:
+        assert cluster.node_of(after["rollout-0"]["node"]) != cut  # after Ray's verdict only
     assert_completed_as_reference(run, grpo_reference)
