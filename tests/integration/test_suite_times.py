@@ -3,6 +3,7 @@ flags on a small suite of its own) and turns it into the per-file and top-test t
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -37,11 +38,12 @@ def test_a_small_pytest_run_becomes_a_table_per_file_with_its_counts(tmp_path):
     for name, source in SMALL_SUITE.items():
         (tmp_path / name).write_text(source)
     report = tmp_path / "junit.xml"
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}  # this suite's options only
     # The flags `make test` passes (the Makefile's test recipe).
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
          "-o", "junit_family=xunit1", "test_alpha.py", "test_beta.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 1, result.stdout + result.stderr  # test_fails failed, as it should
 
