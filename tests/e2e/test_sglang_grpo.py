@@ -46,6 +46,7 @@ STRAY_PROMPT = list(range(5, 21))
 STRAY_TOKENS = 1000
 STEP_SLEEP_SECONDS = 1.0
 STRAY_HTTP_SECONDS = 700.0
+KILL_STEP_SLEEP_SECONDS = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -276,14 +277,25 @@ def _restarted_with_weights(stack, old_pid: int, version: int) -> None:
 
 def test_kill_a_server_mid_generation(stack):
     info = lambda: stack["services"]["rollout"]  # noqa: E731
-    start_run(stack["stub"], "kill-gen", rl_config(stack["services"], **stack["engine"], num_rollout=4,
-                                                     rollout_max_response_len=16))  # fmt: skip
-    log = stack["workdir"] / "runs" / "kill-gen" / "metrics.jsonl"
+    if not server_pids(stack):
+        run(stack, "launch", num_rollout=1)
+    # Server 0's samples stay in flight >= KILL_STEP_SLEEP_SECONDS (every forward step is held that
+    # long), so the moment to kill cannot pass between two polls (0.05 s) however fast generation
+    # is; the restarted server is a new process, at full speed.
+    client = SGLangClient(stack["urls"][0])
+    client.post("/slow_down", {"forward_sleep_time": KILL_STEP_SLEEP_SECONDS})
+    try:
+        start_run(stack["stub"], "kill-gen", rl_config(stack["services"], **stack["engine"], num_rollout=4,
+                                                         rollout_max_response_len=16))  # fmt: skip
+        log = stack["workdir"] / "runs" / "kill-gen" / "metrics.jsonl"
 
-    def generating_step_one() -> bool:  # step 0 done, step 1's samples on the servers
-        return log.exists() and log.read_text().count("\n") >= 1 and _in_flight(info()) > 0
+        def generating_step_one() -> bool:  # step 0 done, step 1's samples on the servers
+            return log.exists() and log.read_text().count("\n") >= 1 and _in_flight(info()) > 0
 
-    old_pid = _kill_when(stack, "kill-gen", generating_step_one)
+        old_pid = _kill_when(stack, "kill-gen", generating_step_one)
+    except BaseException:
+        client.post("/slow_down", {"forward_sleep_time": None})  # the module's later tests at full speed
+        raise
     metrics = _steps_once(stack, "kill-gen", 4)
     assert all(m["rollout/num_samples"] == 16.0 for m in metrics)
     _restarted_with_weights(stack, old_pid, 5)
