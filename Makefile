@@ -45,7 +45,9 @@ $(COMPOSE_V1)/bin/docker-compose: deploy/compose-v1/install.sh deploy/machine-ca
 SGLANG_CPU_VERSIONS := 0.5.23 0.5.20
 SGLANG_CPU := $(foreach v,$(SGLANG_CPU_VERSIONS),.cache/sglang-$(v)/.installed)
 SGLANG_CPU_DEFINED_BY = deploy/sglang-cpu/install.sh deploy/sglang-cpu/requirements-$*.txt deploy/sglang-cpu/shims
-.cache/sglang-%/.installed: deploy/sglang-cpu/install.sh deploy/sglang-cpu/requirements-%.txt deploy/machine-cache.sh
+SGLANG_CPU_SHIMS := $(shell find deploy/sglang-cpu/shims -type f -name '*.py')
+.cache/sglang-%/.installed: deploy/sglang-cpu/install.sh deploy/sglang-cpu/requirements-%.txt $(SGLANG_CPU_SHIMS) \
+		deploy/machine-cache.sh
 	-$(CACHED) .cache/sglang-$* $(SGLANG_CPU_DEFINED_BY) -- deploy/sglang-cpu/install.sh $*
 
 sglang-cpu: $(SGLANG_CPU)

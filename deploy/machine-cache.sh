@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs an install once per machine, not once per clone: the install lands in a per-machine cache
 # (${XDG_CACHE_HOME:-$HOME/.cache}/rollway/NAME-KEY) and LINK points at it. CI clones afresh for
-# every run; the SGLang and compose virtualenvs took ~2.6 min of each `make test` before this.
+# every run; the two SGLang virtualenvs and the compose one took 2.6 min of each `make test` on a
+# quiet 2-core machine (72 + 71 + 15 s) and 8 min on a loaded one (293 + 178 + 10 s); cached, 5 s.
 #
 #   deploy/machine-cache.sh LINK INPUT... -- INSTALLER ARG...
-#   e.g. deploy/machine-cache.sh .cache/sglang-0.5.23 deploy/sglang-cpu -- deploy/sglang-cpu/install.sh 0.5.23
+#   e.g. deploy/machine-cache.sh .cache/compose-v1 deploy/compose-v1/install.sh -- deploy/compose-v1/install.sh
 #
 # The installer is run as `INSTALLER ARG... DIR` and must make DIR whole or fail. KEY hashes what
 # defines the install: the installer's command words, the interpreter that makes the virtualenv
@@ -25,7 +26,7 @@ done
 [ "${1:-}" = "--" ] && [ $# -ge 2 ] || { echo "${usage}" >&2; exit 2; }
 shift
 installer=("$@")
-# Long enough for the slowest install seen (~1.5 min) many times over, on a loaded machine.
+# Long enough for the slowest install seen (~5 min, on a loaded machine) several times over.
 lock_seconds="${ROLLWAY_CACHE_LOCK_SECONDS:-1800}"
 
 key() {
