@@ -29,27 +29,43 @@ browser:
 run: setup
 	$(VENV)/bin/rollway demo --workdir runs/demo
 
+# Installs made once per machine, not per clone (CI clones afresh): deploy/machine-cache.sh puts each
+# in ${XDG_CACHE_HOME:-~/.cache}/rollway/, keyed by the hash of what defines it, and links it here.
+CACHED := PYTHON=$(PYTHON) deploy/machine-cache.sh
+
 # docker-compose 1.29 (Debian's compose v1) in its own venv, so the compose tests parse the shipped
 # file with it for real; they skip, naming why, when it cannot be installed (hence the leading -).
 COMPOSE_V1 := .cache/compose-v1
-$(COMPOSE_V1)/bin/docker-compose:
-	-$(PYTHON) -m venv $(COMPOSE_V1) && \
-	$(COMPOSE_V1)/bin/pip install -q "cython<3" wheel setuptools && \
-	$(COMPOSE_V1)/bin/pip install -q --no-build-isolation pyyaml==5.4.1 && \
-	$(COMPOSE_V1)/bin/pip install -q docker-compose==1.29.2 docker==6.1.3 requests==2.31.0
+$(COMPOSE_V1)/bin/docker-compose: deploy/compose-v1/install.sh deploy/machine-cache.sh
+	-$(CACHED) $(COMPOSE_V1) $< -- $<
 
 # Real SGLang servers for the tests marked `sglang`, one virtualenv per release the adapter supports
 # (deploy/sglang-cpu/install.sh: CPU torch, SGLang without its CUDA tree, pinned imports), never in
 # .venv. Leading -: without a registry the tests skip naming why (on CI, CI=true, they fail instead).
 SGLANG_CPU_VERSIONS := 0.5.23 0.5.20
 SGLANG_CPU := $(foreach v,$(SGLANG_CPU_VERSIONS),.cache/sglang-$(v)/.installed)
-.cache/sglang-%/.installed: deploy/sglang-cpu/install.sh deploy/sglang-cpu/requirements-%.txt
-	-PYTHON=$(PYTHON) deploy/sglang-cpu/install.sh $* .cache/sglang-$*
+SGLANG_CPU_DEFINED_BY = deploy/sglang-cpu/install.sh deploy/sglang-cpu/requirements-$*.txt deploy/sglang-cpu/shims
+SGLANG_CPU_SHIMS := $(shell find deploy/sglang-cpu/shims -type f -name '*.py')
+.cache/sglang-%/.installed: deploy/sglang-cpu/install.sh deploy/sglang-cpu/requirements-%.txt $(SGLANG_CPU_SHIMS) \
+		deploy/machine-cache.sh
+	-$(CACHED) .cache/sglang-$* $(SGLANG_CPU_DEFINED_BY) -- deploy/sglang-cpu/install.sh $*
 
 sglang-cpu: $(SGLANG_CPU)
 
+# `make test` ends with its wall time, set-up included (MAKE_STARTED is read as make starts, before
+# any prerequisite), and writes where the time went, per file and per test: $(SUITE_TIMES)/times.md
+# (bench/suite_times.py, from pytest's JUnit report).
+MAKE_STARTED := $(shell date +%s)
+SUITE_TIMES := bench/results/suite
 test: setup proto-check $(COMPOSE_V1)/bin/docker-compose $(SGLANG_CPU)
-	PATH="$(CURDIR)/$(COMPOSE_V1)/bin:$$PATH" $(PY) -m pytest -q --durations=25
+	@mkdir -p $(SUITE_TIMES)
+	set_up=$$(( $$(date +%s) - $(MAKE_STARTED) )); status=0; \
+	PATH="$(CURDIR)/$(COMPOSE_V1)/bin:$$PATH" $(PY) -m pytest -q --durations=25 \
+		--junitxml=$(SUITE_TIMES)/junit.xml -o junit_family=xunit1 || status=$$?; \
+	$(PY) -m bench.suite_times $(SUITE_TIMES)/junit.xml --set-up-seconds $$set_up > $(SUITE_TIMES)/times.md; \
+	echo "make test: $$(( $$(date +%s) - $(MAKE_STARTED) )) s in all, $$set_up s of it set-up" \
+		"(per file and test: $(SUITE_TIMES)/times.md)"; \
+	exit $$status
 
 # The fast tier (tests/unit, in-process, no test marked slow): a couple of minutes; .venv only,
 # none of the compose or SGLang installs `make test` needs. Only tests/unit is collected: importing

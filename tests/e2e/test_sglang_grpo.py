@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import string
 import threading
@@ -38,6 +39,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 SUCCEEDED, FAILED = coordinator_pb2.RUN_STATE_SUCCEEDED, coordinator_pb2.RUN_STATE_FAILED
 # fp32 on both sides: measured ~5e-7 (a server serving other weights gives ~1e-1).
 LOG_PROB_TOLERANCE = 1e-4
+# The stray request of a former run: as long as the tiny model's context (1,024) allows, each step
+# slowed to at least STEP_SLEEP_SECONDS, so it needs >= 1,000 s, past every deadline of its test.
+# Its prompt is longer than the 1-token generations of health checks, so its prefill shows in the log.
+STRAY_PROMPT = list(range(5, 21))
+STRAY_TOKENS = 1000
+STEP_SLEEP_SECONDS = 1.0
+STRAY_HTTP_SECONDS = 700.0
+KILL_STEP_SLEEP_SECONDS = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -167,27 +176,41 @@ class FirstTurnCallsTheCalculator(CalculatorEnvironment):
 def test_a_run_starts_on_servers_still_running_a_former_request(stack):
     """A request a former run left on a server (one sent as its batch was aborted) is aborted by
     the next run's Init; SGLang refuses to flush its cache under a running request, so the reset
-    to the run's weights would fail otherwise."""
+    to the run's weights would fail otherwise.
+
+    The stray request cannot end on its own before the test's deadlines, however fast the machine:
+    SGLang's own test hook (/slow_down) sleeps before every forward step of server 0 while the stray
+    runs, so its STRAY_TOKENS steps take at least STRAY_TOKENS * STEP_SLEEP_SECONDS, longer than the
+    run's 600 s deadline. Only an abort ends it in time."""
     if not server_pids(stack):
         run(stack, "launch", num_rollout=1)
+    client = SGLangClient(stack["urls"][0])
     server_log = stack["workdir"] / "sglang-logs" / "server-0.log"
-    prefills = _log_count(server_log, "Prefill batch")
+    seen = _log_lines(server_log)
     stray = {}
 
-    def generate() -> None:  # ~1000 tokens: far longer than the next run's Init
-        body = {"max_new_tokens": 1000, "ignore_eos": True, "temperature": 1.0}
-        stray["reply"] = SGLangClient(stack["urls"][0]).generate([5, 6, 7], body, rid="stray", timeout=300)
+    def generate() -> None:
+        body = {"max_new_tokens": STRAY_TOKENS, "ignore_eos": True, "temperature": 1.0}
+        try:
+            stray["reply"] = client.generate(STRAY_PROMPT, body, rid="stray", timeout=STRAY_HTTP_SECONDS)
+        except Exception as exc:  # reported by the assertion below
+            stray["error"] = exc
+        finally:  # the run's own generation on server 0 at full speed again
+            client.post("/slow_down", {"forward_sleep_time": None})
 
+    client.post("/slow_down", {"forward_sleep_time": STEP_SLEEP_SECONDS})  # in effect once answered
     thread = threading.Thread(target=generate, daemon=True)
-    thread.start()
-    wait_until(
-        lambda: _log_count(server_log, "Prefill batch") > prefills, timeout=60, what="the stray request"
-    )
-    assert thread.is_alive()
-    metrics = run(stack, "after-stray", num_rollout=1)
-    thread.join(timeout=60)
+    try:
+        thread.start()
+        wait_until(lambda: _stray_prefilled(server_log, seen), timeout=60, what="the stray request's prefill")
+        assert thread.is_alive(), stray
+        metrics = run(stack, "after-stray", num_rollout=1)
+        thread.join(timeout=60)
+    finally:
+        client.post("/slow_down", {"forward_sleep_time": None})
+    assert "reply" in stray, stray
     assert stray["reply"]["meta_info"]["finish_reason"]["type"] == "abort"
-    assert len(stray["reply"]["output_ids"]) < 1000
+    assert len(stray["reply"]["output_ids"]) < STRAY_TOKENS
     assert metrics[0]["train/train_rollout_logprob_abs_diff"] < LOG_PROB_TOLERANCE
 
 
@@ -254,14 +277,25 @@ def _restarted_with_weights(stack, old_pid: int, version: int) -> None:
 
 def test_kill_a_server_mid_generation(stack):
     info = lambda: stack["services"]["rollout"]  # noqa: E731
-    start_run(stack["stub"], "kill-gen", rl_config(stack["services"], **stack["engine"], num_rollout=4,
-                                                     rollout_max_response_len=16))  # fmt: skip
-    log = stack["workdir"] / "runs" / "kill-gen" / "metrics.jsonl"
+    if not server_pids(stack):
+        run(stack, "launch", num_rollout=1)
+    # Server 0's samples stay in flight >= KILL_STEP_SLEEP_SECONDS (every forward step is held that
+    # long), so the moment to kill cannot pass between two polls (0.05 s) however fast generation
+    # is; the restarted server is a new process, at full speed.
+    client = SGLangClient(stack["urls"][0])
+    client.post("/slow_down", {"forward_sleep_time": KILL_STEP_SLEEP_SECONDS})
+    try:
+        start_run(stack["stub"], "kill-gen", rl_config(stack["services"], **stack["engine"], num_rollout=4,
+                                                         rollout_max_response_len=16))  # fmt: skip
+        log = stack["workdir"] / "runs" / "kill-gen" / "metrics.jsonl"
 
-    def generating_step_one() -> bool:  # step 0 done, step 1's samples on the servers
-        return log.exists() and log.read_text().count("\n") >= 1 and _in_flight(info()) > 0
+        def generating_step_one() -> bool:  # step 0 done, step 1's samples on the servers
+            return log.exists() and log.read_text().count("\n") >= 1 and _in_flight(info()) > 0
 
-    old_pid = _kill_when(stack, "kill-gen", generating_step_one)
+        old_pid = _kill_when(stack, "kill-gen", generating_step_one)
+    except BaseException:
+        client.post("/slow_down", {"forward_sleep_time": None})  # the module's later tests at full speed
+        raise
     metrics = _steps_once(stack, "kill-gen", 4)
     assert all(m["rollout/num_samples"] == 16.0 for m in metrics)
     _restarted_with_weights(stack, old_pid, 5)
@@ -286,6 +320,20 @@ def test_kill_a_server_mid_weight_update(stack):
 
 def _log_count(log: Path, text: str) -> int:
     return log.read_text().count(text) if log.exists() else 0
+
+
+def _log_lines(log: Path) -> int:
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def _stray_prefilled(log: Path, after_line: int) -> bool:
+    """A prefill of at least the stray's prompt after `after_line`: only health checks (1 token each)
+    and the stray reach the server between runs, so this batch holds the stray (then running)."""
+    for line in log.read_text().splitlines()[after_line:]:
+        if match := re.search(r"Prefill batch.* #new-token: (\d+), #cached-token: (\d+)", line):
+            if int(match[1]) + int(match[2]) >= len(STRAY_PROMPT):
+                return True
+    return False
 
 
 def _in_flight(rollout) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
+from contextlib import contextmanager, nullcontext
 
 import pytest
 import torch
@@ -87,8 +89,10 @@ def _episodes(engine, tokenizer, **limits) -> EpisodeEngine:
         decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True),
         observation_ids=lambda step: encoder.observation_token_ids(step.observation, step.messages),
     )
+    # Time limits that never end an episode unless a test sets them: a 600-token greedy turn took
+    # over 60 s on the loaded 2-core machine (then "episode_timeout", not the reason under test).
     settings = dict(
-        max_turns=16, max_total_tokens=0, max_context_len=1024, turn_timeout=60, episode_timeout=60
+        max_turns=16, max_total_tokens=0, max_context_len=1024, turn_timeout=600, episode_timeout=600
     )
     settings.update(limits)
     return EpisodeEngine(engine, codec, lambda: EpisodeLimits(**settings), num_workers=4)
@@ -112,7 +116,25 @@ def _request(
     )
 
 
-def _run(episodes, requests, timeout=60):
+# A turn timeout must cut a long greedy turn after its first tokens, whatever the machine's speed:
+# every forward of the model is held PACE_SECONDS (so N tokens take >= N * PACE_SECONDS, far past
+# CUT_SECONDS), and CUT_SECONDS leaves a loaded machine ample time for the first token.
+PACE_SECONDS = 0.01
+CUT_SECONDS = 1.0
+
+
+@contextmanager
+def _paced(engine):
+    """Every forward of the engine's model takes at least PACE_SECONDS (a hook on the model)."""
+    hook = engine.batcher.model.register_forward_pre_hook(lambda module, args: time.sleep(PACE_SECONDS))
+    try:
+        yield
+    finally:
+        hook.remove()
+
+
+# A deadline only for a hang (the episodes' own limits above are longer).
+def _run(episodes, requests, timeout=300):
     results = queue.Queue()
     episodes.submit(requests, results.put)
     out = [results.get(timeout=timeout) for _ in requests]
@@ -174,7 +196,7 @@ def test_multi_turn_masks_and_log_probs_equal_a_teacher_forced_pass(engine, toke
             "length",
         ),
         (
-            {"turn_timeout": 0.2},
+            {"turn_timeout": CUT_SECONDS},
             {"metadata": {"turns": 0}, "max_new_tokens": 900, "temperature": 0.0, "stops": frozenset()},
             "turn_timeout",
         ),
@@ -189,7 +211,8 @@ def test_each_limit_ends_an_episode_with_its_finish_reason(
     closed_before = CountingEnvironment.closed
     CountingEnvironment.released.clear()
     try:
-        [result] = _run(episodes, [_request(**request_args)])
+        with _paced(engine) if finish_reason == "turn_timeout" else nullcontext():
+            [result] = _run(episodes, [_request(**request_args)])
     finally:
         CountingEnvironment.released.set()
         episodes.close()
@@ -279,9 +302,10 @@ def test_a_turn_cut_mid_way_continues_where_it_stopped(engine, tokenizer):
         [whole] = _run(episodes, [_request(**greedy)])
     finally:
         episodes.close()
-    episodes = _episodes(engine, tokenizer, turn_timeout=0.3)
+    episodes = _episodes(engine, tokenizer, turn_timeout=CUT_SECONDS)
     try:
-        [cut] = _run(episodes, [_request(**greedy)])
+        with _paced(engine):
+            [cut] = _run(episodes, [_request(**greedy)])
     finally:
         episodes.close()
     assert whole.finish_reason == "length" and len(whole.token_ids) == 600
