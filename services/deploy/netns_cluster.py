@@ -15,7 +15,7 @@ address and its own Ray node, so placement, node loss and partitions behave as o
 
 Nothing is added to the root namespace (it cannot reach 198.18.0.0/15, by design: no traffic leaves
 the machine), so Ray is asked about its nodes from a probe process inside the head's namespace.
-Namespace names start with `rw<pid>-` so parallel or leftover clusters never collide. Ray runs with
+Namespace names start with `rw<pid>.<n>-` so parallel or leftover clusters never collide. Ray runs with
 a HOME of the cluster's own: Ray 2.60 turns token auth on when ~/.ray/auth_token exists, which the
 machine's own HOME may have. Processes are stopped by pid (`ip netns pids`), never `ray stop`
 (which finds Ray processes by name on the whole machine).
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import itertools
 import json
 import os
 import re
@@ -108,7 +109,9 @@ class NetnsCluster:
         object_store_bytes: int = 100_000_000,
         ray_bin: str = "",
     ):
-        self.prefix = f"rw{os.getpid()}-"
+        # rw<pid>.<n>-: the process's n-th cluster (a process may hold two at once: a test's own
+        # network beside the shared cluster).
+        self.prefix = f"rw{os.getpid()}.{next(_CLUSTER_NUMBERS)}-"
         self.bridge_ns = f"{self.prefix}br"
         self.ray_bin = ray_bin or str(Path(sys.executable).with_name("ray"))
         self.object_store_bytes = object_store_bytes
@@ -363,13 +366,16 @@ class NetnsCluster:
         self.close()
 
 
+_CLUSTER_NUMBERS = itertools.count()
+
+
 def remove_leftovers() -> list[str]:
     """Namespaces and temp dirs of clusters whose process is gone (killed before its teardown ran):
     their processes by pid, then the namespaces. A live process's cluster is never touched."""
     removed = []
     for line in _ip_quiet("netns", "list").splitlines():
         name = line.split()[0] if line.split() else ""
-        match = re.fullmatch(r"rw(\d+)-(br|n\d+)", name)
+        match = re.fullmatch(r"rw(\d+)\.\d+-(br|n\d+)", name)
         if match is None or Path(f"/proc/{match.group(1)}").exists():
             continue
         pids = [int(p) for p in _ip_quiet("netns", "pids", name).split()]
@@ -382,7 +388,7 @@ def remove_leftovers() -> list[str]:
         _ip_quiet("netns", "delete", name)
         removed.append(name)
     for path in Path("/tmp").glob("rw*-*"):
-        match = re.fullmatch(r"rw(\d+)-\w+", path.name)
+        match = re.fullmatch(r"rw(\d+)\.\d+-\w+", path.name)
         if match and path.is_dir() and not Path(f"/proc/{match.group(1)}").exists():
             shutil.rmtree(path, ignore_errors=True)
     return removed

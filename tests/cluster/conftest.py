@@ -1,4 +1,4 @@
-"""A Ray cluster of network namespaces per test module (rollway.deploy.netns_cluster): a head with 0
+"""A Ray cluster of network namespaces for the tests here (rollway.deploy.netns_cluster): a head with 0
 CPUs and 5 workers of 1 CPU, so a run's actors (1 CPU each, one placement group) land one per node.
 
 Runs are `rollway run --launcher ray` inside the head's namespace (the test process cannot reach
@@ -9,6 +9,7 @@ Without root or iproute2 the tests skip naming why; on CI (CI set) they fail ins
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from support.cluster_runs import REWARD_MODULE
@@ -16,16 +17,23 @@ from support.cluster_runs import REWARD_MODULE
 from rollway.deploy.netns_cluster import NetnsCluster, unavailable_reason
 
 NUM_WORKERS = 5
+CLUSTER_DIR = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if "/tests/cluster/" in str(item.path):
+        if CLUSTER_DIR in Path(item.path).parents:
             item.add_marker(pytest.mark.cluster)
 
 
-@pytest.fixture(scope="module")
+_CLUSTER: list[NetnsCluster] = []  # the one cluster of the session's cluster tests, while they run
+
+
+@pytest.fixture(scope="session")
 def netns_cluster(tmp_path_factory):
+    """One cluster for every module here (a cluster's start costs ~30 s of the 2 cores); it is
+    closed as soon as the last test of tests/cluster is done (pytest_runtest_teardown below), not
+    at the session's end, so no idle Ray node outlives these tests."""
     reason = unavailable_reason()
     if reason:
         if os.environ.get("CI"):
@@ -37,10 +45,21 @@ def netns_cluster(tmp_path_factory):
     # Every Ray worker (hence every actor and its service) inherits its raylet's environment.
     env = {"PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1"}
     cluster = NetnsCluster(NUM_WORKERS, env=env)
+    _CLUSTER.append(cluster)
     try:
         yield cluster.start()
     finally:
-        cluster.close()
+        _close_cluster()
+
+
+def _close_cluster() -> None:
+    while _CLUSTER:
+        _CLUSTER.pop().close()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if _CLUSTER and (nextitem is None or CLUSTER_DIR not in Path(nextitem.path).parents):
+        _close_cluster()
 
 
 @pytest.fixture
