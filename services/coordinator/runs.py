@@ -182,6 +182,7 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
                 dead = record.dead or watcher.wait_for_dead()
                 if dead is None and _healed_partition(record, watcher, exc):
                     continue
+                dead = dead or record.dead  # a service lost after its partition healed
                 if not _recover(record, dead, exc):
                     raise
             finally:
@@ -342,6 +343,11 @@ def _healed_partition(record: RunRecord, watcher: _Watcher, exc: BaseException) 
         return False
     if any(record.group.unreachable(name, index) for name, index in cut_off):
         return False
+    for name, index in sorted(cut_off):
+        lost = record.group.settle(name, index)
+        if lost is not None:  # Ray's late verdict: recovered as any lost service
+            record.dead = lost
+            return False
     record.partition_retries += 1
     names = ", ".join(f"{name}_{index}" for name, index in sorted(cut_off))
     record.notice(

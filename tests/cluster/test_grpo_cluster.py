@@ -57,11 +57,13 @@ def test_grpo_on_three_nodes(cluster, grpo_reference):
 
 
 def lose_node_of(cluster, run: ClusterRun, actor: str, case: str) -> int:
-    """kill -9 every process of `actor`'s node once a step after the last fault is logged; wait
-    for Ray's verdict, add the node again (so a free node remains), and time the next step."""
+    """kill -9 every process of `actor`'s node while the run is frozen at the step it reached;
+    wait for Ray's verdict, add the node again (so a free node remains), time the next step, and
+    freeze the run again at once (the next fault must find steps left to run)."""
     lost = cluster.node_of(run.placement()[actor]["node"])
     fault = run.fault_now()
     cluster.kill_node(lost)
+    run.thaw()
     verdict = cluster.wait_dead(lost)
     cluster.start_node(lost, wait=False)  # a node added: the free nodes stay two
     try:
@@ -69,6 +71,7 @@ def lose_node_of(cluster, run: ClusterRun, actor: str, case: str) -> int:
     except AssertionError:
         report(f"{case} {actor}'s node {lost} killed: Ray's verdict after {verdict:.1f}s, no step after it")
         raise
+    run.freeze()
     report(
         f"{case} {actor}'s node {lost} killed: Ray's verdict after {verdict:.1f}s, next step after {seconds:.1f}s"
     )
@@ -81,13 +84,17 @@ def test_losing_each_services_node_in_turn_completes_bit_identical(
 ):
     run = ClusterRun.start(cluster, tmp_path, settings("grpo-kills"))
     run.wait_steps(2)
+    run.freeze()
     before = run.placement()
     lost = {}
-    for actor in ("rollout-0", "dataloader", "trainer-0"):
-        lost[actor] = lose_node_of(cluster, run, actor, "(c)")
-        moved = run.placement()[actor]
-        assert moved["generation"] == before[actor]["generation"] + 1
-        assert cluster.node_of(moved["node"]) != lost[actor]  # never back onto the dead node
+    try:
+        for actor in ("rollout-0", "dataloader", "trainer-0"):
+            lost[actor] = lose_node_of(cluster, run, actor, "(c)")
+            moved = run.placement()[actor]
+            assert moved["generation"] == before[actor]["generation"] + 1
+            assert cluster.node_of(moved["node"]) != lost[actor]  # never back onto the dead node
+    finally:
+        run.thaw()
     assert run.wait_end() == 0, run.log_tail()
     assert_completed_as_reference(run, grpo_reference)
     assert run.result()["num_restarts"] == 3

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from support.processes import descendants
 
 REWARD_MODULE = '''
 def odd_index(sample):
@@ -165,6 +169,22 @@ class ClusterRun:
 
     def log_tail(self, num_chars: int = 4000) -> str:
         return self.log_path.read_text()[-num_chars:] if self.log_path.exists() else ""
+
+    # --- holding ---
+    def freeze(self) -> None:
+        """SIGSTOP the launcher and its coordinator (by pid): the run stays at the step it reached
+        while the test sets up its next fault, however fast the machine runs the steps."""
+        self._frozen = [self.process.pid, *descendants(self.process.pid)]
+        for pid in self._frozen:
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        for pid in getattr(self, "_frozen", []):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self._frozen = []
 
     # --- waiting ---
     def wait_for(self, condition, timeout: float, what: str) -> None:

@@ -26,6 +26,11 @@ from rollway.common.supervision.supervisor import CannotRestart
 # Ray declares a silent node dead 55-65 s after it went quiet (processes killed: ~15 s); past
 # this, no verdict is coming and the run fails naming the node.
 VERDICT_TIMEOUT_S = 120.0
+# A node silent this long may still be declared dead after its link is back (Ray's health checks
+# of it keep failing for a while): measured 55-65 s after it went quiet, for a 40 s cut; a 10 s
+# cut was never declared dead.
+LONG_SPELL_S = 20.0
+LATE_VERDICT_S = 75.0  # after the spell began: Ray has decided by then
 # A bundle that no live node can host is not waited for: Ray would keep it pending for ever.
 NO_ROOM_GRACE_S = 5.0
 POLL_S = 0.5

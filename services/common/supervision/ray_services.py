@@ -99,6 +99,8 @@ class _Actor:
     address: str = ""  # empty for trainer workers (no gRPC)
     poll: object = None  # the poll in flight (a Ray ObjectRef), sent at poll_sent
     poll_sent: float = 0.0
+    quiet_since: float = 0.0  # when its current unreachable spell began (0: it answers)
+    last_spell: tuple[float, float] | None = None  # (start, end) of its last unreachable spell
 
     @property
     def where(self) -> str:
@@ -328,6 +330,8 @@ class RayServiceGroup(ServiceGroup):
         with self._poll_lock:
             now = time.monotonic()
             for actor in actors:
+                if actor.poll is not None and not actor.quiet_since and now - actor.poll_sent > UNREACHABLE_S:
+                    actor.quiet_since = actor.poll_sent
                 if actor.poll is None:
                     actor.poll, actor.poll_sent = actor.handle.poll.remote(), now
                 elif now - actor.poll_sent > 4 * UNREACHABLE_S and ray_nodes.node_answers(actor.node["id"]):
@@ -343,6 +347,8 @@ class RayServiceGroup(ServiceGroup):
             with self._poll_lock:
                 if actor.poll is poll:
                     actor.poll = None
+                if actor.quiet_since:
+                    actor.last_spell, actor.quiet_since = (actor.quiet_since, time.monotonic()), 0.0
             try:
                 status = ray.get(poll)
             except ray.exceptions.RayActorError as exc:
@@ -371,6 +377,24 @@ class RayServiceGroup(ServiceGroup):
                     f"{actor.where} has not answered for {silent:.0f}s: its node is cut off or lost "
                     "(Ray's verdict on the node decides; a partition that heals costs no restart)"
                 )
+        return None
+
+    def settle(self, name: str, index: int) -> DeadService | None:
+        """Ray may declare a node lost after a long cut even once its link is back: wait for that
+        verdict (or for its window to pass) before a run goes on with the node's services."""
+        for actor in self._members(name, index):
+            if actor.last_spell is None:
+                continue
+            (start, end), actor.last_spell = actor.last_spell, None
+            if end - start < ray_nodes.LONG_SPELL_S:
+                continue
+            log.warning("waiting for Ray's verdict on a node that was cut off", actor=actor.spec.name,
+                        node=actor.node["ip"], silent_seconds=round(end - start, 1))  # fmt: skip
+            while time.monotonic() < start + ray_nodes.LATE_VERDICT_S and not self._stopped:
+                if not ray_nodes.node_alive(actor.node["id"]):
+                    return DeadService(*actor.service_index, f"({actor.where}) was lost: Ray declared its node "
+                                       f"dead after it was cut off for {end - start:.0f}s")  # fmt: skip
+                time.sleep(ray_nodes.POLL_S)
         return None
 
     def verdict_pending_seconds(self) -> float:

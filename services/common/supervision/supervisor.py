@@ -104,6 +104,11 @@ class ServiceGroup(ABC):
         is cut off: it is then not frozen, and must not be killed for silence. None on one machine."""
         return None
 
+    def settle(self, name: str, index: int) -> DeadService | None:
+        """After instance `index` of `name` answers again from a cut-off spell: its death, where
+        the cluster still declares its host lost for that spell (None: it lives on)."""
+        return None
+
     def verdict_pending_seconds(self) -> float:
         """How long a verdict on an unreachable service may still take (0: none is unreachable)."""
         return 0.0
