@@ -57,9 +57,13 @@ def _close_cluster() -> None:
         _CLUSTER.pop().close()
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
+    """After the test's own teardown (its `cluster` fixture revives lost nodes first)."""
+    result = yield
     if _CLUSTER and (nextitem is None or CLUSTER_DIR not in Path(nextitem.path).parents):
         _close_cluster()
+    return result
 
 
 @pytest.fixture
