@@ -12,9 +12,12 @@ from bench.suite_times import CaseTime, SuiteTimes, format_report, per_file, rea
 
 SMALL_SUITE = {
     "test_alpha.py": """
+import time
+
 import pytest
 
 def test_passes():
+    time.sleep(0.05)  # its measured duration is what the report must carry (not a wait on anything)
     assert 1 + 1 == 2
 
 def test_fails():
@@ -55,7 +58,8 @@ def test_a_small_pytest_run_becomes_a_table_per_file_with_its_counts(tmp_path):
         ("test_beta.py", "test_each[1]", "passed"),
         ("test_beta.py", "test_each[2]", "passed"),
     ]
-    assert times.suite_seconds >= sum(t.seconds for t in times.tests) > 0
+    passes = next(t for t in times.tests if t.name == "test_passes")
+    assert times.suite_seconds >= sum(t.seconds for t in times.tests) >= passes.seconds >= 0.05
 
     table = format_report(times, set_up_seconds=60.0)
     rows = {

@@ -18,6 +18,12 @@ class FakeGroup:
         self.restarted.append((name, index))
         return f"127.0.0.1:{len(self.restarted) + 1}"
 
+    def rebuilt_by_restart(self) -> set[str]:
+        return set()
+
+    def placement_settings(self) -> dict[str, object]:
+        return {}
+
 
 class RecordedStop:
     """A stop event that is never set and records each wait (the backoff) instead of sleeping."""
