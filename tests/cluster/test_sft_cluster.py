@@ -57,6 +57,9 @@ def test_losing_trainer_rank_1s_node_completes_bit_identical(
         raise
     assert run.wait_end() == 0, run.log_tail()
     after = run.placement()
+    # torchelastic's rule: every rank restarted (new actors), the dataloader untouched
+    assert [after[f"trainer-{r}"]["generation"] for r in (0, 1)] == [1, 1], run.describe()
+    assert after["dataloader"]["generation"] == 0
     assert after["trainer-1"]["node"] != before["trainer-1"]["node"]
     assert cluster.node_of(after["trainer-1"]["node"]) != lost
     assert run.steps() == list(range(NUM_STEPS))  # each step once (a redone step replaces its record)
