@@ -278,7 +278,15 @@ def _reward_problems(run: RunConfig) -> list[tuple[str, str]]:
         return [
             ("rm_type", f"unknown reward function {c.rm_type!r} (known: {', '.join(REWARD_NAMES)}){hint}")
         ]
-    return []  # an unlabelled prompt is refused by the rollout service's Generate (label needed)
+    # Where the 'remote' and 'custom' rewards come from: refused here, not at the first Generate,
+    # for rollout services the run starts (an attached one may have them from its own flags).
+    if any(run.addresses().get("rollout", [])):
+        return []
+    if c.rm_type == "remote" and not run.rollout.rm_url:
+        return [("rm_url", "rm_type remote needs rm_url: the URL of the reward server (docs/rewards.md)")]
+    if c.rm_type == "custom" and not run.rollout.custom_rm_path:
+        return [("custom_rm_path", "rm_type custom needs custom_rm_path: module:function (docs/rewards.md)")]
+    return []  # an unlabelled prompt's samples get reward 0 and a reward_error (docs/rewards.md)
 
 
 def _process_setting_problems(given: Mapping[str, Any]) -> list[tuple[str, str]]:

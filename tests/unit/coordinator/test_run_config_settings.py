@@ -68,3 +68,13 @@ def test_an_over_sampling_batch_below_the_rollout_batch_is_refused_not_raised(mo
     for kept in (0, 4, 6):
         run = parse_run_config(grpo(model_dir, global_batch_size=16, over_sampling_batch_size=kept))
         assert run.coordinator.over_sampling_batch_size == kept
+
+
+def test_a_remote_or_custom_reward_without_its_source_is_refused_naming_the_setting(model_dir):
+    assert "needs rm_url" in problems(grpo(model_dir, global_batch_size=16, rm_type="remote"))["rm_url"]
+    custom = problems(grpo(model_dir, global_batch_size=16, rm_type="custom"))
+    assert "needs custom_rm_path: module:function" in custom["custom_rm_path"]
+    run = parse_run_config(
+        grpo(model_dir, global_batch_size=16, rm_type="remote", rm_url="http://127.0.0.1:9/r")
+    )
+    assert run.rollout.rm_url == "http://127.0.0.1:9/r"
