@@ -5,8 +5,10 @@ peak. The 0.3-0.6B shapes (the issue's 15%) are `make bench`'s: too big for the 
 
 At ~50M parameters the fixed runtime (Python, torch, transformers, gRPC: ~0.4 GiB) is a fifth of
 the peak, and the step-transient coefficient fitted on the 12-layer cut (7 bytes per parameter)
-is ~0.8 byte below the small preset's own: SMALL_TOLERANCE is 10%, twice the largest error the
-small preset showed (docs/performance.md).
+is ~0.8 byte below the small preset's own, so the plan under-predicts it. The peak RSS itself moves
+between runs with the allocator's fragmentation: the small preset measured -1.5%, -5.8% and (CI,
+2026-11-28) -10.2% on the same tree. SMALL_TOLERANCE is the issue's 15%: a bound on the plan, not on
+the allocator's luck.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ import pytest
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-# |predicted - measured| / measured. Measured 2026-11-26: small -1.5% (two runs 1% apart), tiny
-# +2.2%. The tiny preset is the runtime alone, whose size moves with torch and transformers.
-SMALL_TOLERANCE = 0.10
+# |predicted - measured| / measured. Measured: small -1.5% and -5.8% here, -10.2% on CI; tiny +1.7%
+# to +2.2%. The tiny preset is the runtime alone, whose size moves with torch and transformers.
+SMALL_TOLERANCE = 0.15
 TINY_TOLERANCE = 0.15
 
 
