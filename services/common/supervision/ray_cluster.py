@@ -1,5 +1,6 @@
-"""The nodes of the Ray cluster this process is joined to, and a short look at a cluster for
-`rollway plan --launcher ray` (which joins it as a driver, reads its nodes and leaves)."""
+"""Reaching a Ray cluster: whether its head answers, why a join failed, and a short look at its
+nodes for `rollway plan --launcher ray` (which joins as a driver, reads the nodes and leaves).
+Ray's node table itself is read in ray_nodes."""
 
 from __future__ import annotations
 
@@ -8,26 +9,16 @@ import socket
 import sys
 
 from rollway.common.supervision.cluster_layout import Node
+from rollway.common.supervision.ray_nodes import live_nodes
 
 PLAN_CONNECT_TIMEOUT_S = 5.0
 
 
-def live_nodes() -> list[Node]:
-    """The cluster's live nodes and their total resources (Ray must be initialised here)."""
-    import ray
-
-    return [
-        Node(n["NodeManagerAddress"], {k: float(v) for k, v in n.get("Resources", {}).items()})
-        for n in ray.nodes()
-        if n.get("Alive")
-    ]
-
-
 def head_problem(address: str, timeout_s: float = PLAN_CONNECT_TIMEOUT_S) -> str:
-    """Why nothing answers at a host:port address ("" when something listens there, or for forms
-    Ray resolves itself: "auto", ray://...)."""
-    host, _, port = address.rpartition(":")
-    if address == "auto" or address.startswith("ray://") or not port.isdigit():
+    """Why nothing answers at a [ray://]host:port address ("" when something listens there, or for
+    "auto", which Ray resolves itself). ray.init would retry an unanswered address for minutes."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if address == "auto" or not port.isdigit():
         return ""
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()

@@ -21,6 +21,7 @@ import socket
 import time
 from collections.abc import Callable
 
+from rollway.common.supervision.cluster_layout import Node
 from rollway.common.supervision.supervisor import CannotRestart
 
 # Ray declares a silent node dead 55-65 s after it went quiet (processes killed: ~15 s); past
@@ -45,6 +46,15 @@ def nodes() -> dict[str, dict]:
     import ray
 
     return {node["NodeID"]: node for node in ray.nodes()}
+
+
+def live_nodes() -> list[Node]:
+    """The live nodes and their total resources, as placement plans with them."""
+    return [
+        Node(n["NodeManagerAddress"], {k: float(v) for k, v in n.get("Resources", {}).items()})
+        for n in nodes().values()
+        if n.get("Alive")
+    ]
 
 
 def node_alive(node_id: str) -> bool:

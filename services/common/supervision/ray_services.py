@@ -50,7 +50,7 @@ from rollway.common.supervision.placement import (
     plan_actors,
 )
 from rollway.common.supervision.ray_actors import ServiceHost
-from rollway.common.supervision.ray_cluster import join_failure_hint, live_nodes
+from rollway.common.supervision.ray_cluster import head_problem, join_failure_hint
 from rollway.common.supervision.supervisor import DeadService, ReplacementDied, ServiceGroup
 
 log = get_logger("rollway.common.supervision.ray")
@@ -147,7 +147,7 @@ class RayServiceGroup(ServiceGroup):
             self._joined = True
             specs = plan_actors(configs, services, ray.cluster_resources().get("GPU", 0.0), settings)
             check_fits(specs, ray.cluster_resources())
-            nodes = live_nodes()
+            nodes = ray_nodes.live_nodes()
             check_cluster(specs, settings.strategy, nodes)
         except PlacementError as exc:
             self.stop()
@@ -568,7 +568,9 @@ def _join_ray(address: str, num_cpus: int) -> None:
             address = address or os.environ.get("RAY_ADDRESS", "")
             try:
                 if address:
-                    _check_reachable(address)
+                    problem = head_problem(address, timeout_s=10.0)
+                    if problem:
+                        raise ConnectionError(problem)
                     ray.init(address=address, include_dashboard=False, log_to_driver=False)
                 else:
                     ray.init(num_cpus=max(os.cpu_count() or 1, num_cpus), include_dashboard=False,
@@ -597,19 +599,3 @@ def _leave_ray() -> None:
         if _ray_users == 0 and _ray_ours:
             ray.shutdown()
             _ray_ours = False
-
-
-def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
-    """ConnectionError at once when nothing listens at host:port (ray.init would retry for minutes)."""
-    import socket
-
-    target = address.removeprefix("ray://")
-    host, _, port = target.rpartition(":")
-    if target == "auto" or not port.isdigit():
-        return  # "auto" (a cluster started on this node) or an address form Ray resolves itself
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except OSError as exc:
-        raise ConnectionError(
-            f"nothing answers at {address} ({exc}); is the Ray head running there?"
-        ) from None
