@@ -1,6 +1,6 @@
 """Weight sync into real SGLang servers, both releases the adapter supports.
 
-Per release: two servers started by the test, a rollout service attached to them
+Per release: two servers (the session's shared pair, tests/conftest.py), a rollout service attached to them
 (--sglang-urls), a trainer service, a gloo weight group on loopback. The tests run in file order
 on the same processes, as a run would: pushes reach every server (in a weight-update session on
 0.5.21+), the served weights equal the trainer's (greedy log-probs against ComputeLogProbs), the
@@ -11,11 +11,12 @@ on its version without the trainer waiting for the group timeout.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import pytest
 from google.protobuf import struct_pb2
 from support.processes import ServiceProcess
-from support.sglang_servers import VERSIONS, sglang_venv, start_servers
+from support.sglang_servers import VERSIONS
 from support.trainer_steps import train_sft_step
 
 from rollway.common.v1 import common_pb2
@@ -39,34 +40,35 @@ LOG_PROB_TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module", params=VERSIONS)
-def stack(request, tiny_model_dir, tmp_path_factory):
+def stack(request, tiny_model_dir, tmp_path_factory, sglang_pair):
     version = request.param
-    sglang_venv(version)  # skips (fails on CI) without the install
     workdir = tmp_path_factory.mktemp(f"sglang-{version}")
-    servers = start_servers(version, tiny_model_dir, workdir, count=2)
     trainer = ServiceProcess(
         "trainer", ["--hf-checkpoint", str(tiny_model_dir), "--dtype", "float32"], workdir
     )
-    rollout = ServiceProcess(
-        "rollout",
-        ["--hf-checkpoint", str(tiny_model_dir), "--dtype", "float32", "--reward", "none",
-         "--rollout-engine", "sglang", "--sglang-urls", *[s.url for s in servers]],
-        workdir,
-    )  # fmt: skip
-    try:
-        trainer.start()
-        rollout.start()
-        services = Services.connect(trainer=trainer.address, rollouts=[rollout.address])
-        config = struct_pb2.Struct()
-        config.update({"lr": 0.02, "clip_grad": 0.0})  # a step moves the weights well past noise
-        services.trainer.Init(trainer_pb2.InitRequest(config=config))
-        yield {"version": version, "servers": servers, "services": services}
-        services.close()
-    finally:
-        for proc in (rollout, trainer):
-            proc.stop()
-        for server in servers:
-            server.stop()
+    rollout = None
+    with ThreadPoolExecutor(1) as pool:
+        trainer_up = pool.submit(trainer.start)  # it needs no server: it starts while they do
+        try:
+            servers = sglang_pair(version)  # skips (fails on CI) without the install
+            rollout = ServiceProcess(
+                "rollout",
+                ["--hf-checkpoint", str(tiny_model_dir), "--dtype", "float32", "--reward", "none",
+                 "--rollout-engine", "sglang", "--sglang-urls", *[s.url for s in servers]],
+                workdir,
+            ).start()  # fmt: skip
+            trainer_up.result()
+            services = Services.connect(trainer=trainer.address, rollouts=[rollout.address])
+            config = struct_pb2.Struct()
+            config.update({"lr": 0.02, "clip_grad": 0.0})  # a step moves the weights well past noise
+            services.trainer.Init(trainer_pb2.InitRequest(config=config))
+            yield {"version": version, "servers": servers, "services": services}
+            services.close()
+        finally:
+            wait([trainer_up])
+            for proc in (rollout, trainer):
+                if proc is not None:
+                    proc.stop()
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +103,10 @@ def max_log_prob_diff(services: Services) -> tuple[float, list[common_pb2.Sample
 
 def test_every_update_reaches_every_server(stack, settings):
     services, servers = stack["services"], stack["servers"]
+    # The shared pair may serve a former test's version: joining the group changes none of it.
+    before = [s.weight_version() for s in servers]
     init_weight_group(services, settings)
-    assert [s.weight_version() for s in servers] == ["default", "default"]
+    assert [s.weight_version() for s in servers] == before and before[0] == before[1], before
     sync_weights(services, 1, settings)
     assert [s.weight_version() for s in servers] == ["1", "1"]
     train_sft_step(services, 0)  # the trainer's weights move: the servers now serve stale ones
