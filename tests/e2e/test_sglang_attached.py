@@ -5,12 +5,13 @@ included: tests/integration/test_sglang_weight_sync.py.)"""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
 import pytest
 from support.jsonl import read_metrics
 from support.rl_stack import rl_config, start_rl_stack
-from support.sglang_servers import NEWEST
+from support.sglang_servers import NEWEST, sglang_venv
 from support.stack import coordinator_stub, start_run, wait_run
 
 from rollway.coordinator.v1 import coordinator_pb2
@@ -20,9 +21,11 @@ LOG_PROB_TOLERANCE = 1e-4  # fp32 both sides, measured ~5e-7
 
 
 def test_grpo_on_two_attached_servers(tiny_model_dir, demo_data_dir, tmp_path, sglang_pair):
-    servers = sglang_pair(NEWEST)
-    with ExitStack() as exits:
+    sglang_venv(NEWEST)  # skips (fails on CI) without the install, before anything starts
+    with ThreadPoolExecutor(1) as pool, ExitStack() as exits:
+        pair = pool.submit(sglang_pair, NEWEST)  # the services start while the servers do
         services = start_rl_stack(exits, tmp_path, tiny_model_dir, demo_data_dir)
+        servers = pair.result()
         stub = coordinator_stub(services["coordinator"])
         config = rl_config(services, rollout_engine="sglang", sglang_urls=[s.url for s in servers],
                            dtype="float32", num_rollout=3)  # fmt: skip

@@ -48,7 +48,9 @@ STRAY_PROMPT = list(range(5, 21))
 STRAY_TOKENS = 1000
 STEP_SLEEP_SECONDS = 1.0
 STRAY_HTTP_SECONDS = 700.0
-KILL_STEP_SLEEP_SECONDS = 0.5
+# Server 0's forward steps held this long while a server is to be killed mid-generation: a sample
+# of 16 tokens stays in flight >= 2.4 s, 48 polls (0.5 s held step 0 alone >= 8 s).
+KILL_STEP_SLEEP_SECONDS = 0.15
 
 
 @pytest.fixture(scope="module")
