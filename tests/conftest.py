@@ -13,6 +13,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 UNIT = Path(__file__).parent / "unit"
+SGLANG_PAIR = "sglang_pair"
 
 
 def _has_cuda() -> bool:
@@ -31,12 +32,49 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if UNIT not in item.path.parents:
             item.add_marker(pytest.mark.slow)
+    _run_sglang_pair_users_together(items)
     if _has_cuda():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def _run_sglang_pair_users_together(items) -> None:
+    # The tests on the shared SGLang servers run one after the other, where the first of them is,
+    # a release's after another's, so that each release's pair starts once and is up only while
+    # they run (pytest_runtest_teardown stops it after the last).
+    users = [item for item in items if SGLANG_PAIR in item.fixturenames]
+    if users:
+        from support.sglang_servers import pair_release_order
+
+        first = items.index(users[0])
+        users.sort(key=pair_release_order)
+        others = [item for item in items if SGLANG_PAIR not in item.fixturenames]
+        items[:] = others[:first] + users + others[first:]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    try:
+        return (yield)  # the test's own fixtures first: a module's services attached to the pair go first
+    finally:
+        pairs = getattr(item.session, "sglang_pairs", None)
+        if pairs is not None and (nextitem is None or SGLANG_PAIR not in nextitem.fixturenames):
+            pairs.stop()
+
+
+@pytest.fixture(scope="session")
+def sglang_pair(request, tiny_model_dir, tmp_path_factory):
+    """`sglang_pair(version)`: two SGLang servers of `version` on the tiny model, shared by the
+    tests that only attach to servers (tests/support/sglang_servers.py, SharedServerPairs)."""
+    from support.sglang_servers import SharedServerPairs
+
+    pairs = SharedServerPairs(tiny_model_dir, tmp_path_factory.mktemp("sglang-pair"))
+    request.session.sglang_pairs = pairs
+    yield pairs.pair
+    pairs.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,13 @@
 """GRPO end to end with the rollout on real SGLang servers that the rollout service launches.
 
-One stack for the module (dataloader, trainer, coordinator, rollout service); the first run
-launches two SGLang 0.5.23 servers (rollout_num_gpus: 2 on the CPU route) and every later run
-reuses them, since its engine settings are the same. Then the faults: kill -9 of a server
-mid-generation and mid-weight-update (supervision restarts it, the current weights reach it
-before it generates, every step happens once), a server that cannot start, and SIGTERM of the
-rollout service stopping every server process.
+One stack for the module (dataloader, trainer, coordinator, rollout service). First a server that
+cannot start (before any server is up, so that it stops none); then the first run launches two
+SGLang 0.5.23 servers (rollout_num_gpus: 2 on the CPU route) and every later run reuses them,
+since its engine settings are the same. Then the faults: kill -9 of a server mid-generation and
+mid-weight-update (supervision restarts it, the current weights reach it before it generates,
+every step happens once), and SIGTERM of the rollout service stopping every server process (a
+test after it, in another order, finds a new rollout service). Each test launches the servers
+itself where it finds none, so the tests pass in any order; file order launches them least.
 
 SGLang ignores sampling_seed on CPU, so samples differ from run to run: the assertions are on
 what holds (counts, versions, staleness, log-prob parity with the trainer, steps once).
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from support.jsonl import read_metrics
-from support.processes import alive, descendants, wait_all_gone
+from support.processes import ServiceProcess, alive, descendants, wait_all_gone
 from support.rl_stack import rl_config, start_rl_stack
 from support.sglang_servers import NEWEST, rollout_settings
 from support.stack import coordinator_stub, start_run, wait_run
@@ -46,7 +48,9 @@ STRAY_PROMPT = list(range(5, 21))
 STRAY_TOKENS = 1000
 STEP_SLEEP_SECONDS = 1.0
 STRAY_HTTP_SECONDS = 700.0
-KILL_STEP_SLEEP_SECONDS = 0.5
+# Server 0's forward steps held this long while a server is to be killed mid-generation: a sample
+# of 16 tokens stays in flight >= 2.4 s, 48 polls (0.5 s held step 0 alone >= 8 s).
+KILL_STEP_SLEEP_SECONDS = 0.15
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +70,24 @@ def stack(tiny_model_dir, demo_data_dir, tmp_path_factory):
     with ExitStack() as exits:
         services = start_rl_stack(exits, workdir, tiny_model_dir, demo_data_dir)
         yield {
+            "exits": exits,
             "services": services,
             "workdir": workdir,
             "engine": engine,
             "urls": [f"http://127.0.0.1:{base_port + i}" for i in range(2)],
             "stub": coordinator_stub(services["coordinator"]),
         }
+
+
+@pytest.fixture(autouse=True)
+def rollout_service_up(stack):
+    """A rollout service SIGTERMed by a former test (the module's last one, in file order) is
+    started again, the same way, so that every test finds the whole stack in any order."""
+    rollout = stack["services"]["rollout"]
+    if rollout.proc.poll() is not None:
+        rollout.stop()
+        again = ServiceProcess(rollout.service, rollout.args, rollout.workdir, env=rollout.env)
+        stack["services"]["rollout"] = stack["exits"].enter_context(again)
 
 
 def run(stack, name: str, **extra) -> list[dict]:
@@ -94,6 +110,19 @@ def server_pids(stack) -> dict[int, int]:
 
 def served_versions(stack) -> list[str]:
     return [SGLangClient(url).weight_version() for url in stack["urls"]]
+
+
+def test_a_server_that_cannot_start_fails_the_run_naming_it(stack):
+    # First in the module: no servers are up yet, so its run (other engine settings) stops none
+    # that the next tests would have to launch again.
+    engine = {
+        **stack["engine"],
+        "sglang_extra_args": [*stack["engine"]["sglang_extra_args"], "--no-such-flag"],
+    }
+    start_run(stack["stub"], "bad-server", rl_config(stack["services"], **engine, num_rollout=1))
+    final = wait_run(stack["stub"], "bad-server", timeout=300)
+    assert final.state == FAILED
+    assert stack["urls"][0] in final.error and "--no-such-flag" in final.error, final.error
 
 
 def test_sync_grpo_through_two_launched_servers(stack):
@@ -303,6 +332,8 @@ def test_kill_a_server_mid_generation(stack):
 
 
 def test_kill_a_server_mid_weight_update(stack):
+    if not server_pids(stack):  # the updates are counted in the log of the server that is up
+        run(stack, "launch", num_rollout=1)
     server_log = stack["workdir"] / "sglang-logs" / "server-0.log"
     begun = _log_count(server_log, "/begin_weight_update")
     # Small buckets: an update is many /update_weights_from_distributed calls.
@@ -345,20 +376,13 @@ def _in_flight(rollout) -> int:
         return stub.GetInfo(rollout_pb2.GetInfoRequest(), timeout=10).num_samples_in_flight
 
 
-def test_a_server_that_cannot_start_fails_the_run_naming_it(stack):
-    engine = {
-        **stack["engine"],
-        "sglang_extra_args": [*stack["engine"]["sglang_extra_args"], "--no-such-flag"],
-    }
-    start_run(stack["stub"], "bad-server", rl_config(stack["services"], **engine, num_rollout=1))
-    final = wait_run(stack["stub"], "bad-server", timeout=300)
-    assert final.state == FAILED
-    assert stack["urls"][0] in final.error and "--no-such-flag" in final.error, final.error
-
-
 def test_sigterm_of_the_rollout_service_stops_its_servers(stack):
-    run(stack, "last", num_rollout=1)  # servers launched again after the failed run
+    # Last in the module, on the servers its former tests launched; alone, it launches them.
+    if len(server_pids(stack)) != 2:
+        run(stack, "last", num_rollout=1)
     pids = list(descendants(stack["services"]["rollout"].pid))
     assert len(server_pids(stack)) == 2
-    stack["services"]["rollout"].signal(signal.SIGTERM)
+    rollout = stack["services"]["rollout"]
+    rollout.signal(signal.SIGTERM)
     assert wait_all_gone(pids, timeout=60) == []
+    rollout.proc.wait(60)  # the service ends too (and the next test, in another order, finds it gone)

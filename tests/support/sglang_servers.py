@@ -105,17 +105,21 @@ class SGLangServer:
         return [int(entry[1]) for entry in reply["meta_info"]["output_token_logprobs"]]
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(wait)
-                return
-            except ProcessLookupError:
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        stop_servers([self])
+
+
+def stop_servers(servers: list[SGLangServer]) -> None:
+    """SIGKILL each server's process group (the guard leads it: every server process is in it), then
+    reap them. A test's own servers need no graceful stop, and SGLang's SIGTERM path sleeps ~5 s
+    before it exits; killing all the groups first also stops a pair in the time of one."""
+    running = [s for s in servers if s.proc is not None and s.proc.poll() is None]
+    for server in running:
+        try:
+            os.killpg(server.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for server in running:
+        server.proc.wait(30.0)
 
 
 def start_servers(version: str, model_dir: Path, log_dir: Path, count: int) -> list[SGLangServer]:
@@ -129,7 +133,46 @@ def start_servers(version: str, model_dir: Path, log_dir: Path, count: int) -> l
         for server in servers:
             server.wait_healthy()
     except BaseException:
-        for server in servers:
-            server.stop()
+        stop_servers(servers)
         raise
     return servers
+
+
+def pair_release_order(item: pytest.Item) -> int:
+    """Where a test on the shared pair comes in the suite's order: the newest release's tests first
+    (a test parametrized by release asks for that one, any other for the newest)."""
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params.values() if callspec is not None else ()
+    return VERSIONS.index(next((p for p in params if p in VERSIONS), NEWEST))
+
+
+class SharedServerPairs:
+    """Two servers of a release shared by every test that only attaches to servers (the session
+    fixture `sglang_pair` in tests/conftest.py): a server start costs 30-50 s here, stopping one ~5 s.
+
+    One release's pair is up at a time (a server holds ~2 GB in 3 processes): asking for another
+    release stops the pair that is up. A pair with a dead server is started again. Tests sharing a
+    pair make no assumption on what a former test left there but what the product resets: each run
+    pushes its own weights and versions; conftest runs these tests one after the other and stops the
+    pair after the last of them."""
+
+    def __init__(self, model_dir: Path, log_dir: Path):
+        self.model_dir = Path(model_dir)
+        self.log_dir = Path(log_dir)
+        self.version: str | None = None
+        self.servers: list[SGLangServer] = []
+        self.num_starts = 0
+
+    def pair(self, version: str) -> list[SGLangServer]:
+        sglang_venv(version)  # skips (fails on CI) without the install, before stopping anything
+        if self.version != version or any(s.proc.poll() is not None for s in self.servers):
+            self.stop()
+            self.num_starts += 1
+            log_dir = self.log_dir / f"start-{self.num_starts}"
+            self.servers = start_servers(version, self.model_dir, log_dir, count=2)
+            self.version = version
+        return self.servers
+
+    def stop(self) -> None:
+        stop_servers(self.servers)
+        self.servers, self.version = [], None
