@@ -20,7 +20,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from google.protobuf import json_format
 
@@ -30,6 +30,7 @@ from rollway.common.v1 import common_pb2
 from rollway.rollout import episodes
 from rollway.rollout.engines.base import (
     FINISH_ABORT,
+    FINISH_LENGTH,
     BatchHandle,
     Engine,
     EngineError,
@@ -46,6 +47,18 @@ from rollway.rollout.v1 import rollout_pb2
 log = get_logger("rollway.rollout.generate")
 
 POLL_SECONDS = 0.5  # how often a waiting stream checks its client and the engine
+
+
+def whole_despite_abort(result: SampleResult) -> SampleResult:
+    """A single-turn sample aborted after its last token is whole: an abort can overtake a sample
+    that generated all of max_new_tokens before the engine reported it (the hf batcher emits at its
+    next step, SGLang answers the abort first). Reported as aborted, a partial rollout would try to
+    continue it with nothing left to generate, which the next Generate refuses."""
+    whole = len(result.token_ids) >= result.request.params.max_new_tokens
+    if result.finish_reason != FINISH_ABORT or result.error or result.episode is not None or not whole:
+        return result
+    return replace(result, finish_reason=FINISH_LENGTH)
+
 
 FINISH_REASONS = {
     "stop": common_pb2.FINISH_REASON_STOP,
@@ -197,6 +210,7 @@ class GenerateStream:
         if result.error:
             error = f"engine failed sample {result.request.index}: {result.error}"
             raise Unavailable(error) if result.retryable else RuntimeError(error)
+        result = whole_despite_abort(result)
         sample = self._to_sample(result)
         self.ctx.counters.count(aborted=result.finish_reason == FINISH_ABORT)
         if self.reward is None:
