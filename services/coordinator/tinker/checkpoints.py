@@ -133,12 +133,11 @@ class CheckpointStore:
 
     def delete(self, tinker_path: str) -> SavedCheckpoint | None:
         """Forget the checkpoint and remove its files; the removed record (None: unknown)."""
-        with self._lock:
+        with self._lock:  # files and record go together: a listed checkpoint has its files
             saved, _ = self._saved.pop(tinker_path, (None, None))
             if saved is not None:
                 self._write()
-        if saved is not None:
-            shutil.rmtree(saved.root, ignore_errors=True)
+                shutil.rmtree(saved.root, ignore_errors=True)
         return saved
 
     def expired(self) -> list[str]:
