@@ -125,6 +125,15 @@ class Gateway:
     def tenant(self, model_id: str) -> Tenant:
         tenant = self.tenants.get(model_id)
         if tenant is None or not owns(tenant.spec.owner):
+            saves = (
+                [c for c in self.saved.of_model(model_id) if c.kind == "weights"] if tenant is None else []
+            )
+            if saves and owns(self.saved.get(saves[-1].tinker_path)[1].owner):
+                raise not_found(
+                    f"model_id: {model_id!r} is no longer served (released, or lost with a gateway restart); "
+                    f"its last save is {saves[-1].tinker_path}: continue with "
+                    "create_training_client_from_state_with_optimizer of it"
+                )
             raise not_found(
                 f"model_id: {model_id!r} is not a model of this gateway (released or never created)"
             )
