@@ -1,5 +1,6 @@
 """How much memory a model's trainer will take, estimated before it starts (the gateway refuses
-a model that would not fit instead of letting a trainer die loading it).
+a model that would not fit instead of letting a trainer die loading it), and how many positions it
+takes (a longer datum is refused before it reaches the trainer).
 
 Full fine-tuning holds, per parameter, the weight, its gradient and AdamW's two moments in the
 training dtype's master precision (fp32): 16 bytes. LoRA trains adapters only: the frozen weights
