@@ -29,6 +29,7 @@ from rollway.coordinator.tinker.wire import ForwardBackwardCall, encode_forward_
 from rollway.trainer.v1 import trainer_pb2
 
 log = get_logger("rollway.coordinator.tinker")
+SAVE_RESPONSE_TYPE = {"weights": "save_weights", "sampler_weights": "save_weights_for_sampler"}
 
 
 def user_error(exc: grpc.RpcError) -> GatewayError:
@@ -290,10 +291,7 @@ class Gateway:
             saved.user_metadata = dict(body.get("user_metadata") or {})
             self.saved.add(saved, tenant.spec)
             tenant.last_state = saved
-            return {
-                "path": tinker_path,
-                "type": f"save_{kind}".replace("sampler_weights", "weights_for_sampler"),
-            }
+            return {"path": tinker_path, "type": SAVE_RESPONSE_TYPE[kind]}
 
         return self._submit(model_id, run)
 
