@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 
 import numpy as np
@@ -16,7 +17,6 @@ from support.gateway import TOKEN, running_gateway
 from support.processes import alive, descendants
 from support.waiting import wait_until
 from tinker import types
-from tinker.lib.retryable_exception import RetryableException
 
 ray = pytest.importorskip("ray")
 
@@ -101,8 +101,15 @@ def test_sft_through_the_sdk_on_a_ray_actor_trainer_which_restarts_after_a_kill(
         os.kill(first["pid"], signal.SIGSTOP)  # frozen: the next call is surely in flight when it dies
         in_flight = training.forward_backward(data(), "cross_entropy")
         os.kill(first["pid"], signal.SIGKILL)
-        with pytest.raises(RetryableException):
+        with pytest.raises(tinker.RequestFailedError) as lost:
             in_flight.result(timeout=120)
+        assert lost.value.category == types.RequestErrorCategory.Server
+        assert re.search(
+            rf"the trainer of {re.escape(training.model_id)} died during this call; it was restarted and loaded "
+            rf"its last save tinker://{re.escape(training.model_id)}/weights/before-kill \(saved [-0-9T:+]+\); "
+            "the steps after that save are lost",
+            str(lost.value),
+        )
         second = trainer_actor(tmp_path, training.model_id)
         assert second["generation"] == 1 and second["pid"] != first["pid"] and alive(second["pid"])
         np.testing.assert_allclose(logprobs(training), saved, atol=1e-6)  # the saved state

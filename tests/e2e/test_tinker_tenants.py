@@ -1,11 +1,12 @@
 """Several tenants on one `rollway gateway`, driven by the unmodified tinker SDK: two clients
 training at once stay isolated; a client whose heartbeats stop loses its models; a tenant's
 trainer killed with SIGKILL is restarted from that tenant's last saved state, its call in flight
-fails with the SDK's retryable error, and the other tenant never notices."""
+fails with an error saying that the trainer died, was restarted, and from which save, and the other tenant never notices."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,6 @@ from support.gateway import TOKEN, running_gateway
 from support.processes import alive, descendants
 from support.waiting import wait_until
 from tinker import types
-from tinker.lib.retryable_exception import RetryableException
 
 pytestmark = pytest.mark.slow
 SESSION_TIMEOUT_S = 15  # the SDK heartbeats every 10 s
@@ -110,8 +110,16 @@ def test_a_killed_trainer_restarts_from_its_tenants_last_save_and_the_call_in_fl
     os.kill(pid, signal.SIGSTOP)  # frozen: the next call is surely in flight when it dies
     in_flight = a.forward_backward(data(), "cross_entropy")
     os.kill(pid, signal.SIGKILL)
-    with pytest.raises(RetryableException):
+    with pytest.raises(tinker.RequestFailedError) as lost:
         in_flight.result(timeout=120)
+    # The error says what happened and what was kept: the steps since the save are gone.
+    assert lost.value.category == types.RequestErrorCategory.Server
+    assert re.search(
+        rf"the trainer of {re.escape(a.model_id)} died during this call; it was restarted and loaded "
+        rf"its last save tinker://{re.escape(a.model_id)}/weights/before-kill \(saved [-0-9T:+]+\); "
+        "the steps after that save are lost",
+        str(lost.value),
+    )
 
     new_pid = trainer_pid(process.pid, a.model_id)
     assert new_pid != pid and not alive(pid)

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tinker import types
 
 from rollway.coordinator.tinker.callers import CALLER
-from rollway.coordinator.tinker.errors import GatewayError, RetryableFailure, bad_request
+from rollway.coordinator.tinker.errors import GatewayError, bad_request
 from rollway.coordinator.tinker.gateway import Gateway
 from rollway.coordinator.tinker.wire import decode_forward_backward
 
@@ -44,6 +44,37 @@ def parse(model: type, body: Any):
             f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
         )
         raise bad_request(problems) from None
+
+
+ADAM_FIELDS = tuple(types.AdamParams.model_fields)
+
+
+def adam_params(body: Any) -> dict[str, float]:
+    """optim_step's AdamParams as the trainer's OptimStep fields. The ranges are the trainer's to
+    check (a bad value fails the call's future naming the field, as beta2=1 does); JSON carries a
+    NaN or an infinity as null (the SDK's pydantic serialisation), passed on as NaN so that the
+    trainer refuses it the same way. Another optimizer family is refused here, naming it."""
+    if not isinstance(body, dict):
+        raise bad_request("body: must be a JSON object")
+    field = next((k for k in ("adam_params", "optimizer_params", "optim_params") if k in body), "adam_params")
+    params = body.get(field)
+    if not isinstance(params, dict):
+        raise bad_request(f"{field}: required (AdamParams)")
+    if "type" in params:
+        raise bad_request(
+            f"{field}.type: {params['type']!r} optimizer steps are not supported by this gateway "
+            "(its trainers run AdamW: send AdamParams)"
+        )
+    adam = types.AdamParams().model_dump()
+    for name, value in params.items():
+        if name not in ADAM_FIELDS:
+            raise bad_request(f"{field}.{name}: not a field of AdamParams ({', '.join(ADAM_FIELDS)})")
+        if value is None:
+            value = float("nan")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad_request(f"{field}.{name}: must be a number (got {value!r})")
+        adam[name] = float(value)
+    return adam
 
 
 def future(request_id: str, model_id: str | None = None) -> dict:
@@ -102,8 +133,7 @@ def create_app(gateway: Gateway, keys: dict[str, str]) -> FastAPI:
     @app.get("/api/v1/get_server_capabilities")
     async def capabilities():
         # Any local Hugging Face model directory trains; the list names those being trained.
-        names = sorted({t.spec.base_model for t in gateway.tenants.values()})
-        return {"supported_models": [{"model_name": n, "trainable": True, "sampleable": True} for n in names]}
+        return {"supported_models": await run(gateway.supported_models)}
 
     @app.post("/api/v1/client/config")
     async def client_config():
@@ -119,8 +149,8 @@ def create_app(gateway: Gateway, keys: dict[str, str]) -> FastAPI:
 
     @app.post("/api/v1/create_session")
     async def create_session(request: Request):
-        parse(types.CreateSessionRequest, await body(request))
-        return {"type": "create_session", "session_id": await run(gateway.create_session)}
+        req = parse(types.CreateSessionRequest, await body(request))
+        return {"type": "create_session", "session_id": await run(gateway.create_session, req.user_metadata)}
 
     @app.post("/api/v1/session_heartbeat")
     async def heartbeat(request: Request):
@@ -158,26 +188,21 @@ def create_app(gateway: Gateway, keys: dict[str, str]) -> FastAPI:
 
     @app.post("/api/v1/optim_step")
     async def optim_step(request: Request):
-        req = parse(types.OptimStepRequest, await body(request))
-        if not isinstance(req.optim_params, types.AdamParams):
-            raise bad_request(
-                f"optim_params: {type(req.optim_params).__name__} is not supported (AdamParams only)"
-            )
-        return future(
-            await run(gateway.optim_step, req.model_id, req.optim_params.model_dump()), req.model_id
-        )
+        raw = await body(request)
+        adam = adam_params(raw)
+        if not isinstance(raw.get("model_id"), str):
+            raise bad_request("model_id: required")
+        return future(await run(gateway.optim_step, raw["model_id"], adam), raw["model_id"])
 
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request):
         req = parse(types.SaveWeightsRequest, await body(request))
-        return future(await run(gateway.save_weights, req.model_id, req.path, "weights"), req.model_id)
+        return future(await run(gateway.save_weights, req.model_dump(), "weights"), req.model_id)
 
     @app.post("/api/v1/save_weights_for_sampler")
     async def save_weights_for_sampler(request: Request):
         req = parse(types.SaveWeightsForSamplerRequest, await body(request))
-        return future(
-            await run(gateway.save_weights, req.model_id, req.path, "sampler_weights"), req.model_id
-        )
+        return future(await run(gateway.save_weights, req.model_dump(), "sampler_weights"), req.model_id)
 
     @app.post("/api/v1/load_weights")
     async def load_weights(request: Request):
@@ -220,14 +245,16 @@ def create_app(gateway: Gateway, keys: dict[str, str]) -> FastAPI:
         try:
             done = await run(gateway.futures.wait, req.request_id, RETRIEVE_WAIT_S)
         except KeyError:
-            raise GatewayError(
-                404, f"request_id: {req.request_id!r} is unknown (never issued, or its model was released)"
-            ) from None
+            # A failed future, not a 404 (which the SDK raises as a plain ValueError): the call was
+            # lost with a gateway restart or its model's release; repeating it is the way on.
+            return {
+                "error": f"request_id: {req.request_id!r} is unknown to this gateway: it was issued before the "
+                "gateway restarted, or its model was released; the call's work is lost, repeat it",
+                "category": "server",
+            }
         if done is None:
             return {"type": "try_again", "request_id": req.request_id, "queue_state": "active"}
         exc = done.exception()
-        if isinstance(exc, RetryableFailure):
-            return JSONResponse({"error": str(exc), "category": "server"}, 410)
         if isinstance(exc, GatewayError):
             return {"error": exc.message, "category": exc.category}
         if exc is not None:
@@ -250,5 +277,31 @@ def create_app(gateway: Gateway, keys: dict[str, str]) -> FastAPI:
     @app.get("/api/v1/training_runs/{model_id}/checkpoints")
     async def checkpoints(model_id: str):
         return {"checkpoints": await run(gateway.checkpoints, model_id)}
+
+    @app.delete("/api/v1/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
+    async def delete_checkpoint(model_id: str, checkpoint_id: str):
+        await run(gateway.delete_checkpoint, model_id, checkpoint_id)
+        return Response(status_code=204)
+
+    @app.put("/api/v1/training_runs/{model_id}/checkpoints/{checkpoint_id:path}/ttl")
+    async def checkpoint_ttl(model_id: str, checkpoint_id: str, request: Request):
+        raw = await body(request)
+        ttl = raw.get("ttl_seconds") if isinstance(raw, dict) else None
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int)):
+            raise bad_request(f"ttl_seconds: must be an integer or null (got {ttl!r})")
+        await run(gateway.set_checkpoint_ttl, model_id, checkpoint_id, ttl)
+        return Response(status_code=204)
+
+    @app.get("/api/v1/checkpoints")
+    async def user_checkpoints(limit: int = 100, offset: int = 0):
+        return await run(gateway.user_checkpoints, limit, offset)
+
+    @app.get("/api/v1/sessions")
+    async def sessions(limit: int = 20, offset: int = 0):
+        return await run(gateway.list_sessions, limit, offset)
+
+    @app.get("/api/v1/sessions/{session_id}")
+    async def session(session_id: str):
+        return await run(gateway.get_session, session_id)
 
     return app

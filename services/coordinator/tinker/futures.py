@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -21,14 +22,16 @@ class FutureStore:
 
     def __init__(self) -> None:
         self._futures: dict[str, tuple[str, str, Future]] = {}  # id -> (owner, caller, future)
-        self._ids = itertools.count(1)
+        # Ids carry this gateway process's own prefix: one issued before a restart is never
+        # mistaken for a new call's.
+        self._ids = (f"req-{uuid.uuid4().hex[:6]}-{n}" for n in itertools.count(1))
         self._lock = threading.Lock()
 
     def submit(self, executor: ThreadPoolExecutor, owner: str, fn: Callable[[], Any]) -> str:
         """Run `fn` on `executor`; the request id that retrieves its result. `owner` is the model
         (or sampling session) the call belongs to."""
         with self._lock:
-            request_id = f"req-{next(self._ids)}"
+            request_id = next(self._ids)
             self._futures[request_id] = (owner, caller(), executor.submit(fn))
             while len(self._futures) > MAX_KEPT:
                 self._futures.pop(next(iter(self._futures)))
@@ -39,7 +42,7 @@ class FutureStore:
         future: Future = Future()
         future.set_result(value)
         with self._lock:
-            request_id = f"req-{next(self._ids)}"
+            request_id = next(self._ids)
             self._futures[request_id] = (owner, caller(), future)
         return request_id
 

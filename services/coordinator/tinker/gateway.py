@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +17,19 @@ import grpc
 
 from rollway.common.log import get_logger
 from rollway.coordinator.tinker.callers import caller, owns
+from rollway.coordinator.tinker.checkpoints import CheckpointStore, SavedCheckpoint, TenantSpec, expiry
 from rollway.coordinator.tinker.config import GatewayConfig
-from rollway.coordinator.tinker.errors import GatewayError, bad_request, not_found
+from rollway.coordinator.tinker.errors import GatewayError, bad_request, conflict, not_found
 from rollway.coordinator.tinker.futures import FutureStore
-from rollway.coordinator.tinker.memory import trainer_bytes
+from rollway.coordinator.tinker.memory import max_context_length, trainer_bytes
 from rollway.coordinator.tinker.sampling import Sampler
 from rollway.coordinator.tinker.sessions import SessionTable
-from rollway.coordinator.tinker.tenants import SavedCheckpoint, Tenant, TenantSpec
+from rollway.coordinator.tinker.tenants import Tenant
 from rollway.coordinator.tinker.wire import ForwardBackwardCall, encode_forward_backward_output
 from rollway.trainer.v1 import trainer_pb2
 
 log = get_logger("rollway.coordinator.tinker")
+SAVE_RESPONSE_TYPE = {"weights": "save_weights", "sampler_weights": "save_weights_for_sampler"}
 
 
 def user_error(exc: grpc.RpcError) -> GatewayError:
@@ -53,17 +56,16 @@ class Gateway:
         self.futures = FutureStore()
         self.tenants: dict[str, Tenant] = {}
         self.samplers: dict[str, Sampler] = {}
-        # Every checkpoint saved through the API, with its model's spec: loadable after the model
-        # was released (a new session resumes from it).
-        self.saved: dict[str, tuple[SavedCheckpoint, TenantSpec]] = {}
+        # Every checkpoint saved through the API (kept across gateway restarts on this workdir).
+        self.saved = CheckpointStore(self.workdir)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watch = threading.Thread(target=self._watch_loop, name="gateway-watch", daemon=True)
         self._watch.start()
 
     # --- sessions --------------------------------------------------------------------------
-    def create_session(self) -> str:
-        return self.sessions.create(caller()).session_id
+    def create_session(self, user_metadata: dict[str, str] | None = None) -> str:
+        return self.sessions.create(caller(), user_metadata).session_id
 
     def session(self, session_id: str):
         """An open session of the caller's (not_found otherwise)."""
@@ -84,8 +86,12 @@ class Gateway:
             self._release(session.model_ids, session.sampling_session_ids)
 
     def _watch_loop(self) -> None:
-        """Release silent sessions' models; restart dead trainers from their last saved state."""
+        """Release silent sessions' models; restart dead trainers from their last saved state;
+        remove checkpoints whose TTL ran out."""
         while not self._stop.wait(0.5):
+            for tinker_path in self.saved.expired():
+                log.info("checkpoint expired; removing it", tinker_path=tinker_path)
+                self._delete_checkpoint(tinker_path)
             for session in self.sessions.expire():
                 log.info("session timed out; releasing its models", session_id=session.session_id,
                             models=sorted(session.model_ids))  # fmt: skip
@@ -120,6 +126,15 @@ class Gateway:
     def tenant(self, model_id: str) -> Tenant:
         tenant = self.tenants.get(model_id)
         if tenant is None or not owns(tenant.spec.owner):
+            saves = (
+                [c for c in self.saved.of_model(model_id) if c.kind == "weights"] if tenant is None else []
+            )
+            if saves and owns(self.saved.get(saves[-1].tinker_path)[1].owner):
+                raise not_found(
+                    f"model_id: {model_id!r} is no longer served (released, or lost with a gateway restart); "
+                    f"its last save is {saves[-1].tinker_path}: continue with "
+                    "create_training_client_from_state_with_optimizer of it"
+                )
             raise not_found(
                 f"model_id: {model_id!r} is not a model of this gateway (released or never created)"
             )
@@ -148,7 +163,8 @@ class Gateway:
         model_id = f"{session.session_id}:train:{body['model_seq_id']}"
         model_dir = Path(base_model).resolve()
         spec = TenantSpec(model_id, session.session_id, str(model_dir), lora_rank, trainer_bytes(model_dir, lora_rank),
-                          session.owner, dict(body.get("user_metadata") or {}))  # fmt: skip
+                          session.owner, dict(body.get("user_metadata") or {}),
+                          max_context_length(model_dir))  # fmt: skip
         with self._lock:
             if model_id in self.tenants:
                 raise GatewayError(
@@ -224,6 +240,14 @@ class Gateway:
         return self.futures.submit(tenant.executor, model_id, run)
 
     def forward_backward(self, call: ForwardBackwardCall) -> str:
+        limit = self.tenant(call.model_id).spec.max_context_length
+        for position, datum in enumerate(call.request.data):
+            if limit is not None and len(datum.token_ids) > limit:
+                raise bad_request(
+                    f"data[{position}].model_input: {len(datum.token_ids)} tokens, over the model's context "
+                    f"of {limit} (max_position_embeddings in its config.json)"
+                )
+
         def run(tenant: Tenant) -> bytes:
             reply = tenant.call(lambda t: t.ForwardBackward(call.request))
             return encode_forward_backward_output(reply)
@@ -240,14 +264,51 @@ class Gateway:
 
         return self._submit(model_id, run)
 
-    def save_weights(self, model_id: str, path: str | None, kind: str) -> str:
-        name = checkpoint_name(path, "path")
-        response_type = "save_weights" if kind == "weights" else "save_weights_for_sampler"
+    def save_weights(self, body: dict[str, Any], kind: str) -> str:
+        """save_state (kind `weights`) or save_weights_for_sampler (`sampler_weights`): the
+        checkpoint tinker://<model_id>/<kind>/<name>. An existing name is refused unless
+        `overwrite` (save_state's default is False; save_weights_for_sampler sends none and
+        replaces, as the hosted service does); `ttl_seconds` makes it expire."""
+        model_id = body["model_id"]
+        if kind == "sampler_weights" and body.get("path") is None:
+            return self._save_for_new_sampler(model_id)
+        name = checkpoint_name(body.get("path"), "path")
+        ttl_seconds = body.get("ttl_seconds")
+        if ttl_seconds is not None and ttl_seconds < 1:
+            raise bad_request(f"ttl_seconds: must be >= 1 or None (never expires) (got {ttl_seconds})")
+        overwrite = body.get("overwrite", kind == "sampler_weights")
+        tinker_path = f"tinker://{model_id}/{kind}/{name}"
 
         def run(tenant: Tenant) -> dict:
-            saved = tenant.save(kind, name)
-            self.saved[saved.tinker_path] = (saved, tenant.spec)
-            return {"path": saved.tinker_path, "type": response_type}
+            if self.saved.get(tinker_path) is not None:
+                if not overwrite:
+                    raise conflict(
+                        f"path: {tinker_path} exists (409 Conflict); save_state(..., overwrite=True) replaces it"
+                    )
+                self._delete_checkpoint(tinker_path)
+            saved = tenant.save(tenant.checkpoint_root / kind / name, tinker_path, kind)
+            saved.expires_at = expiry(ttl_seconds)
+            saved.user_metadata = dict(body.get("user_metadata") or {})
+            self.saved.add(saved, tenant.spec)
+            tenant.last_state = saved
+            return {"path": tinker_path, "type": SAVE_RESPONSE_TYPE[kind]}
+
+        return self._submit(model_id, run)
+
+    def _save_for_new_sampler(self, model_id: str) -> str:
+        """save_weights_and_get_sampling_client: an export no path names (not listed, removed with
+        its sampler) and a sampling session on it, in the model's session."""
+        tenant = self.tenant(model_id)
+        session = self.session(tenant.spec.session_id)
+        sampling_session_id = f"{session.session_id}-sampler-{uuid.uuid4().hex[:8]}"
+
+        def run(tenant: Tenant) -> dict:
+            saved = tenant.save(self.workdir / sampling_session_id / "weights", "", "sampler_weights")
+            sampler = self._open_sampler(
+                session, sampling_session_id, saved.hf_dir, tenant.spec.base_model, None
+            )
+            sampler.exported = saved.root  # removed when the sampler is released
+            return {"sampling_session_id": sampling_session_id, "type": "save_weights_for_sampler"}
 
         return self._submit(model_id, run)
 
@@ -263,7 +324,7 @@ class Gateway:
             raise bad_request(
                 f"path: {tinker_path!r} is not tinker://<model_id>/(weights|sampler_weights)/<name>"
             )
-        saved, spec = self.saved.get(tinker_path, (None, None))
+        saved, spec = self.saved.get(tinker_path) or (None, None)
         if saved is None or not owns(spec.owner):
             raise not_found(f"path: {tinker_path} names no checkpoint of this gateway")
         return spec, saved
@@ -317,6 +378,12 @@ class Gateway:
                 "model_path or base_model: name a saved sampler checkpoint or a local model directory"
             )
         sampling_session_id = f"{session_id}-sampler-{uuid.uuid4().hex[:8]}"
+        self._open_sampler(session, sampling_session_id, model_dir, base_model, model_path)
+        return sampling_session_id
+
+    def _open_sampler(
+        self, session, sampling_session_id: str, model_dir: Path, base_model, model_path
+    ) -> Sampler:
         sampler = Sampler(sampling_session_id, model_dir, self.workdir / sampling_session_id, self.config)
         sampler.owner = session.owner
         sampler.describe = {
@@ -327,7 +394,7 @@ class Gateway:
         with self._lock:
             self.samplers[sampling_session_id] = sampler
             session.sampling_session_ids.add(sampling_session_id)
-        return sampling_session_id
+        return sampler
 
     def sampler_info(self, sampling_session_id: str) -> dict:
         sampler = self.samplers.get(sampling_session_id)
@@ -353,36 +420,103 @@ class Gateway:
         return [self.training_run(t.spec.model_id) for t in tenants if owns(t.spec.owner)]
 
     def training_run(self, model_id: str) -> dict:
-        tenant = self.tenant(model_id)
-        spec = tenant.spec
-        saved = list(tenant.checkpoints.values())
+        """A live model, or a released one whose checkpoints remain."""
+        tenant = self.tenants.get(model_id)
+        saved = self.saved.of_model(model_id)
+        spec = (
+            tenant.spec
+            if tenant is not None
+            else next((sp for c, sp in self.saved.all() if sp.model_id == model_id), None)
+        )
+        if spec is None or not owns(spec.owner):
+            raise not_found(
+                f"model_id: {model_id!r} is not a model of this gateway (released or never created)"
+            )
         last = {
             kind: next((c for c in reversed(saved) if c.kind == kind), None)
             for kind in ("weights", "sampler_weights")
         }
+        last_request = (
+            tenant.last_request_time if tenant is not None else max((c.time for c in saved), default=None)
+        )
         return {
             "training_run_id": model_id,
             "base_model": spec.base_model,
             "model_owner": spec.session_id,
             "is_lora": bool(spec.lora_rank),
             "lora_rank": spec.lora_rank or None,
-            "last_request_time": tenant.last_request_time.isoformat(),
-            "last_checkpoint": checkpoint_json(last["weights"]),
-            "last_sampler_checkpoint": checkpoint_json(last["sampler_weights"]),
+            "last_request_time": (last_request or datetime.now(UTC)).isoformat(),
+            "last_checkpoint": last["weights"] and last["weights"].json(),
+            "last_sampler_checkpoint": last["sampler_weights"] and last["sampler_weights"].json(),
             "user_metadata": spec.user_metadata or None,
         }
 
     def checkpoints(self, model_id: str) -> list[dict]:
-        return [checkpoint_json(c) for c in self.tenant(model_id).checkpoints.values()]
+        self.training_run(model_id)  # not_found for another tenant's or an unknown model
+        return [c.json() for c in self.saved.of_model(model_id)]
+
+    def user_checkpoints(self, limit: int, offset: int) -> dict:
+        """The caller's checkpoints of every model, newest first, paginated."""
+        mine = sorted(
+            (c for c, spec in self.saved.all() if owns(spec.owner)), key=lambda c: c.time, reverse=True
+        )
+        page = mine[offset : offset + limit]
+        return {"checkpoints": [c.json() for c in page], "cursor": cursor(offset, limit, len(mine))}
+
+    def _owned_checkpoint(self, model_id: str, checkpoint_id: str) -> str:
+        tinker_path = f"tinker://{model_id}/{checkpoint_id}"
+        self.find_checkpoint(tinker_path)  # bad_request for a malformed id, not_found for an unknown one
+        return tinker_path
+
+    def delete_checkpoint(self, model_id: str, checkpoint_id: str) -> None:
+        self._delete_checkpoint(self._owned_checkpoint(model_id, checkpoint_id))
+
+    def _delete_checkpoint(self, tinker_path: str) -> None:
+        """Remove a checkpoint; a live model that would restart from it restarts from its previous
+        save (or the base model) instead."""
+        removed = self.saved.delete(tinker_path)
+        if removed is None:
+            return
+        model_id = tinker_path.removeprefix("tinker://").split("/", 1)[0]
+        tenant = self.tenants.get(model_id)
+        if (
+            tenant is not None
+            and tenant.last_state is not None
+            and tenant.last_state.tinker_path == tinker_path
+        ):
+            remaining = self.saved.of_model(model_id)
+            tenant.last_state = remaining[-1] if remaining else None
+
+    def set_checkpoint_ttl(self, model_id: str, checkpoint_id: str, ttl_seconds: int | None) -> None:
+        if ttl_seconds is not None and ttl_seconds < 1:
+            raise bad_request(f"ttl_seconds: must be >= 1 or None (never expires) (got {ttl_seconds})")
+        self.saved.set_expiry(self._owned_checkpoint(model_id, checkpoint_id), expiry(ttl_seconds))
+
+    def list_sessions(self, limit: int, offset: int) -> dict:
+        mine = [s.session_id for s in self.sessions.all() if owns(s.owner)]
+        return {"sessions": mine[offset : offset + limit]}
+
+    def get_session(self, session_id: str) -> dict:
+        session = self.session(session_id)
+        return {
+            "training_run_ids": sorted(session.model_ids),
+            "sampler_ids": sorted(session.sampling_session_ids),
+            "user_metadata": session.user_metadata or None,
+        }
+
+    def supported_models(self) -> list[dict]:
+        """The base models being trained (any local model directory trains), with their context."""
+        specs = {t.spec.base_model: t.spec for t in list(self.tenants.values())}
+        return [
+            {
+                "model_name": name,
+                "max_context_length": spec.max_context_length,
+                "trainable": True,
+                "sampleable": True,
+            }
+            for name, spec in sorted(specs.items())
+        ]
 
 
-def checkpoint_json(saved: SavedCheckpoint | None) -> dict | None:
-    if saved is None:
-        return None
-    return {
-        "checkpoint_id": f"{saved.kind}/{saved.tinker_path.rsplit('/', 1)[-1]}",
-        "checkpoint_type": "training" if saved.kind == "weights" else "sampler",
-        "time": saved.time.isoformat(),
-        "tinker_path": saved.tinker_path,
-        "size_bytes": saved.size_bytes,
-    }
+def cursor(offset: int, limit: int, total: int) -> dict:
+    return {"offset": offset, "limit": limit, "total_count": total}

@@ -1,5 +1,6 @@
 """How much memory a model's trainer will take, estimated before it starts (the gateway refuses
-a model that would not fit instead of letting a trainer die loading it).
+a model that would not fit instead of letting a trainer die loading it), and how many positions it
+takes (a longer datum is refused before it reaches the trainer).
 
 Full fine-tuning holds, per parameter, the weight, its gradient and AdamW's two moments in the
 training dtype's master precision (fp32): 16 bytes. LoRA trains adapters only: the frozen weights
@@ -26,3 +27,12 @@ def num_parameters(model_dir: Path) -> int:
 def trainer_bytes(model_dir: Path, lora_rank: int) -> int:
     """Estimated memory of one trainer training this model."""
     return num_parameters(model_dir) * BYTES_PER_PARAMETER["lora" if lora_rank else "full"]
+
+
+def max_context_length(model_dir: Path) -> int | None:
+    """The most positions the model takes, from its config (None: the config names no limit)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        if isinstance(config.get(name), int):
+            return config[name]
+    return None

@@ -5,6 +5,7 @@ rollout service computes them)."""
 
 from __future__ import annotations
 
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ class Sampler:
         self.model_dir = model_dir
         self.describe: dict[str, Any] = {}  # GetSamplerResponse (set by the gateway)
         self.owner = ""  # the tenant (API key) whose session created it (set by the gateway)
+        self.exported: Path | None = None  # weights exported for this sampler only (removed with it)
         args = ["--hf-checkpoint", str(model_dir), "--dtype", config.dtype, "--reward", "none"]
         self.group = LocalServiceGroup(
             workdir, args={"rollout": args}, startup_timeout=config.startup_timeout_s
@@ -105,3 +107,5 @@ class Sampler:
         if self._channel is not None:
             self._channel.close()
         self.group.stop()
+        if self.exported is not None:
+            shutil.rmtree(self.exported, ignore_errors=True)

@@ -17,6 +17,7 @@ class Session:
     session_id: str
     last_heartbeat: float
     owner: str  # the tenant (API key) that created it
+    user_metadata: dict[str, str] = field(default_factory=dict)
     model_ids: set[str] = field(default_factory=set)
     sampling_session_ids: set[str] = field(default_factory=set)
 
@@ -30,8 +31,8 @@ class SessionTable:
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
-    def create(self, owner: str = "") -> Session:
-        session = Session(f"session-{uuid.uuid4().hex[:12]}", self.clock(), owner)
+    def create(self, owner: str = "", user_metadata: dict[str, str] | None = None) -> Session:
+        session = Session(f"session-{uuid.uuid4().hex[:12]}", self.clock(), owner, dict(user_metadata or {}))
         with self._lock:
             self._sessions[session.session_id] = session
         return session
@@ -39,6 +40,11 @@ class SessionTable:
     def get(self, session_id: str) -> Session | None:
         with self._lock:
             return self._sessions.get(session_id)
+
+    def all(self) -> list[Session]:
+        """Open sessions, oldest first."""
+        with self._lock:
+            return list(self._sessions.values())
 
     def heartbeat(self, session_id: str) -> bool:
         """Record a heartbeat; False for a session that is unknown or already over."""

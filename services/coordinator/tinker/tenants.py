@@ -3,7 +3,7 @@ Ray actor with --launcher ray), the thread its calls run on in order, and its ch
 path.
 
 A trainer that dies is started again and loaded from the tenant's last saved state (or the base
-model when it saved none); the call that was in flight fails with RetryableFailure. Other tenants
+model when it saved none); the call that was in flight fails with TrainerRestarted, saying so. Other tenants
 are separate processes and never notice.
 """
 
@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,34 +22,10 @@ import grpc
 
 from rollway.common.client import open_channel
 from rollway.common.supervision.supervisor import LocalServiceGroup, ServiceGroup
+from rollway.coordinator.tinker.checkpoints import SavedCheckpoint, TenantSpec
 from rollway.coordinator.tinker.config import GatewayConfig
-from rollway.coordinator.tinker.errors import RetryableFailure
+from rollway.coordinator.tinker.errors import TrainerRestarted
 from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
-
-
-@dataclass
-class SavedCheckpoint:
-    """A checkpoint saved through the API (`weights` for save_weights, `sampler_weights` for sampling)."""
-
-    tinker_path: str
-    kind: str
-    directory: Path  # the trainer's checkpoint (model and optimizer)
-    hf_dir: Path  # the same weights as a Hugging Face model directory
-    time: datetime
-    size_bytes: int
-
-
-@dataclass
-class TenantSpec:
-    """What a client asked for in create_model."""
-
-    model_id: str
-    session_id: str
-    base_model: str
-    lora_rank: int  # 0: full fine-tuning
-    memory_bytes: int  # the trainer's estimated memory (memory.py)
-    owner: str  # the tenant (API key) whose session created it
-    user_metadata: dict[str, str] = field(default_factory=dict)
 
 
 def trainer_group(spec: TenantSpec, workdir: Path, config: GatewayConfig) -> ServiceGroup:
@@ -95,7 +70,6 @@ class Tenant:
         self.checkpoint_root = workdir / "checkpoints"
         self.group = trainer_group(spec, workdir / "services", config)
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"tenant-{spec.model_id}")
-        self.checkpoints: dict[str, SavedCheckpoint] = {}
         self.last_state: SavedCheckpoint | None = None  # what a restarted trainer loads
         self.last_request_time = datetime.now(UTC)
         self.num_restarts = 0
@@ -140,7 +114,7 @@ class Tenant:
     # --- calls -----------------------------------------------------------------------------
     def call(self, fn: Callable[[trainer_pb2_grpc.TrainerServiceStub], Any]) -> Any:
         """Run `fn` against the trainer; a trainer found dead meanwhile is healed and the call
-        fails with RetryableFailure (its work is lost: the client repeats it)."""
+        fails with TrainerRestarted (its work is lost: the client repeats it)."""
         self.last_request_time = datetime.now(UTC)
         restarts = self.num_restarts
         try:
@@ -157,28 +131,21 @@ class Tenant:
             # The gateway's watch may have healed it first.
             if not self.heal() and self.num_restarts == restarts:
                 raise
-            restored = self.last_state.tinker_path if self.last_state else "the base model"
-            raise RetryableFailure(
-                f"the trainer of {self.spec.model_id} died during the call and was restarted from "
-                f"{restored}; repeat the call"
-            ) from None
+            raise TrainerRestarted(self.spec.model_id, self.last_state) from None
 
-    def save(self, kind: str, name: str) -> SavedCheckpoint:
-        """Save the current weights (and optimizer) as tinker://<model>/<kind>/<name>."""
-        root = self.checkpoint_root / kind / name
-        if root.exists():  # a name saved again is replaced, as a hosted run does
+    def save(self, root: Path, tinker_path: str, kind: str) -> SavedCheckpoint:
+        """Save the current weights (and optimizer) into `root`, replacing what is there."""
+        if root.exists():
             shutil.rmtree(root)
         reply = self.call(
             lambda t: t.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(path=str(root), hf_export=True))
         )
-        saved = SavedCheckpoint(
-            tinker_path=f"tinker://{self.spec.model_id}/{kind}/{name}",
+        return SavedCheckpoint(
+            tinker_path=tinker_path,
             kind=kind,
             directory=Path(reply.checkpoint_dir),
             hf_dir=Path(reply.hf_dir),
             time=datetime.now(UTC),
             size_bytes=_size(root),
+            root=root,
         )
-        self.checkpoints[saved.tinker_path] = saved
-        self.last_state = saved
-        return saved

@@ -24,6 +24,7 @@ NUMPY_DTYPES = {
 }
 # SDK loss input -> trainer Datum field.
 LOSS_INPUTS = {"weights": "weights", "logprobs": "sampling_log_probs", "advantages": "advantages"}
+SERVED_LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo")  # the trainer's datum_losses
 REFUSED_LOSSES = {
     "dro": "its formula is not documented in the SDK",
     # A sequence-level ratio needs to know which tokens are the sequence: a Tinker datum also holds
@@ -79,6 +80,10 @@ def decode_forward_backward(body: bytes, content_encoding: str) -> ForwardBackwa
         raise bad_request(f"body: not a ForwardBackwardRequest protobuf ({exc})") from None
     if message.loss_fn in REFUSED_LOSSES:
         raise bad_request(f"loss_fn: {message.loss_fn} is refused: {REFUSED_LOSSES[message.loss_fn]}")
+    if message.loss_fn not in SERVED_LOSSES:
+        raise bad_request(
+            f"loss_fn: {message.loss_fn!r} is not a loss of the tinker API (served: {', '.join(SERVED_LOSSES)})"
+        )
     data = []
     for position, datum in enumerate(message.data):
         inputs = dict(datum.loss_fn_inputs)
