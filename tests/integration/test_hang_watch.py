@@ -61,7 +61,10 @@ def watch_until_hung(watch: HangWatch, timeout: float):
 def test_a_call_that_makes_no_progress_is_named_hung_after_the_bound(probe):
     watch = HangWatch({"probe": [probe.address]}, hung_service_seconds=BOUND)
     try:
-        call_in_background(probe.address, "Sleep", b"30")  # a deadlocked handler: gRPC still answers
+        # A deadlocked handler (gRPC still answers), long enough to outlast the watch's verdict
+        # (BOUND + 5 s at most) and short enough that the probe's graceful stop, which lets it
+        # finish, costs little.
+        call_in_background(probe.address, "Sleep", str(BOUND + 8).encode())
         hung, seconds = watch_until_hung(watch, 15)
         assert hung is not None
         assert (hung.name, hung.index) == ("probe", 0)
