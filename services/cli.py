@@ -2,6 +2,7 @@
 
     rollway serve SERVICE [flags]      run one service (same as python -m rollway.SERVICE)
     rollway make-tiny-model DIR        write the tiny Qwen3 model, tokenizer and demo datasets
+    rollway import-gguf FILE DIR       a GGUF file (llama.cpp's format) to a Hugging Face directory
     rollway up [--workdir DIR]         start the four services locally and check they are healthy
     rollway run CONFIG [flags]         run a job (starts the services it needs, or attaches)
     rollway plan CONFIG [flags]        print the batch arithmetic of a run config
@@ -9,6 +10,7 @@
     rollway dashboard RUN_DIR...       serve the web dashboard of finished runs (or folders of runs)
     rollway gateway [flags]            serve the Tinker training API (the tinker SDK) on loopback
     rollway demo                       SFT then GRPO on the tiny model (what `make run` runs)
+    rollway demo --model smollm2       GRPO with a real pretrained model (`make run-smollm2`)
 
 Subcommands import their heavy dependencies only when they run, so `rollway --help` is instant.
 """
@@ -38,6 +40,28 @@ def _serve(argv: list[str]) -> int:
         )
         return 0 if asked else 2
     importlib.import_module(f"rollway.{argv[0]}.__main__").main(argv[1:])
+    return 0
+
+
+def _import_gguf(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="rollway import-gguf",
+        description="Convert a GGUF file (llama.cpp's format) into a Hugging Face model directory "
+        "(fp32 safetensors, tokenizer, chat template) that rollway's services load.",
+    )
+    parser.add_argument("file", help="the .gguf file")
+    parser.add_argument("dir", help="the new model directory (must not hold files yet)")
+    args = parser.parse_args(argv)
+    import json
+
+    from rollway.common.gguf_import import GgufImportError, import_gguf
+
+    try:
+        written = import_gguf(args.file, args.dir)
+    except GgufImportError as exc:
+        print(f"rollway import-gguf: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(written, indent=1))
     return 0
 
 
@@ -136,7 +160,12 @@ def _dashboard(argv: list[str]) -> int:
 def _demo(argv: list[str]) -> int:
     task = argparse.ArgumentParser(add_help=False)
     task.add_argument("--task", choices=("addition", "tools"), default="addition")
+    task.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
     known, rest = task.parse_known_args(argv)
+    if known.model == "smollm2":  # GRPO with a real pretrained model (demo/smollm2.py)
+        from rollway.demo.smollm2 import main as smollm2_main
+
+        return smollm2_main(rest)
     if known.task == "tools":  # tool use with the calculator environment (demo/tools.py)
         from rollway.demo.tools import main as tools_main
 
@@ -149,6 +178,7 @@ def _demo(argv: list[str]) -> int:
 COMMANDS = {
     "serve": (_serve, "run one service"),
     "make-tiny-model": (_make_tiny_model, "write the tiny model, tokenizer and demo datasets"),
+    "import-gguf": (_import_gguf, "convert a GGUF file into a Hugging Face model directory"),
     "up": (_up, "start the four services locally, check health, stop them"),
     "run": (_run, "run a job from a config file"),
     "plan": (_plan, "print the batch arithmetic and the memory plan of a run config"),

@@ -153,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         default="addition",
         help="tools: tool use with the calculator",
     )
+    parser.add_argument(
+        "--model",
+        choices=("tiny", "smollm2"),
+        default="tiny",
+        help="smollm2: GRPO with the real SmolLM2-135M-Instruct instead (`make run-smollm2`)",
+    )
     parser.add_argument("--workdir", default="runs/demo", help="parent of the demo directory")
     parser.add_argument("--seed", type=int, default=0, help="seed of model, data and sampling")
     parser.add_argument(
