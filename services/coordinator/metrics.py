@@ -147,17 +147,18 @@ class ProgressLine:
     """One console line per step: step, reward, the losses (pg_loss, ... for RL), time per step, ETA.
 
     Time per step is wall time between the ends of recent steps (step_pace.py), so checkpoint
-    saves, evaluations and recoveries between steps are in it and in the ETA. Each record is timed
+    saves and recoveries between steps are in it; evaluations are not, and the ETA adds those
+    still to come. Each record is timed
     by its own `time` (when the run wrote it): a resumed run's stream replays its earlier steps at
     once, and those written before `since` (this attempt's start, on the clock that stamps the
     records) are an earlier attempt's: not shown, and not in the pace."""
 
-    def __init__(self, total_steps: int, stream=None, since: float = 0.0):
+    def __init__(self, total_steps: int, stream=None, since: float = 0.0, eval_interval: int = 0):
         self.total = total_steps
         self.stream = stream or sys.stdout
         self.since = since
         self.started = since or time.time()
-        self.pace = StepPace(total_steps, since=since)
+        self.pace = StepPace(total_steps, since=since, eval_interval=eval_interval)
         self.first_step: int | None = None  # this attempt's first step (counting from 1)
 
     def update(self, step: int, metrics: dict[str, float], at: float | None = None) -> str | None:
@@ -170,9 +171,11 @@ class ProgressLine:
         if self.first_step is None:
             self.first_step = step
         per_step = self.pace.seconds_per_step
+        remaining = self.pace.eta_seconds()
         if per_step is None:  # one step and no timer of its own: the clock since the attempt began
             per_step = max(at - self.started, 0.0) / max(step - self.first_step + 1, 1)
-        remaining = max(self.total - step, 0) * per_step
+        if remaining is None:
+            remaining = max(self.total - step, 0) * per_step
         # A record past the last step is the final evaluation.
         parts = [f"step {step}/{self.total}" if not self.total or step <= self.total else "final"]
         shown = set()

@@ -153,3 +153,30 @@ def test_the_pace_of_a_resumed_run_leaves_out_the_earlier_attempt():
     resumed = pace_of(records, 10, since=999.0)
     assert resumed.ends == [(4, 1000.0), (5, 1004.0)]
     assert resumed.seconds_per_step == 4.0 and resumed.eta_seconds() == 16.0
+
+
+def test_evaluations_are_left_out_of_the_pace_and_added_to_the_eta_as_they_come():
+    """SmolLM2's case: a 40 s evaluation before the first of 50 steps of 17 s each made the first
+    ETA 1:28:21. The pace leaves the evaluation out; the ETA adds the evaluations still to come
+    (every 10th step and the final one) at the measured 40 s each."""
+    progress = ProgressLine(50, stream=io.StringIO(), eval_interval=10)
+    first = {"train/loss": 1.0, "perf/step_time": 57.0, "perf/eval_time": 40.0, "eval/accuracy": 0.1}
+    line = progress.update(1, first, at=1057.0)
+    # 49 steps at 17 s, evaluations at steps 10, 20, 30, 40 and the final one at 40 s: 1033 s
+    assert "| 17.00 s/step | ETA 0:17:13" in line, line
+    for step in range(2, 11):
+        line = progress.update(step, {"train/loss": 1.0, "perf/step_time": 17.0}, at=1057.0 + 17 * (step - 1))
+    assert "| 17.00 s/step |" in line
+    evaluated = {"train/loss": 1.0, "perf/step_time": 77.0, "perf/eval_time": 60.0, "eval/accuracy": 0.4}
+    line = progress.update(11, evaluated, at=1057.0 + 17 * 10 + 60)  # step 10 (0-based) evaluated, 60 s
+    # 39 steps at 17 s (663 s) and 4 evaluations (steps 20, 30, 40, final) at the mean of 40 and 60 s
+    assert "| 17.00 s/step | ETA 0:14:23" in line, line
+    assert progress.pace.evaluations_left() == 4
+
+
+def test_without_evaluations_known_the_pace_still_leaves_a_measured_one_out():
+    pace = StepPace(10)  # the dashboard's pace: no eval_interval
+    pace.add(0, 100.0, {"perf/step_time": 3.0})
+    pace.add(1, 130.0, {"perf/step_time": 28.0, "perf/eval_time": 25.0})
+    assert pace.seconds_per_step == 5.0 and pace.evaluations_left() == 0
+    assert pace.eta_seconds() == 40.0
