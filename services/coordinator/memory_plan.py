@@ -245,7 +245,7 @@ def rollout_memory(
             shape.num_params * stored - kv
         )
     notes = []
-    if rollout.rollout_engine == "sglang":
+    if rollout.rollout_engine == "sglang" and on_gpu:  # on CPU SGLang holds no fraction of a GPU
         notes.append(
             f"sglang takes sglang_mem_fraction_static {rollout.sglang_mem_fraction_static} of its GPU"
         )

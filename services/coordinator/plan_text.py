@@ -46,10 +46,12 @@ def _end_of_data(configs: dict[str, object]) -> str:
     shape = run_plan.check_data(d)
     rows = f"{shape.num_rows} rows" if shape.num_rows is not None else "rows not readable here"
     if c.num_rollout:
-        epochs = (
-            f", {c.num_rollout * c.rollout_batch_size / shape.num_rows:.2f} epochs" if shape.num_rows else ""
-        )
-        return f"num_rollout {c.num_rollout} wins: the data ({rows}) loops over epochs{epochs}"
+        if not shape.num_rows:
+            return f"num_rollout {c.num_rollout} wins: the data ({rows}) loops over epochs if it runs out"
+        epochs = c.num_rollout * c.rollout_batch_size / shape.num_rows
+        if epochs <= 1:
+            return f"num_rollout {c.num_rollout} wins: {epochs:.2f} of an epoch of the data ({rows}), no loop"
+        return f"num_rollout {c.num_rollout} wins: the data ({rows}) loops over epochs, {epochs:.2f} epochs"
     steps = run_plan.num_steps(0, d.num_epoch, c.rollout_batch_size, shape.num_rows)
     return f"num_epoch {d.num_epoch} x {rows} / rollout_batch_size {c.rollout_batch_size} = {steps} steps"
 
@@ -58,13 +60,10 @@ def cpu_threads_line(configs: dict[str, object]) -> str:
     """The torch threads of the services that compute, on CPU on this machine (common/cpu_threads.py)."""
     from rollway.common.cpu_threads import resolve_cpu_threads, usable_cores
 
-    t, r = configs["trainer"], configs["rollout"]
+    c, t, r = configs["coordinator"], configs["trainer"], configs["rollout"]
     trainer = resolve_cpu_threads(t.cpu_threads, t.world_size)
-    rollout = resolve_cpu_threads(r.cpu_threads)
-    return (
-        f"CPU threads              {trainer} per trainer rank, {rollout} for the CPU rollout engine "
-        f"(on CPU here: {usable_cores()} usable cores)"
-    )
+    rollout = "" if c.is_sft else f", {resolve_cpu_threads(r.cpu_threads)} for the CPU rollout engine"
+    return f"CPU threads              {trainer} per trainer rank{rollout} (on CPU here: {usable_cores()} usable cores)"
 
 
 def micro_batch_lines(configs: dict[str, object], per_rank: int) -> list[str]:
