@@ -20,6 +20,8 @@ def test_make_targets_run_what_the_docs_say():
         return result.stdout
 
     assert "rollway demo --workdir runs/demo" in dry_run("run")
+    # The real-model demo's steps are tests/realmodel's (a GRPO run of the same config, 8 steps).
+    assert "rollway demo --model smollm2 --workdir runs/demo-smollm2" in dry_run("run-smollm2")
     assert "-m pytest" in dry_run("test")
     fast = dry_run("test-fast")
     assert '-m "not slow"' in fast and "tests/unit" in fast

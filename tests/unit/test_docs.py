@@ -29,6 +29,7 @@ COMMAND_TESTS = ROOT / "tests" / "integration" / "test_docs_commands.py"
 # Commands tests/integration/test_docs_commands.py runs as written: command -> its test there.
 RUN_HERE = {
     "make run": "test_make_targets_run_what_the_docs_say",
+    "make run-smollm2": "test_make_targets_run_what_the_docs_say",
     "make test": "test_make_targets_run_what_the_docs_say",
     "make test-fast": "test_make_targets_run_what_the_docs_say",
     ".venv/bin/rollway make-tiny-model /tmp/tiny": "test_the_first_runs_plan_what_the_readme_says",
