@@ -24,8 +24,9 @@ Rows: one per run (sft, grpo):
     kill_to_next_step_s   kill -9 of the trainer -> the run logs a step it had not before
     wall_s                launch -> `rollway run` exits
 
---quick: the same on the "small" preset (~50.6M parameters, 400-token vocabulary), 3 steps each:
-3.3 to 5.8 minutes on the shared 2-core machine (two launches and two recoveries dominate).
+--quick: the same on the "small" preset (~50.6M parameters, 400-token vocabulary), 2 steps each
+(the kill after the first, so the second is the step after the recovery): about a minute on the
+shared 2-core machine (two launches and two recoveries dominate).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class Schedule:
 
 
 FULL = Schedule(num_steps=6, save_interval=2, kill_after_step=3)
-QUICK = Schedule(num_steps=3, save_interval=1, kill_after_step=1)
+QUICK = Schedule(num_steps=2, save_interval=1, kill_after_step=1)
 MAX_NEW_TOKENS = 32
 SAVE_TOTAL_LIMIT = 2  # rotation keeps the disk to two run checkpoints (4.5 GB each at full size)
 RUN_TIMEOUT_SECONDS = 1200.0

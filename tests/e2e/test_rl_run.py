@@ -1,4 +1,10 @@
-"""GRPO runs end to end over the real services: sync, async, and dump/replay of rollouts."""
+"""GRPO runs end to end over the real services: sync, async, and dump/replay of rollouts.
+
+Every run of this file goes to one set of long-lived services, as a user's runs do: each run has
+its own run id and run directory, and its Init resets what the services keep (the rollout engine
+to the base weights at version 0, the trainer's model and optimizer), so the runs are independent
+of their order. Settings that differ per run (max_running_requests) are the run's, not the
+services' start-up flags."""
 
 from __future__ import annotations
 
@@ -15,29 +21,30 @@ from rollway.coordinator.v1 import coordinator_pb2
 SUCCEEDED = coordinator_pb2.RUN_STATE_SUCCEEDED
 
 
-def run_rl(
-    tmp_path, model_dir, data_dir, name: str, rollout_args: tuple[str, ...] = (), **extra
-) -> list[dict]:
-    with ExitStack() as stack:
-        services = start_rl_stack(
-            stack,
-            tmp_path / name,
-            model_dir,
-            data_dir,
-            rollout=not extra.get("load_debug_rollout_data"),
-            rollout_args=rollout_args,
-        )
-        stub = coordinator_stub(services["coordinator"])
-        start_run(stub, name, rl_config(services, **extra))
-        final = wait_run(stub, name)
-        assert final.state == SUCCEEDED, final.error
-        return read_metrics(tmp_path / name / "runs" / name)
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, tiny_model_dir, demo_data_dir):
+    """The four services every run of this file goes to, and where their runs are written."""
+    workdir = tmp_path_factory.mktemp("rl-run")
+    with ExitStack() as services_stack:
+        services = start_rl_stack(services_stack, workdir, tiny_model_dir, demo_data_dir)
+        yield services, workdir / "runs"
 
 
-def test_sync_grpo_syncs_weights_every_step_and_versions_move_forward(
-    tiny_model_dir, demo_data_dir, tmp_path
-):
-    metrics = run_rl(tmp_path, tiny_model_dir, demo_data_dir, "sync")
+def run_rl(stack, name: str, *, without: tuple[str, ...] = (), **extra) -> list[dict]:
+    """One run to its end on the shared services (less the `without` addresses); its metrics."""
+    services, runs_root = stack
+    config = rl_config(services, **extra)
+    for address in without:
+        del config[address]
+    stub = coordinator_stub(services["coordinator"])
+    start_run(stub, name, config)
+    final = wait_run(stub, name)
+    assert final.state == SUCCEEDED, final.error
+    return read_metrics(runs_root / name)
+
+
+def test_sync_grpo_syncs_weights_every_step_and_versions_move_forward(stack):
+    metrics = run_rl(stack, "sync")
     assert [m["step"] for m in metrics] == [0, 1, 2]
     # Version 1 is pushed before the first rollout; every step trains, then pushes the next version.
     assert [m["rollout/weight_version/min"] for m in metrics] == [1.0, 2.0, 3.0]
@@ -49,11 +56,9 @@ def test_sync_grpo_syncs_weights_every_step_and_versions_move_forward(
     assert all(m["train/grad_norm"] > 0 for m in metrics)
 
 
-def test_async_grpo_overlaps_generation_with_bounded_staleness(tiny_model_dir, demo_data_dir, tmp_path):
+def test_async_grpo_overlaps_generation_with_bounded_staleness(stack):
     metrics = run_rl(
-        tmp_path,
-        tiny_model_dir,
-        demo_data_dir,
+        stack,
         "async",
         num_rollout=4,
         async_mode=True,
@@ -67,13 +72,11 @@ def test_async_grpo_overlaps_generation_with_bounded_staleness(tiny_model_dir, d
     assert [m["rollout/weight_version"] for m in metrics] == [2.0, 3.0, 4.0, 5.0]
 
 
-def test_async_generates_up_to_max_weight_staleness_rollouts_ahead(tiny_model_dir, demo_data_dir, tmp_path):
+def test_async_generates_up_to_max_weight_staleness_rollouts_ahead(stack, tmp_path):
     # With max_weight_staleness 2 the worker generates rollouts k+1 and k+2 while k trains: a
     # rollout is trained up to two versions after the one it was generated with, never more.
     metrics = run_rl(
-        tmp_path,
-        tiny_model_dir,
-        demo_data_dir,
+        stack,
         "async2",
         num_rollout=5,
         async_mode=True,
@@ -101,16 +104,14 @@ def test_async_generates_up_to_max_weight_staleness_rollouts_ahead(tiny_model_di
         assert cursor is not None
 
 
-def test_async_grpo_with_dynamic_sampling_and_partial_rollout(tiny_model_dir, demo_data_dir, tmp_path):
+def test_async_grpo_with_dynamic_sampling_and_partial_rollout(stack):
     # The whole path with the trainer: filtered refills abort their leftovers, carried groups are
     # continued in the next rollout with their earlier tokens loss-masked, and training goes on.
     # One sample decoded at a time, so a refill that has enough groups always has leftovers.
     metrics = run_rl(
-        tmp_path,
-        tiny_model_dir,
-        demo_data_dir,
+        stack,
         "partial",
-        rollout_args=("--max-running-requests", "1"),
+        max_running_requests=1,
         n_samples_per_prompt=2,
         global_batch_size=8,
         rollout_max_response_len=16,
@@ -130,10 +131,11 @@ def test_async_grpo_with_dynamic_sampling_and_partial_rollout(tiny_model_dir, de
     assert [m["rollout/weight_version"] for m in metrics] == [2.0, 3.0, 4.0]
 
 
-def test_dumped_rollouts_replay_to_the_same_losses(tiny_model_dir, demo_data_dir, tmp_path):
+def test_dumped_rollouts_replay_to_the_same_losses(stack, tmp_path):
     dump = str(tmp_path / "dump" / "rollout_{rollout_id}.pb")
-    original = run_rl(tmp_path, tiny_model_dir, demo_data_dir, "original", save_debug_rollout_data=dump)
-    replayed = run_rl(tmp_path, tiny_model_dir, demo_data_dir, "replay", load_debug_rollout_data=dump)
+    original = run_rl(stack, "original", save_debug_rollout_data=dump)
+    # The replay trains on the dumped rollouts alone: no rollout service.
+    replayed = run_rl(stack, "replay", without=("rollout_addr",), load_debug_rollout_data=dump)
     assert len(replayed) == len(original) == 3
     for key in ("train/loss", "train/pg_loss", "train/grad_norm", "rollout/raw_reward"):
         assert [m[key] for m in replayed] == pytest.approx([m[key] for m in original], rel=1e-5, abs=1e-7), (
@@ -142,25 +144,17 @@ def test_dumped_rollouts_replay_to_the_same_losses(tiny_model_dir, demo_data_dir
     assert all(m["train/grad_norm"] > 0 for m in original)
 
 
-def test_rollout_only_with_dynamic_sampling_refills_dropped_groups(tiny_model_dir, demo_data_dir, tmp_path):
-    with ExitStack() as stack:
-        workdir = tmp_path / "ds"
-        services = start_rl_stack(stack, workdir, tiny_model_dir, demo_data_dir)
-        services["trainer"].stop()  # --debug-rollout-only needs no trainer
-        config = rl_config(
-            services,
-            debug_rollout_only=True,
-            n_samples_per_prompt=2,
-            global_batch_size=8,
-            dynamic_sampling_filter_path="check_reward_nonzero_std",
-            over_sampling_batch_size=4,
-        )
-        del config["trainer_addr"]
-        stub = coordinator_stub(services["coordinator"])
-        start_run(stub, "ds", config)
-        final = wait_run(stub, "ds")
-        assert final.state == SUCCEEDED, final.error
-        metrics = read_metrics(workdir / "runs" / "ds")
+def test_rollout_only_with_dynamic_sampling_refills_dropped_groups(stack):
+    metrics = run_rl(  # --debug-rollout-only needs no trainer
+        stack,
+        "ds",
+        without=("trainer_addr",),
+        debug_rollout_only=True,
+        n_samples_per_prompt=2,
+        global_batch_size=8,
+        dynamic_sampling_filter_path="check_reward_nonzero_std",
+        over_sampling_batch_size=4,
+    )
     assert [m["step"] for m in metrics] == [0, 1, 2]
     # Groups of two with equal rewards carry no signal: dropped, and refilled up to 4 groups.
     assert all(m["rollout/num_samples"] == 8.0 for m in metrics)

@@ -1,8 +1,9 @@
 """bench/bench_real_size.py --quick records every figure of issue #26's bench, and each is sane.
 
 The quick bench runs SFT and GRPO on the small preset (~50.6M parameters) under `rollway run`,
-with a checkpoint every step and one kill -9 of the trainer per run (two launches: 3.3 to 5.8
-minutes on the shared 2-core machine, over the 2-minute aim for a slow test). Its figures are checked against what the model's size fixes: a run checkpoint holds
+with a checkpoint every step and one kill -9 of the trainer per run, 2 steps each (two launches:
+about a minute on the shared 2-core machine). Its figures are checked against what the model's
+size fixes: a run checkpoint holds
 at least the fp32 weights and AdamW's two moments, the trainer holds at least weights, gradients
 and moments, and one weight push sends every parameter once in fp32 (tied embeddings once).
 """

@@ -21,6 +21,9 @@ from rollway.common.v1 import progress_pb2, progress_pb2_grpc
 from rollway.coordinator.hang_watch import FIRST_CALL_HUNG_SECONDS, MIN_HUNG_SECONDS, HangWatch
 
 BOUND = 1.5  # hung_service_seconds of these tests
+# The probe's drain: its stuck Sleep would hold the fixture's stop for the default 30 s grace;
+# these tests assert nothing of the drain (tests/integration/test_runtime.py does).
+GRACE_SECONDS = "0.5"
 
 
 TESTS_DIR = str(Path(__file__).resolve().parents[1])  # support.probe_service lives there
@@ -29,7 +32,13 @@ TESTS_DIR = str(Path(__file__).resolve().parents[1])  # support.probe_service li
 @pytest.fixture
 def probe(tmp_path):
     env = {"PYTHONPATH": os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")])}
-    with ServiceProcess("probe", [], tmp_path / "probe", module="support.probe_service", env=env) as process:
+    with ServiceProcess(
+        "probe",
+        ["--grace-seconds", GRACE_SECONDS],
+        tmp_path / "probe",
+        module="support.probe_service",
+        env=env,
+    ) as process:
         yield process
 
 

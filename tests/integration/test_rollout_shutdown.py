@@ -3,8 +3,10 @@ plus a small margin, and the client streams end (aborted samples, or a clean sta
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from pathlib import Path
 
 import grpc
 from support.processes import ServiceProcess
@@ -16,6 +18,8 @@ from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
 ABORT = common_pb2.FINISH_REASON_ABORT
 GRACE = 2.0
+HOLD_AFTER = 8  # tokens: decoding then holds until the drain aborts it (support/held_generation.py)
+TESTS_DIR = str(Path(__file__).resolve().parents[1])  # support.held_generation lives there
 MARGIN = 5.0  # one decode step after the abort, the stop hooks, and interpreter exit (1-2 s on a busy
 # 2-core machine: torch is loaded)
 
@@ -42,21 +46,27 @@ def _long_request(n=4):
     return rollout_pb2.GenerateRequest(
         prompts=[rollout_pb2.Prompt(token_ids=[1, 50, 60, 70]), rollout_pb2.Prompt(token_ids=[1, 9])],
         n_samples_per_prompt=n,
-        # Greedy decoding of the tiny model does not stop on these prompts: 4 calls of 8 such samples
-        # take about 10 s on a laptop core, so they outlive the grace.
+        # Greedy decoding of the tiny model does not stop on these prompts; where decoding is held
+        # (support/held_generation.py) they outlive any grace, whatever the machine's speed.
         sampling_params=common_pb2.SamplingParams(temperature=0.0, max_new_tokens=1000),
     )
 
 
-def _start(tiny_model_dir, workdir, *extra, grace=GRACE):
+def _start(tiny_model_dir, workdir, *extra, grace=GRACE, held=False):
     args = ["--hf-checkpoint", str(tiny_model_dir), "--reward", "none", "--grace-seconds", str(grace)]
-    return ServiceProcess("rollout", [*args, *extra], workdir).start()
+    if not held:
+        return ServiceProcess("rollout", [*args, *extra], workdir).start()
+    env = {"PYTHONPATH": os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")])}
+    args += ["--hold-after", str(HOLD_AFTER)]
+    return ServiceProcess(
+        "rollout", [*args, *extra], workdir, module="support.held_generation", env=env
+    ).start()
 
 
 def test_sigterm_mid_generation_exits_within_grace_and_streams_end_with_aborted_samples(
     tiny_model_dir, tmp_path
 ):
-    svc = _start(tiny_model_dir, tmp_path)
+    svc = _start(tiny_model_dir, tmp_path, held=True)  # no sample can finish before the drain's abort
     try:
         stub = rollout_pb2_grpc.RolloutServiceStub(open_channel(svc.address))
         calls = [Collect(stub, _long_request()) for _ in range(4)]  # one alone rarely hit the old hang

@@ -1,8 +1,9 @@
-"""async_save through the trainer service, on a 50M-class model (a write that lasts long enough
-to be caught), and the Hugging Face export that writes nothing else.
+"""async_save through the trainer service, on a 50M-class model, and the Hugging Face export that
+writes nothing else.
 
 - kill -9 of the trainer while an async checkpoint is being written (observed: its shards are in
-  the temporary directory, no manifest yet): a new trainer loads the last complete checkpoint,
+  the temporary directory, no manifest yet; the write is held there, so the kill catches it in
+  flight on any machine): a new trainer loads the last complete checkpoint,
   with bit-identical weights, and the write in flight is never taken for a checkpoint;
 - ExportHF writes only Hugging Face files, which from_pretrained loads to the trainer's weights.
 """
@@ -29,6 +30,7 @@ from rollway.trainer.export import SIDE_FILES
 from rollway.trainer.v1 import trainer_pb2 as pb
 
 WAIT_S = 120.0
+TESTS_DIR = str(Path(__file__).resolve().parents[1])  # support.held_checkpoint lives there
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +38,15 @@ def small_model_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("small-model"), seed=0, preset="small")
 
 
-def start_trainer(model_dir: Path, logs: Path) -> ServiceProcess:
-    return ServiceProcess("trainer", ["--hf-checkpoint", str(model_dir), "--dtype", "float32"], logs)
+def start_trainer(model_dir: Path, logs: Path, hold_step: int | None = None) -> ServiceProcess:
+    """A trainer; with `hold_step`, its background write of that step never finishes (it is held
+    once its shards are written: support/held_checkpoint.py), so a kill always lands mid-write."""
+    args = ["--hf-checkpoint", str(model_dir), "--dtype", "float32"]
+    if hold_step is None:
+        return ServiceProcess("trainer", args, logs)
+    env = {"PYTHONPATH": os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")])}
+    args += ["--hold-step", str(hold_step)]
+    return ServiceProcess("trainer", args, logs, module="support.held_checkpoint", env=env)
 
 
 def init(services: Services, run_id: str) -> None:
@@ -62,7 +71,7 @@ def wait_for(condition, what: str, timeout: float = WAIT_S):
 
 def test_kill_9_mid_write_resumes_from_the_last_complete_checkpoint(small_model_dir, tmp_path):
     save = tmp_path / "save"
-    with start_trainer(small_model_dir, tmp_path / "logs-1") as trainer:
+    with start_trainer(small_model_dir, tmp_path / "logs-1", hold_step=2) as trainer:
         services = Services.connect(trainer=trainer.address)
         init(services, "killed")
         train_sft_step(services, 1)
@@ -74,7 +83,7 @@ def test_kill_9_mid_write_resumes_from_the_last_complete_checkpoint(small_model_
         train_sft_step(services, 2)
         second = services.trainer.SaveCheckpoint(pb.SaveCheckpointRequest(path=str(save), async_save=True))
         assert second.checkpoint_dir == str(save / "iter_0000002")
-        # Mid-write: the model's shards are down, the optimizer's (twice their size) not yet.
+        # Mid-write: the model's shards are down; the write cannot finish before the kill (held).
         partial = wait_for(
             lambda: sorted(save.glob(".tmp-iter_0000002-*/model/.metadata")), "the model shards"
         )

@@ -75,7 +75,11 @@ def _handlers(config: ProbeConfig):
 
     def sleep(request: bytes, context) -> bytes:
         log.info("probe sleeping")  # a test waits for this line: the call is being handled
-        time.sleep(float(request or b"0"))
+        # Sleeps until the call ends for the server (its grace ran out, the client left): an
+        # uninterruptible sleep would hold the process's exit, which waits for handler threads.
+        ended = threading.Event()
+        context.add_callback(ended.set)
+        ended.wait(float(request or b"0"))
         return b"slept"
 
     def work(request: bytes, context) -> bytes:

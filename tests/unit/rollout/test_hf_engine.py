@@ -5,6 +5,7 @@ import time
 
 import pytest
 import torch
+from support.held_generation import held_decoding
 from transformers import AutoModelForCausalLM
 
 from rollway.common.weights_checksum import weights_checksum
@@ -155,12 +156,15 @@ def test_abort_ends_running_and_waiting_samples(tiny_model_dir):
         def long(i):
             return SamplingParams(temperature=1.0, max_new_tokens=900, stop_token_ids=frozenset(), seed=i)
 
-        handle = engine.submit(_requests(long), results.put)
-        while engine.batcher.num_forwards < 20:
-            time.sleep(0.01)
-        assert engine.abort(handle) == 5
-        out = [results.get(timeout=30) for _ in range(5)]
-        assert engine.idle
+        # Held after 30 tokens: the running samples are still running at the abort, however fast
+        # the machine decodes.
+        with held_decoding(30):
+            handle = engine.submit(_requests(long), results.put)
+            while engine.batcher.num_forwards < 20:
+                time.sleep(0.01)
+            assert engine.abort(handle) == 5
+            out = [results.get(timeout=30) for _ in range(5)]
+            assert engine.idle
     finally:
         engine.stop()
     assert all(r.finish_reason == "abort" for r in out)
@@ -175,11 +179,13 @@ def test_stop_reports_every_waiting_and_running_sample_as_aborted(tiny_model_dir
     results = queue.Queue()
     requests = _requests(lambda i: SamplingParams(temperature=0.0, max_new_tokens=1000))
     try:
-        engine.submit(requests, results.put)
-        deadline = time.monotonic() + 60
-        while engine.batcher.num_forwards < 5:
-            assert time.monotonic() < deadline, "generation never started"
-            time.sleep(0.01)
+        with held_decoding(30):  # the running rows are still running at the stop, on any machine
+            engine.submit(requests, results.put)
+            deadline = time.monotonic() + 60
+            while engine.batcher.num_forwards < 5:
+                assert time.monotonic() < deadline, "generation never started"
+                time.sleep(0.01)
+            engine.stop()
     finally:
         engine.stop()
     out = [results.get(timeout=10) for _ in requests]
