@@ -162,7 +162,8 @@ def other_families() -> list[Case]:
     smollm2 = [Case("smollm2", "float32", False, False, n) for n in (1024, 4096)]
     smollm2 += [Case("smollm2", "float32", False, True, 4096)]
     smollm2 += [Case("smollm2", "float32", True, gc, 1024) for gc in (False, True)]
-    gemma = [Case("gemma", "float32", False, False, n) for n in (512, 1024)]
+    smollm2 += [Case("smollm2", "float32", True, True, 2048)]
+    gemma = [Case("gemma", "float32", False, False, n) for n in (512, 768, 1024)]
     gemma += [Case("gemma", "float32", True, False, 512)]
     return smollm2 + gemma
 
@@ -371,7 +372,8 @@ def measure_rollout_eval(directory: Path) -> dict:
 def rollout_eval_predicted(directory: Path) -> int:
     config = RolloutConfig(hf_checkpoint=str(directory), dtype="float32")
     shape = read_model_shape(str(directory))
-    return rollout_memory(shape, config, EVAL_PROMPTS, EVAL_PROMPT + EVAL_NEW, False).peak
+    tokens = EVAL_PROMPT + EVAL_NEW
+    return rollout_memory(shape, config, 0, tokens, False, EVAL_PROMPTS, EVAL_PROMPTS, EVAL_PROMPT).peak
 
 
 def sglang_venv() -> Path:
@@ -477,7 +479,7 @@ def rollout_predicted(directory: Path) -> int:
     )
     shape = read_model_shape(str(directory))
     tokens = ROLLOUT_PROMPT + ROLLOUT_NEW
-    return rollout_memory(shape, config, ROLLOUT_SAMPLES, tokens, False).peak
+    return rollout_memory(shape, config, ROLLOUT_SAMPLES, tokens, False, 0, 1, ROLLOUT_PROMPT).peak
 
 
 def load_cache() -> dict:

@@ -54,28 +54,36 @@ TILED_MLP_HIDDEN_TENSORS = 1
 # is predicted: micro_batch.py's logit_columns, so prompts cost no logits) and vocabulary entry:
 # the logits in the compute dtype and their fp32 log-softmax, kept for backward
 # (trainer/log_probs.py: chunked, but every chunk's output is kept), then in backward the logits'
-# gradient accumulated over the chunks in the compute dtype while one more chunk's slice gradient
-# is written: 2 x dtype + 4 bytes at the least. LOGITS_EXTRA_BYTES is what the peaks measured
-# beyond that (fitted, below).
+# gradient in the compute dtype: 2 x dtype + 4 bytes. LOGITS_EXTRA_BYTES is what the peaks measured
+# beyond that: backward's gather and log-softmax gradients ([chunk, vocab] each, fp32) overlap that
+# for part of the step (a one-layer model's forward+backward peaked 8 bytes per entry above its
+# forward's, 2026-11-28). 2 is the fit over the 21 fp32 rows of Qwen3, SmolLM2 and the Gemma-like
+# shape (bench memory_plan, 2026-11-28: 14 bytes in all; 12 left SmolLM2 at 4096 tokens -8%, 16
+# put the Gemma-like shape, a 256,000-entry vocabulary, +18% at 1024 tokens).
 LOGITS_DTYPE_COPIES = 2
 LOGITS_FP32_BYTES = 4
-LOGITS_EXTRA_BYTES = 4
+LOGITS_EXTRA_BYTES = 2
 # Measured beyond weights + gradients + AdamW per trainable parameter at the step's peak: the
 # fused AdamW and foreach clip_grad_norm_ passes, FSDP's gradient copy, and the free blocks malloc
 # keeps (peak RSS counts them). Fitted (bench memory_plan, 2026-11-26) as the intercept of the peak
 # at two token counts, less 16 bytes per parameter and the runtime: 6.3 bytes on the 12-layer
-# Qwen3-0.6B cut (512 and 1024 tokens), 7.8 on the small preset (512 and 2048).
-STEP_TRANSIENT_BYTES = 7
+# Qwen3-0.6B cut (512 and 1024 tokens), 7.8 on the small preset (512 and 2048); refitted
+# (2026-11-28) with the wider Qwen3 layer count and the targets-only logits above, on the Qwen3,
+# SmolLM2 and Gemma-like rows together: 6 (7 put the 28-layer cut +10%).
+STEP_TRANSIENT_BYTES = 6
 # The same with bf16 compute (fp32 masters): 3.2 bytes less per parameter on the 12-layer cut and
 # 3.4 on the 28-layer one (full fine-tuning, 64 tokens, bench memory_plan 2026-11-26).
 STEP_TRANSIENT_BYTES_BF16 = 4
-# LoRA, fitted (bench memory_plan, 2026-11-26) on the 12- and 28-layer Qwen3-0.6B cuts with and
-# without gradient checkpointing (rank 16 on every linear, 512 tokens): the step's peak is
-# LoRA_ACTIVATION_FACTOR x the activations the formula above gives for full fine-tuning plus
-# LORA_FROZEN_STEP_BYTES per frozen parameter (the four points leave 0.7 B and a factor of 1.9 to
-# 2.2). The cause is measured, not established: peft's adapter path (dropout, A, B, the scaled
-# add) keeps its own input and output of each of the seven adapted linears per layer for backward.
-LORA_ACTIVATION_FACTOR = 2
+# LoRA, fitted (bench memory_plan, 2026-11-26 and 2026-11-28) on the 12- and 28-layer Qwen3-0.6B
+# cuts, SmolLM2 and the Gemma-like shape, with and without gradient checkpointing (rank 16 on every
+# linear, 512-2048 tokens): the step's peak is LORA_ACTIVATION_FACTOR x the activations (layers and
+# logits) the formulas above give for full fine-tuning, LORA_CHECKPOINTED_FACTOR x with gradient
+# checkpointing, plus LORA_FROZEN_STEP_BYTES per frozen parameter. SmolLM2 with checkpointing grew
+# 1.55 GiB from 1024 to 2048 tokens, 2.3x the formula's slope: the cause is measured, not
+# established (peft's adapter path - A, B, the scaled add - keeps its own tensors per adapted
+# linear, and under checkpointing they are recomputed beside the logits' gradients).
+LORA_ACTIVATION_FACTOR = 1.75
+LORA_CHECKPOINTED_FACTOR = 2.5
 LORA_FROZEN_STEP_BYTES = 0.7
 # At load rank 0 holds the checkpoint's full fp32 state dict while its shards are filled.
 LOAD_FULL_COPY_BYTES = 4
@@ -97,9 +105,26 @@ ROLLOUT_PROCESS_OVERHEAD = int(0.38 * GIB)
 # A real SGLang CPU server (0.5.23, the CPU route: deploy/sglang-cpu) is three processes - the
 # launcher with its tokenizer, the scheduler that holds the model and the KV pool, the
 # detokenizer - each with Python, torch and SGLang imported: their summed peak RSS less the
-# model's weights and the KV pool (--max-total-tokens x the KV bytes of a token). Placeholder until
-# the bench's sglang rows fit it.
-SGLANG_CPU_RUNTIME = int(2.0 * GIB)
+# model's weights and the KV pool (--max-total-tokens x the KV bytes of a token): 1.95 GiB with the
+# ~1M tiny preset (bench memory_plan's sglang rows, 2026-11-28). The servers peak while the model
+# loads (SmolLM2's 3.10 GiB was reached before the first request): the checkpoint's mapped pages
+# are resident beside the loaded weights then, one more copy of the weights at most
+# (SGLANG_LOAD_COPIES; SmolLM2's row is then +6.6%).
+SGLANG_CPU_RUNTIME = int(1.95 * GIB)
+SGLANG_LOAD_COPIES = 1
+# The hf engine prefills the prompts it admits together in forwards of at most this many tokens
+# (rollout/engines/hf_batcher.py MAX_PREFILL_TOKENS): an eval set of 200 64-token prompts is one
+# 12,800-token forward. Inference keeps one layer's tensors at a time: the MLP's gate, up,
+# act(gate) and product (intermediate-sized), the norm output and the residual (hidden), q, k and
+# v. SmolLM2's eval row peaked 0.62 GiB above weights + KV + runtime, the Gemma-like one 1.15
+# (bench memory_plan, 2026-11-28); this term and the sampling one below explain both within 10%.
+PREFILL_FORWARD_TOKENS = 16384
+PREFILL_INTERMEDIATE_TENSORS = 4
+PREFILL_HIDDEN_TENSORS = 2
+# Sampling a token for each running sample (rollout/sampling.py): the model's last-position
+# logits and their fp32 copies - scaled by the temperature, the log-softmax, and for sampled rows
+# the probabilities and their CDF - [running, vocabulary] each: 16 bytes per entry (4 copies).
+SAMPLING_BYTES_PER_ENTRY = 16
 # The rollout's KV cache when neither rollout_max_context_len nor rollout_max_prompt_len bounds a
 # sample: this many prompt tokens are assumed before the response (the plan says so).
 ASSUMED_PROMPT_TOKENS = 512
@@ -165,10 +190,10 @@ def trainer_rank_memory(
         shape, dtype, trainer.gradient_checkpointing, trainer.tiled_mlp
     )
     recompute = recompute_bytes(shape, dtype, tokens) if trainer.gradient_checkpointing else 0
-    activations = per_token * tokens + recompute
+    activations = per_token * tokens + recompute + logits_bytes_per_target(shape, dtype) * targets
     if trainer.lora_rank:
-        activations *= LORA_ACTIVATION_FACTOR
-    activations += logits_bytes_per_target(shape, dtype) * targets
+        factor = LORA_CHECKPOINTED_FACTOR if trainer.gradient_checkpointing else LORA_ACTIVATION_FACTOR
+        activations = int(activations * factor)
     components[f"activations ({tokens} tokens, logits at {targets})"] = activations
     frozen = total - trainable if trainer.lora_rank else 0
     components["step transients (optimizer, allocator)"] = step_transient_bytes(trainable, frozen, dtype)
@@ -278,11 +303,15 @@ def rollout_memory(
     sample_tokens: int,
     on_gpu: bool,
     eval_samples: int = 0,
+    prompts: int = 1,
+    prompt_tokens: int = 0,
 ) -> ServiceMemory:
     """The rollout engine: the weights in --dtype and a KV cache for the samples decoded together:
     a rollout's `max_samples`, or the eval set's `eval_samples` where more (today's eval sends
-    every eval prompt in one Generate, admitted together up to max_running_requests). With the
-    sglang engine the model lives in its servers (sglang_server_memory), not in this process."""
+    every eval prompt in one Generate, admitted together up to max_running_requests); the prefill
+    of `prompts` distinct prompts of `prompt_tokens` admitted together, and the sampling of every
+    running sample's next token. With the sglang engine the model lives in its servers
+    (sglang_server_memory), not in this process."""
     if rollout.rollout_engine == "sglang":
         notes = []
         if on_gpu:
@@ -302,6 +331,14 @@ def rollout_memory(
         * kv_tokens,
         "runtime (torch, gRPC)": ROLLOUT_PROCESS_OVERHEAD,
     }
+    prefill = min(PREFILL_FORWARD_TOKENS, min(prompts, running) * prompt_tokens)
+    if prefill:
+        components[f"prefill ({prefill} prompt tokens in one forward)"] = (
+            prefill * prefill_elements_per_token(shape) * DTYPE_BYTES[dtype]
+        )
+    components[f"sampling ({running} x {shape.vocab_size} logits)"] = (
+        running * shape.vocab_size * SAMPLING_BYTES_PER_ENTRY
+    )
     # Loading a checkpoint stored in another dtype (Qwen3 ships bf16; the CPU engine runs fp32), the
     # checkpoint's mapped pages are resident beside the converted weights until the load ends:
     # the 12-layer Qwen3-0.6B cut peaked 0.53 GiB above weights + KV + runtime, its bf16 file
@@ -315,6 +352,13 @@ def rollout_memory(
     return ServiceMemory("rollout", components)
 
 
+def prefill_elements_per_token(shape: ModelShape) -> int:
+    """Elements one prompt token holds in the layer being prefilled (inference: one at a time)."""
+    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    mlp = PREFILL_INTERMEDIATE_TENSORS * shape.intermediate_size
+    return mlp + PREFILL_HIDDEN_TENSORS * shape.hidden_size + q + 2 * kv
+
+
 def sglang_servers_launched(rollout) -> int:
     """SGLang servers the rollout service launches itself (none when given sglang_urls)."""
     if rollout.rollout_engine != "sglang" or rollout.sglang_urls:
@@ -324,7 +368,7 @@ def sglang_servers_launched(rollout) -> int:
 
 def sglang_max_total_tokens(rollout) -> int | None:
     """--max-total-tokens of sglang_extra_args (the KV pool's size in tokens), if given."""
-    args = list(rollout.sglang_extra_args)
+    args = [part for arg in rollout.sglang_extra_args for part in str(arg).split()]
     for i, arg in enumerate(args):
         if arg == "--max-total-tokens" and i + 1 < len(args) and args[i + 1].isdigit():
             return int(args[i + 1])
@@ -342,6 +386,9 @@ def sglang_server_memory(shape: ModelShape, rollout, on_gpu: bool = False) -> Se
     if not on_gpu:
         dtype = resolve_dtype(rollout.dtype, False)
         components[f"weights ({dtype})"] = shape.num_params * DTYPE_BYTES[dtype]
+        components["load: checkpoint pages beside the weights"] = (
+            shape.num_params * DTYPE_BYTES[dtype] * SGLANG_LOAD_COPIES
+        )
         pool = sglang_max_total_tokens(rollout)
         if pool is None:
             notes.append("sglang on CPU without --max-total-tokens sizes its KV pool from free memory")
@@ -396,7 +443,8 @@ def plan_memory(
                 f"KV cache: prompts assumed of {ASSUMED_PROMPT_TOKENS} tokens (set rollout_max_prompt_len)"
             )
         evals = eval_samples(c, r)
-        out.append(rollout_memory(shape, r, c.samples_per_rollout, sample, on_gpu, evals))
+        prompts = max(c.rollout_batch_size, evals // max(c.n_samples_per_eval_prompt, 1))
+        out.append(rollout_memory(shape, r, c.samples_per_rollout, sample, on_gpu, evals, prompts, prompt))
         if sglang_servers_launched(r):
             out.append(sglang_server_memory(shape, r, on_gpu))
     max_tokens = None
