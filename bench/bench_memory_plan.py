@@ -11,6 +11,10 @@ Shapes: the presets tiny (~1M) and small (~50.6M), and 12- and 28-layer cuts of 
 344M and 596M parameters) x dtype (float32, bfloat16 compute with fp32 masters) x full or LoRA
 (rank 16, all-linear) x gradient checkpointing off/on. The model directories are built once under
 .cache/memory_plan (weights saved in bf16 like a real Qwen3 checkpoint; random values) and reused.
+Beyond Qwen3 (`--families`, and the full bench): the real SmolLM2-135M-Instruct (a directory given
+by ROLLWAY_SMOLLM2_DIR) and a Gemma-like shape with a 256,000-entry vocabulary, the trainer at
+several token counts, the rollout service with and without an eval set, and a real SGLang CPU
+server (.cache/sglang-0.5.23, `make sglang-cpu`) with the tiny preset and SmolLM2.
 
 Measurements are kept in .cache/memory_plan/measured.json keyed by configuration, so recalibrating
 the coefficients reprints the table without retraining; ROLLWAY_REMEASURE=1 measures again.
