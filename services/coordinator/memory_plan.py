@@ -30,11 +30,19 @@ ADAMW_STATES = 2
 # The reference model is loaded fp32 (trainer/reference.py -> model_loading.load_model), frozen.
 REFERENCE_BYTES = 4
 # Activations kept for backward, per token and decoder layer, without gradient checkpointing, in
-# elements of the compute dtype: ~10 hidden-sized tensors (norm inputs and outputs, q/k/v and the
-# attention output, residuals) plus 4 intermediate-sized ones (gate, up, act(gate), act*up) of the
-# MLP. Counted from HF's Qwen3/Llama decoder layer; it matches the one measurement of issue #26 (the
-# 12-layer Qwen3-0.6B cut, fp32: ~2.8 MiB per token with the logits term) within ~10%.
-ACTIVATION_HIDDEN_TENSORS = 10
+# elements of the compute dtype. Counted tensor by tensor (autograd's saved tensors of the trainer's
+# forward, one- and three-layer Qwen3, Llama and Gemma models, 2026-11-28): the MLP keeps 4
+# intermediate-sized tensors (gate, up, act(gate), act*up); the attention keeps q after RoPE, the
+# attention output and o_proj's input (3 of the q width, heads x head_dim, which is 2x hidden in
+# Qwen3-0.6B but 1x in SmolLM2) and k and v (2 of the KV width); Qwen3's per-head q/k RMSNorm keeps
+# its input and output of each (2 more of each width); the rest are hidden-sized (the two RMSNorms'
+# inputs and outputs, the residual adds). Counting q and KV at their own widths is what carries
+# the formula from Qwen3 (q wider than hidden) to Llama and Gemma shapes: the old count, 10 hidden
+# + 4 intermediate, fitted on Qwen3 alone, put Qwen3's attention widths into "hidden".
+ACTIVATION_HIDDEN_TENSORS = 7
+ACTIVATION_Q_TENSORS = 3
+ACTIVATION_KV_TENSORS = 2
+ACTIVATION_QK_NORM_TENSORS = 2  # of each of q and k, where the model normalises them (Qwen3)
 ACTIVATION_INTERMEDIATE_TENSORS = 4
 # With gradient checkpointing a layer keeps only its input (one hidden-sized tensor); one layer's
 # full activations exist again while it is recomputed in backward.
@@ -42,27 +50,40 @@ CHECKPOINTED_HIDDEN_TENSORS = 1
 # TiledMLP (trainer/tiled_mlp.py, as ALST) keeps only the MLP's input; its intermediates exist for
 # one tile at a time, recomputed in backward.
 TILED_MLP_HIDDEN_TENSORS = 1
-# The logits term, per token and vocabulary entry: the logits in the compute dtype, their fp32
-# log-softmax kept by autograd (trainer/log_probs.py, chunked but every chunk kept for backward) and
-# the logits' gradient in the compute dtype: 2 x dtype + 4 bytes.
+# The logits term, per target position (the trainer computes logits only where a response token
+# is predicted: micro_batch.py's logit_columns, so prompts cost no logits) and vocabulary entry:
+# the logits in the compute dtype and their fp32 log-softmax, kept for backward
+# (trainer/log_probs.py: chunked, but every chunk's output is kept), then in backward the logits'
+# gradient in the compute dtype: 2 x dtype + 4 bytes. LOGITS_EXTRA_BYTES is what the peaks measured
+# beyond that: backward's gather and log-softmax gradients ([chunk, vocab] each, fp32) overlap that
+# for part of the step (a one-layer model's forward+backward peaked 8 bytes per entry above its
+# forward's, 2026-11-28). 2 is the fit over the 21 fp32 rows of Qwen3, SmolLM2 and the Gemma-like
+# shape (bench memory_plan, 2026-11-28: 14 bytes in all; 12 left SmolLM2 at 4096 tokens -8%, 16
+# put the Gemma-like shape, a 256,000-entry vocabulary, +18% at 1024 tokens).
 LOGITS_DTYPE_COPIES = 2
 LOGITS_FP32_BYTES = 4
+LOGITS_EXTRA_BYTES = 2
 # Measured beyond weights + gradients + AdamW per trainable parameter at the step's peak: the
 # fused AdamW and foreach clip_grad_norm_ passes, FSDP's gradient copy, and the free blocks malloc
 # keeps (peak RSS counts them). Fitted (bench memory_plan, 2026-11-26) as the intercept of the peak
 # at two token counts, less 16 bytes per parameter and the runtime: 6.3 bytes on the 12-layer
-# Qwen3-0.6B cut (512 and 1024 tokens), 7.8 on the small preset (512 and 2048).
-STEP_TRANSIENT_BYTES = 7
+# Qwen3-0.6B cut (512 and 1024 tokens), 7.8 on the small preset (512 and 2048); refitted
+# (2026-11-28) with the wider Qwen3 layer count and the targets-only logits above, on the Qwen3,
+# SmolLM2 and Gemma-like rows together: 6 (7 put the 28-layer cut +10%).
+STEP_TRANSIENT_BYTES = 6
 # The same with bf16 compute (fp32 masters): 3.2 bytes less per parameter on the 12-layer cut and
 # 3.4 on the 28-layer one (full fine-tuning, 64 tokens, bench memory_plan 2026-11-26).
 STEP_TRANSIENT_BYTES_BF16 = 4
-# LoRA, fitted (bench memory_plan, 2026-11-26) on the 12- and 28-layer Qwen3-0.6B cuts with and
-# without gradient checkpointing (rank 16 on every linear, 512 tokens): the step's peak is
-# LoRA_ACTIVATION_FACTOR x the activations the formula above gives for full fine-tuning plus
-# LORA_FROZEN_STEP_BYTES per frozen parameter (the four points leave 0.7 B and a factor of 1.9 to
-# 2.2). The cause is measured, not established: peft's adapter path (dropout, A, B, the scaled
-# add) keeps its own input and output of each of the seven adapted linears per layer for backward.
-LORA_ACTIVATION_FACTOR = 2
+# LoRA, fitted (bench memory_plan, 2026-11-26 and 2026-11-28) on the 12- and 28-layer Qwen3-0.6B
+# cuts, SmolLM2 and the Gemma-like shape, with and without gradient checkpointing (rank 16 on every
+# linear, 512-2048 tokens): the step's peak is LORA_ACTIVATION_FACTOR x the activations (layers and
+# logits) the formulas above give for full fine-tuning, LORA_CHECKPOINTED_FACTOR x with gradient
+# checkpointing, plus LORA_FROZEN_STEP_BYTES per frozen parameter. SmolLM2 with checkpointing grew
+# 1.55 GiB from 1024 to 2048 tokens, 2.3x the formula's slope: the cause is measured, not
+# established (peft's adapter path - A, B, the scaled add - keeps its own tensors per adapted
+# linear, and under checkpointing they are recomputed beside the logits' gradients).
+LORA_ACTIVATION_FACTOR = 1.75
+LORA_CHECKPOINTED_FACTOR = 2.5
 LORA_FROZEN_STEP_BYTES = 0.7
 # At load rank 0 holds the checkpoint's full fp32 state dict while its shards are filled.
 LOAD_FULL_COPY_BYTES = 4
@@ -81,6 +102,29 @@ LIGHT_PROCESS_OVERHEAD = int(0.3 * GIB)
 # The rollout service (hf engine), measured (bench memory_plan's rollout rows, 2026-11-26): 0.38 GiB
 # with the tiny preset loaded and generating.
 ROLLOUT_PROCESS_OVERHEAD = int(0.38 * GIB)
+# A real SGLang CPU server (0.5.23, the CPU route: deploy/sglang-cpu) is three processes - the
+# launcher with its tokenizer, the scheduler that holds the model and the KV pool, the
+# detokenizer - each with Python, torch and SGLang imported: their summed peak RSS less the
+# model's weights and the KV pool (--max-total-tokens x the KV bytes of a token): 1.95 GiB with the
+# ~1M tiny preset (bench memory_plan's sglang rows, 2026-11-28). The servers peak while the model
+# loads (SmolLM2's 3.10 GiB was reached before the first request): the checkpoint's mapped pages
+# are resident beside the loaded weights then, one more copy of the weights at most
+# (SGLANG_LOAD_COPIES; SmolLM2's row is then +6.6%).
+SGLANG_CPU_RUNTIME = int(1.95 * GIB)
+SGLANG_LOAD_COPIES = 1
+# The hf engine prefills the prompts it admits together in forwards of at most this many tokens
+# (rollout/engines/hf_batcher.py MAX_PREFILL_TOKENS): an eval set of 200 64-token prompts is one
+# 12,800-token forward. Inference keeps one layer's tensors at a time: the MLP's gate, up,
+# act(gate) and product (intermediate-sized), the norm output and the residual (hidden), q, k and
+# v. SmolLM2's eval row peaked 0.62 GiB above weights + KV + runtime, the Gemma-like one 1.15
+# (bench memory_plan, 2026-11-28); this term and the sampling one below explain both within 10%.
+PREFILL_FORWARD_TOKENS = 16384
+PREFILL_INTERMEDIATE_TENSORS = 4
+PREFILL_HIDDEN_TENSORS = 2
+# Sampling a token for each running sample (rollout/sampling.py): the model's last-position
+# logits and their fp32 copies - scaled by the temperature, the log-softmax, and for sampled rows
+# the probabilities and their CDF - [running, vocabulary] each: 16 bytes per entry (4 copies).
+SAMPLING_BYTES_PER_ENTRY = 16
 # The rollout's KV cache when neither rollout_max_context_len nor rollout_max_prompt_len bounds a
 # sample: this many prompt tokens are assumed before the response (the plan says so).
 ASSUMED_PROMPT_TOKENS = 512
@@ -111,11 +155,17 @@ class ServiceMemory:
 
 
 def trainer_rank_memory(
-    shape: ModelShape, trainer, tokens: int, on_gpu: bool, async_save: bool = False
+    shape: ModelShape,
+    trainer,
+    tokens: int,
+    on_gpu: bool,
+    async_save: bool = False,
+    targets: int | None = None,
 ) -> ServiceMemory:
     """One trainer rank at the peak of a step: its FSDP shard of the fp32 masters, gradients and
-    AdamW state (trainable parameters only), the reference, and the activations of `tokens`;
-    with `async_save`, the staged copy of a checkpoint being written meanwhile."""
+    AdamW state (trainable parameters only), the reference, and the activations of a micro-batch
+    of `tokens` of which `targets` (default: all) predict a response token and get logits; with
+    `async_save`, the staged copy of a checkpoint being written meanwhile."""
     world = max(trainer.world_size, 1)
     dtype = resolve_dtype(trainer.dtype, on_gpu)
     trainable = lora_params(shape, trainer.lora_rank, trainer.lora_target_modules)
@@ -135,12 +185,16 @@ def trainer_rank_memory(
         components["async_save staged copy (weights + AdamW, fp32)"] = staged // world
     if uses_reference(trainer):
         components["reference model (fp32, 1/world, host)"] = shape.num_params * REFERENCE_BYTES // world
-    per_token = activation_bytes_per_token(shape, dtype, trainer.gradient_checkpointing, trainer.tiled_mlp)
+    targets = tokens if targets is None else min(targets, tokens)
+    per_token = layer_activation_bytes_per_token(
+        shape, dtype, trainer.gradient_checkpointing, trainer.tiled_mlp
+    )
     recompute = recompute_bytes(shape, dtype, tokens) if trainer.gradient_checkpointing else 0
-    activations = per_token * tokens + recompute
+    activations = per_token * tokens + recompute + logits_bytes_per_target(shape, dtype) * targets
     if trainer.lora_rank:
-        activations *= LORA_ACTIVATION_FACTOR
-    components[f"activations ({tokens} tokens)"] = activations
+        factor = LORA_CHECKPOINTED_FACTOR if trainer.gradient_checkpointing else LORA_ACTIVATION_FACTOR
+        activations = int(activations * factor)
+    components[f"activations ({tokens} tokens, logits at {targets})"] = activations
     frozen = total - trainable if trainer.lora_rank else 0
     components["step transients (optimizer, allocator)"] = step_transient_bytes(trainable, frozen, dtype)
     components["runtime (torch, gRPC)"] = TRAINER_PROCESS_OVERHEAD
@@ -198,42 +252,93 @@ def lora_params(shape: ModelShape, rank: int, targets: list[str]) -> int:
     return shape.num_layers * sum(rank * (n_in + n_out) for n_in, n_out in chosen.values())
 
 
-def activation_bytes_per_token(shape: ModelShape, dtype: str, checkpointing: bool, tiled_mlp: bool) -> int:
-    """Bytes one token of a micro-batch keeps for backward: every layer's share plus the logits'."""
+def layer_elements_per_token(shape: ModelShape) -> int:
+    """Elements one decoder layer keeps per token for backward (no checkpointing, no tiling)."""
+    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    attention = ACTIVATION_Q_TENSORS * q + ACTIVATION_KV_TENSORS * kv
+    if shape.qk_norm:
+        attention += ACTIVATION_QK_NORM_TENSORS * (q + kv)
+    mlp = ACTIVATION_INTERMEDIATE_TENSORS * shape.intermediate_size
+    return ACTIVATION_HIDDEN_TENSORS * shape.hidden_size + attention + mlp
+
+
+def layer_activation_bytes_per_token(
+    shape: ModelShape, dtype: str, checkpointing: bool, tiled_mlp: bool
+) -> int:
+    """Bytes one token of a micro-batch keeps for backward in the decoder layers."""
     if checkpointing:
         per_layer = CHECKPOINTED_HIDDEN_TENSORS * shape.hidden_size
+    elif tiled_mlp:
+        mlp = ACTIVATION_INTERMEDIATE_TENSORS * shape.intermediate_size
+        per_layer = layer_elements_per_token(shape) - mlp + TILED_MLP_HIDDEN_TENSORS * shape.hidden_size
     else:
-        mlp = (
-            TILED_MLP_HIDDEN_TENSORS * shape.hidden_size
-            if tiled_mlp
-            else ACTIVATION_INTERMEDIATE_TENSORS * shape.intermediate_size
-        )
-        per_layer = ACTIVATION_HIDDEN_TENSORS * shape.hidden_size + mlp
-    logits = shape.vocab_size * (LOGITS_DTYPE_COPIES * DTYPE_BYTES[dtype] + LOGITS_FP32_BYTES)
-    return shape.num_layers * per_layer * DTYPE_BYTES[dtype] + logits
+        per_layer = layer_elements_per_token(shape)
+    return shape.num_layers * per_layer * DTYPE_BYTES[dtype]
+
+
+def logits_bytes_per_target(shape: ModelShape, dtype: str) -> int:
+    """Bytes the logits and their log-softmax cost at one target position, at the step's peak."""
+    per_entry = LOGITS_DTYPE_COPIES * DTYPE_BYTES[dtype] + LOGITS_FP32_BYTES + LOGITS_EXTRA_BYTES
+    return shape.vocab_size * per_entry
+
+
+def activation_bytes_per_token(
+    shape: ModelShape, dtype: str, checkpointing: bool, tiled_mlp: bool, target_fraction: float = 1.0
+) -> int:
+    """Bytes one token of a micro-batch keeps for backward: every layer's share plus the logits',
+    where `target_fraction` of the tokens predict a response token."""
+    layers = layer_activation_bytes_per_token(shape, dtype, checkpointing, tiled_mlp)
+    return layers + int(logits_bytes_per_target(shape, dtype) * target_fraction)
 
 
 def recompute_bytes(shape: ModelShape, dtype: str, tokens: int) -> int:
     """Checkpointing recomputes one layer at a time: its full activations, for the whole micro-batch."""
-    mlp = ACTIVATION_INTERMEDIATE_TENSORS * shape.intermediate_size
-    full_layer = ACTIVATION_HIDDEN_TENSORS * shape.hidden_size + mlp
-    return full_layer * tokens * DTYPE_BYTES[dtype]
+    return layer_elements_per_token(shape) * tokens * DTYPE_BYTES[dtype]
 
 
 def rollout_memory(
-    shape: ModelShape, rollout, max_samples: int, sample_tokens: int, on_gpu: bool
+    shape: ModelShape,
+    rollout,
+    max_samples: int,
+    sample_tokens: int,
+    on_gpu: bool,
+    eval_samples: int = 0,
+    prompts: int = 1,
+    prompt_tokens: int = 0,
 ) -> ServiceMemory:
-    """The rollout engine: the weights in --dtype and a KV cache for the samples decoded together."""
+    """The rollout engine: the weights in --dtype and a KV cache for the samples decoded together:
+    a rollout's `max_samples`, or the eval set's `eval_samples` where more (today's eval sends
+    every eval prompt in one Generate, admitted together up to max_running_requests); the prefill
+    of `prompts` distinct prompts of `prompt_tokens` admitted together, and the sampling of every
+    running sample's next token. With the sglang engine the model lives in its servers
+    (sglang_server_memory), not in this process."""
+    if rollout.rollout_engine == "sglang":
+        notes = []
+        if on_gpu:
+            notes.append(
+                f"sglang takes sglang_mem_fraction_static {rollout.sglang_mem_fraction_static} of its GPU"
+            )
+        return ServiceMemory("rollout", {"runtime (torch, gRPC)": ROLLOUT_PROCESS_OVERHEAD}, notes=notes)
     dtype = resolve_dtype(rollout.dtype, on_gpu and rollout.device in ("auto", "cuda"))
-    running = min(rollout.max_running_requests, max_samples) if max_samples else rollout.max_running_requests
+    batch = max(max_samples, eval_samples)
+    running = min(rollout.max_running_requests, batch) if batch else rollout.max_running_requests
     kv_tokens = running * sample_tokens
+    which = ", the eval set" if eval_samples > max_samples and running > max_samples else ""
     components = {
         f"engine weights ({dtype})": shape.num_params * DTYPE_BYTES[dtype],
-        f"KV cache ({running} samples x {sample_tokens} tokens)": shape.kv_bytes_per_token
+        f"KV cache ({running} samples x {sample_tokens} tokens{which})": shape.kv_bytes_per_token
         * DTYPE_BYTES[dtype]
         * kv_tokens,
         "runtime (torch, gRPC)": ROLLOUT_PROCESS_OVERHEAD,
     }
+    prefill = min(PREFILL_FORWARD_TOKENS, min(prompts, running) * prompt_tokens)
+    if prefill:
+        components[f"prefill ({prefill} prompt tokens in one forward)"] = (
+            prefill * prefill_elements_per_token(shape) * DTYPE_BYTES[dtype]
+        )
+    components[f"sampling ({running} x {shape.vocab_size} logits)"] = (
+        running * shape.vocab_size * SAMPLING_BYTES_PER_ENTRY
+    )
     # Loading a checkpoint stored in another dtype (Qwen3 ships bf16; the CPU engine runs fp32), the
     # checkpoint's mapped pages are resident beside the converted weights until the load ends:
     # the 12-layer Qwen3-0.6B cut peaked 0.53 GiB above weights + KV + runtime, its bf16 file
@@ -244,12 +349,52 @@ def rollout_memory(
         components[f"load: {shape.stored_dtype} checkpoint pages beyond the KV cache"] = (
             shape.num_params * stored - kv
         )
+    return ServiceMemory("rollout", components)
+
+
+def prefill_elements_per_token(shape: ModelShape) -> int:
+    """Elements one prompt token holds in the layer being prefilled (inference: one at a time)."""
+    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    mlp = PREFILL_INTERMEDIATE_TENSORS * shape.intermediate_size
+    return mlp + PREFILL_HIDDEN_TENSORS * shape.hidden_size + q + 2 * kv
+
+
+def sglang_servers_launched(rollout) -> int:
+    """SGLang servers the rollout service launches itself (none when given sglang_urls)."""
+    if rollout.rollout_engine != "sglang" or rollout.sglang_urls:
+        return 0
+    return max(rollout.rollout_num_gpus // max(rollout.rollout_num_gpus_per_engine, 1), 1)
+
+
+def sglang_max_total_tokens(rollout) -> int | None:
+    """--max-total-tokens of sglang_extra_args (the KV pool's size in tokens), if given."""
+    args = [part for arg in rollout.sglang_extra_args for part in str(arg).split()]
+    for i, arg in enumerate(args):
+        if arg == "--max-total-tokens" and i + 1 < len(args) and args[i + 1].isdigit():
+            return int(args[i + 1])
+        if arg.startswith("--max-total-tokens=") and arg.split("=", 1)[1].isdigit():
+            return int(arg.split("=", 1)[1])
+    return None
+
+
+def sglang_server_memory(shape: ModelShape, rollout, on_gpu: bool = False) -> ServiceMemory:
+    """One SGLang server the rollout launches (its three processes): on a CPU, its runtime, the
+    model in --dtype and its KV pool; on a GPU, the runtime only (the rest is GPU memory)."""
+    servers = max(sglang_servers_launched(rollout), 1)
+    components = {"runtime (3 processes: Python, torch, SGLang)": SGLANG_CPU_RUNTIME}
     notes = []
-    if rollout.rollout_engine == "sglang" and on_gpu:  # on CPU SGLang holds no fraction of a GPU
-        notes.append(
-            f"sglang takes sglang_mem_fraction_static {rollout.sglang_mem_fraction_static} of its GPU"
+    if not on_gpu:
+        dtype = resolve_dtype(rollout.dtype, False)
+        components[f"weights ({dtype})"] = shape.num_params * DTYPE_BYTES[dtype]
+        components["load: checkpoint pages beside the weights"] = (
+            shape.num_params * DTYPE_BYTES[dtype] * SGLANG_LOAD_COPIES
         )
-    return ServiceMemory("rollout", components, notes=notes)
+        pool = sglang_max_total_tokens(rollout)
+        if pool is None:
+            notes.append("sglang on CPU without --max-total-tokens sizes its KV pool from free memory")
+        else:
+            components[f"KV pool ({pool} tokens)"] = shape.kv_bytes_per_token * DTYPE_BYTES[dtype] * pool
+    return ServiceMemory("sglang server", components, count=servers, notes=notes)
 
 
 @dataclass
@@ -297,15 +442,36 @@ def plan_memory(
             notes.append(
                 f"KV cache: prompts assumed of {ASSUMED_PROMPT_TOKENS} tokens (set rollout_max_prompt_len)"
             )
-        out.append(rollout_memory(shape, r, c.samples_per_rollout, sample, on_gpu))
+        evals = eval_samples(c, r)
+        prompts = max(c.rollout_batch_size, evals // max(c.n_samples_per_eval_prompt, 1))
+        out.append(rollout_memory(shape, r, c.samples_per_rollout, sample, on_gpu, evals, prompts, prompt))
+        if sglang_servers_launched(r):
+            out.append(sglang_server_memory(shape, r, on_gpu))
     max_tokens = None
     if "trainer" in services:
-        tokens = micro_batch_tokens(configs)
-        out.append(trainer_rank_memory(shape, t, tokens, on_gpu, c.async_save))
+        tokens, targets = step_micro_batch(configs)
+        out.append(trainer_rank_memory(shape, t, tokens, on_gpu, c.async_save, targets))
         max_tokens = largest_micro_batch(shape, configs, out, usable, on_gpu)
     for s in out:
         notes.extend(s.notes)
     return MemoryPlan(out, usable, micro_batch_tokens(configs), max_tokens, notes, on_gpu)
+
+
+def eval_samples(coordinator, rollout) -> int:
+    """Samples of one eval (every eval prompt x n_samples_per_eval_prompt, sent in one Generate):
+    the eval files' lines where they are JSON lines, else as many as the engine admits at once."""
+    if not coordinator.eval_prompt_data or coordinator.train_only:
+        return 0
+    prompts = 0
+    for path in coordinator.eval_prompt_data[1::2]:
+        try:
+            with open(path, "rb") as lines:
+                prompts += sum(1 for line in lines if line.strip())
+        except OSError:
+            return rollout.max_running_requests
+        if not str(path).endswith((".jsonl", ".json")):
+            return rollout.max_running_requests
+    return prompts * coordinator.n_samples_per_eval_prompt
 
 
 def micro_batch_tokens(configs: dict[str, object]) -> int:
@@ -319,6 +485,28 @@ def micro_batch_tokens(configs: dict[str, object]) -> int:
     return t.samples_per_micro_batch * longest
 
 
+def step_micro_batch(configs: dict[str, object]) -> tuple[int, int]:
+    """The tokens of a rank's full micro-batch and its target positions (the tokens whose logits
+    are computed), as the share of one optimizer step's samples: in RL a group's shared prompt is
+    in the row once (trainer: shared prefixes, sdpa and eager) and only the responses are targets.
+    SFT counts every token a target (an upper bound: the plan does not know the share of assistant
+    tokens). A step whose samples hold fewer tokens than the budget still counts the full budget:
+    the plan stays an upper bound (the largest micro-batch below is the same bound)."""
+    c, d, t = configs["coordinator"], configs["dataloader"], configs["trainer"]
+    budget = micro_batch_tokens(configs)
+    if c.is_sft:
+        return budget, budget
+    prompt = d.rollout_max_prompt_len or ASSUMED_PROMPT_TOKENS
+    response = c.rollout_max_response_len
+    samples = -(-c.global_batch_size // max(t.world_size, 1))
+    if t.attn_implementation in ("sdpa", "eager"):  # the trainer's SHARED_PREFIX_KERNELS
+        groups = -(-samples // max(c.n_samples_per_prompt, 1))
+        row_tokens = groups * prompt + samples * response
+    else:
+        row_tokens = samples * (prompt + response)
+    return budget, budget * samples * response // max(row_tokens, 1)
+
+
 def largest_micro_batch(
     shape: ModelShape, configs, services: list[ServiceMemory], usable: int, on_gpu: bool
 ) -> int:
@@ -328,9 +516,13 @@ def largest_micro_batch(
     best, step = 0, max(t.pad_to_multiple, 1)
     low, high = 0, 1 << 24  # tokens, in units of `step`
     others = sum(s.peak * s.count for s in services if s.name != "trainer rank")
+    tokens, targets = step_micro_batch(configs)
+    fraction = targets / max(tokens, 1)
 
-    def total(tokens: int) -> int:
-        rank = trainer_rank_memory(shape, t, tokens, on_gpu, configs["coordinator"].async_save)
+    def total(tokens: int) -> int:  # a full micro-batch of `tokens`, its targets as the step's share
+        rank = trainer_rank_memory(
+            shape, t, tokens, on_gpu, configs["coordinator"].async_save, int(tokens * fraction)
+        )
         return others + rank.peak * rank.count
 
     while low <= high:  # the peak is monotone in the token budget: bisect

@@ -11,6 +11,7 @@ from pathlib import Path
 # Decoder families whose shapes the parameter count below knows: model_type -> (q/k/v biases,
 # per-head q/k RMSNorm).
 KNOWN_DECODERS = {
+    "gemma": (False, False),
     "llama": (False, False),
     "mistral": (False, False),
     "qwen2": (True, False),

@@ -24,10 +24,22 @@ QWEN3_06B = dict(
     head_dim=128,
     tie_word_embeddings=True,
 )
+# SmolLM2-135M-Instruct's config.json (a Llama): q as wide as hidden, a third of it for k and v.
+SMOLLM2_135M = dict(
+    model_type="llama",
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    tie_word_embeddings=True,
+)
 
 
 def _hf_configs():
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import GemmaConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
     from rollway.demo.tiny_model import PRESETS
 
@@ -46,6 +58,16 @@ def _hf_configs():
             num_key_value_heads=4,
             tie_word_embeddings=False,
         ),
+        "smollm2-135m": LlamaConfig(**{k: v for k, v in SMOLLM2_135M.items() if k != "model_type"}),
+        "gemma": GemmaConfig(
+            vocab_size=256000,
+            hidden_size=640,
+            intermediate_size=2560,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=256,
+        ),
         "qwen2": Qwen2Config(
             vocab_size=1000,
             hidden_size=256,
@@ -57,7 +79,9 @@ def _hf_configs():
     }
 
 
-@pytest.mark.parametrize("name", ["qwen3-0.6b", "qwen3-0.6b-12-layers", "tiny", "small", "llama", "qwen2"])
+@pytest.mark.parametrize(
+    "name", ["qwen3-0.6b", "qwen3-0.6b-12-layers", "tiny", "small", "llama", "smollm2-135m", "gemma", "qwen2"]
+)
 def test_parameter_count_equals_the_model_transformers_builds(name):
     import torch
     from transformers import AutoModelForCausalLM
@@ -150,8 +174,10 @@ def test_checkpointing_and_tiled_mlp_shrink_activations(qwen_dir):
     tiled = _part(_trainer(qwen_dir, "--tiled-mlp", tokens=4096), "activations")
     assert checkpointed < tiled < plain
     shape = model_shape(QWEN3_06B)
-    # without the logits term, checkpointing keeps one hidden-sized tensor per layer
-    logits = shape.vocab_size * 12
+    # without the logits term, checkpointing keeps one hidden-sized tensor per layer; the logits
+    # cost 14 bytes per vocabulary entry in fp32 (logits, log-softmax, gradient, and what backward
+    # measured beyond them)
+    logits = shape.vocab_size * 14
     assert memory_plan.activation_bytes_per_token(shape, "float32", True, False) == 28 * 1024 * 4 + logits
 
 
@@ -164,10 +190,78 @@ def test_the_reference_model_counts_only_when_it_is_built(qwen_dir):
 
 
 def test_activations_match_the_issue_measurement_within_15_percent():
-    """Issue #26: the 12-layer cut in fp32 kept ~2.8 MiB of activations per token."""
+    """Issue #26: the 12-layer cut in fp32 kept ~2.8 MiB of activations per token (2.94 in the
+    bench's slope from 512 to 1024 tokens; its samples are 3/4 response, the logits' targets)."""
     shape = model_shape({**QWEN3_06B, "num_hidden_layers": 12})
-    per_token = memory_plan.activation_bytes_per_token(shape, "float32", False, False)
+    per_token = memory_plan.activation_bytes_per_token(shape, "float32", False, False, target_fraction=0.75)
     assert abs(per_token / (2.8 * 1024**2) - 1) < 0.15
+
+
+def test_layers_count_q_and_kv_at_their_own_widths():
+    """Qwen3-0.6B's q is twice its hidden size and it normalises q and k; SmolLM2's q is as wide
+    as hidden and its k and v a third of it: the same formula gives each its own count."""
+    qwen3, smollm2 = model_shape(QWEN3_06B), model_shape(SMOLLM2_135M)
+    h, q, kv, i = 1024, 2048, 1024, 3072
+    assert memory_plan.layer_elements_per_token(qwen3) == 7 * h + 3 * q + 2 * kv + 2 * (q + kv) + 4 * i
+    h, q, kv, i = 576, 576, 192, 1536
+    assert memory_plan.layer_elements_per_token(smollm2) == 7 * h + 3 * q + 2 * kv + 4 * i
+
+
+def test_logits_count_only_at_target_positions(tmp_path):
+    """The trainer computes logits where a response token is predicted, never over the prompt."""
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM2_135M))
+    configs = _configs(tmp_path, "--dtype", "float32")
+    shape = model_shape(SMOLLM2_135M)
+    all_targets = memory_plan.trainer_rank_memory(shape, configs["trainer"], 4096, False)
+    responses = memory_plan.trainer_rank_memory(shape, configs["trainer"], 4096, False, targets=1024)
+    assert all_targets.peak - responses.peak == 3072 * 49152 * 14
+
+
+def test_rl_targets_are_the_responses_with_a_groups_prompt_once(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM2_135M))
+    rl = ("--loss-type", "policy_loss", "--advantage-estimator", "grpo", "--max-tokens-per-gpu", "4096")
+    configs = _configs(tmp_path, *rl, "--rollout-max-prompt-len", "64", "--rollout-max-response-len", "32")
+    configs["coordinator"].n_samples_per_prompt = 8
+    configs["coordinator"].global_batch_size = 64
+    # 8 groups: 8 prompts of 64 tokens once each, 64 responses of 32 -> 2560 row tokens, 2048 targets
+    assert memory_plan.step_micro_batch(configs) == (4096, 4096 * 2048 // 2560)
+
+
+def test_an_eval_set_sizes_the_rollouts_kv_cache_and_prefill(tmp_path):
+    """Today's eval sends every eval prompt in one Generate: the engine decodes them together."""
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM2_135M))
+    evals = tmp_path / "eval.jsonl"
+    evals.write_text("".join(json.dumps({"prompt": f"{k} + 1?", "label": k + 1}) + "\n" for k in range(200)))
+    flags = ("--rollout-max-prompt-len", "64", "--rollout-max-response-len", "32")
+    without = plan_memory(_configs(tmp_path, *flags), 64 * GIB, ["rollout"])
+    with_eval = plan_memory(
+        _configs(tmp_path, *flags, "--eval-prompt-data", "adds", str(evals)), 64 * GIB, ["rollout"]
+    )
+    rollout = next(s for s in with_eval.services if s.name == "rollout")
+    kv = next(k for k in rollout.components if k.startswith("KV cache"))
+    assert kv == "KV cache (200 samples x 96 tokens, the eval set)"
+    assert rollout.components[kv] == 200 * 96 * 2 * 30 * 3 * 64 * 4
+    assert (
+        rollout.components["prefill (12800 prompt tokens in one forward)"]
+        == 12800 * (4 * 1536 + 2 * 576 + 576 + 2 * 192) * 4
+    )
+    assert with_eval.total > without.total
+
+
+def test_sglang_servers_the_rollout_launches_are_counted(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM2_135M))
+    cpu = ("--rollout-engine", "sglang", "--sglang-extra-args", "--device cpu --max-total-tokens 8192")
+    plan = plan_memory(_configs(tmp_path, *cpu), 64 * GIB, ["rollout"])
+    server = next(s for s in plan.services if s.name == "sglang server")
+    assert server.count == 1
+    assert server.components["weights (float32)"] == 134_515_008 * 4
+    assert server.components["KV pool (8192 tokens)"] == 8192 * 2 * 30 * 3 * 64 * 4
+    rollout = next(s for s in plan.services if s.name == "rollout")
+    assert set(rollout.components) == {"runtime (torch, gRPC)"}  # the model is in the server
+    given = plan_memory(
+        _configs(tmp_path, *cpu, "--sglang-urls", "http://127.0.0.1:1"), 64 * GIB, ["rollout"]
+    )
+    assert not any(s.name == "sglang server" for s in given.services)
 
 
 def test_largest_micro_batch_is_monotone_in_the_budget_and_fits(qwen_dir):
