@@ -93,6 +93,7 @@ def grpo_config(
         "global_batch_size": RL_PROMPTS * RL_SAMPLES,
         "rollout_temperature": 1.0,
         "rollout_max_response_len": RL_MAX_RESPONSE_LEN,
+        "rollout_max_prompt_len": 96,  # ~50 tokens with the default system prompt: sizes the plan's KV cache
         "rm_type": "exact_match",
         "lr": lr,
         "use_dynamic_batch_size": True,
