@@ -29,7 +29,7 @@ from rollway.demo.smollm2 import grpo_config, make_data, question
 # (seed 1), 0.719 (seed 2): gains 0.52, 0.45, 0.63. Cheaper settings did not hold the bound on every
 # seed: 6 steps at lr 3e-5 with 16 new tokens gained 0.52, 0.08 and 0.58 (seeds 0, 1, 2), at lr
 # 5e-5 seed 1 collapsed to 0.0, and 6 steps at lr 3e-5 with 32 tokens gained 0.16 on seed 1.
-# The run took 208-303 s on the shared 2-core machine (its load 4.5-5.7).
+# The run took 208-303 s on the shared 2-core machine at a load of 4.5-5.7, 433 s at ~9.
 MIN_ACCURACY_GAIN = 0.3
 GRPO_STEPS = 8
 NUM_EVAL = 64

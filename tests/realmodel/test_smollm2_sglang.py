@@ -2,9 +2,9 @@
 stops its samples at <|im_end|>, and its log-probs of the tokens it sampled are the trainer's (the
 same model class, fp32, and the trainer's own log-prob function), as GRPO's importance ratios need.
 
-One server for the test: ~36 s to start and ~12 s of work on a loaded 2-core machine (2026-11-28,
-SGLang 0.5.23); measured difference 1.2e-5. Without the SGLang install it skips naming why (fails
-on CI), like every test marked sglang.
+One server for the test (2026-11-28, SGLang 0.5.23, the shared 2-core machine): 48 s in all at a
+load of ~5 (36 s of it starting), 188 s at a load of ~9; measured differences 1.2e-5 and 2.1e-5.
+Without the SGLang install it skips naming why (fails on CI), like every test marked sglang.
 """
 
 from __future__ import annotations
