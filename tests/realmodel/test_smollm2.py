@@ -15,6 +15,7 @@ test_smollm2_sglang.py holds the converted model on a real SGLang server to the 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -163,6 +164,9 @@ def test_the_sft_export_loads_in_transformers_and_holds_the_trained_steps(real_m
     assert trained.keys() <= exported.keys() and "model.embed_tokens.weight" in trained
     for name, tensor in trained.items():
         assert torch.equal(exported[name], tensor), name
+    del trained  # and its 1.6 GB on disk (weights and AdamW state): pytest keeps its last temp dirs
+    shutil.rmtree(tmp_path / "checkpoints")
+    (tmp_path / "trained.pt").unlink()
     messages = [{"role": "user", "content": question(23, 58)}, {"role": "assistant", "content": "81"}]
     ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="pt")[
         "input_ids"
