@@ -94,8 +94,22 @@ def _load_gguf(path: Path):
     except (ValueError, KeyError, NotImplementedError, IndexError, struct.error) as exc:
         # transformers names what it cannot read: "GGUF model with architecture X is not supported
         # yet", an unknown tensor type, a missing metadata key; gguf's reader a truncated file.
-        raise GgufImportError(f"{path.name}: transformers cannot convert it: {exc}") from None
+        raise GgufImportError(
+            f"{path.name}: transformers cannot convert it: {exc}{_readable_hint(exc)}"
+        ) from None
     return tokenizer, model.eval()
+
+
+def _readable_hint(exc: Exception) -> str:
+    """For an architecture transformers cannot read, the ones it can: what to look for instead."""
+    if "architecture" not in str(exc):
+        return ""
+    import transformers
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    # The mapping's keys also hold its metadata sections, which are no architectures.
+    readable = ", ".join(sorted(set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"}))
+    return f" (transformers {transformers.__version__} reads GGUF files of: {readable})"
 
 
 def _plain_copy(model):

@@ -6,13 +6,16 @@ One seeded GRPO run and one short SFT run, each asserting every fact of its kind
 - GRPO on "What is A + B? Answer with just the number." raises greedy held-out accuracy by at
   least 0.3; the trainer's log-probs of the sampled tokens equal the hf engine's
   (train/train_rollout_logprob_abs_diff); every sample that stops ends at <|im_end|>;
-- the SFT export loads in plain transformers, embeddings still tied, and gives the answers of the
-  conversations it was trained on more probability than the base model does.
+- the SFT export loads in plain transformers, embeddings still tied, holds the trainer's final
+  weights bit for bit (its checkpoint's; so transformers computes the trainer's log-probs), and
+  gives the answers of the conversations it was trained on more probability than the base model.
+test_smollm2_sglang.py holds the converted model on a real SGLang server to the trainer's log-probs.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,10 +25,15 @@ import yaml
 
 from rollway.demo.smollm2 import grpo_config, make_data, question
 
-# The issue's bound. Measured (2026-11-28, seed 0, hf engine, lr 2e-5): held-out accuracy 0.07 ->
-# 0.67 after 10 steps (the sampled reward 0.0 -> 0.44); 8 steps keep a wide margin at 80% of the cost.
+# The issue's bound. Measured (2026-11-28, hf engine, 8 steps of 8 prompts x 8 samples, 32 new
+# tokens, lr 2e-5, NUM_EVAL held-out sums): held-out accuracy 0.094 -> 0.609 (seed 0), 0.547
+# (seed 1), 0.719 (seed 2): gains 0.52, 0.45, 0.63. Cheaper settings did not hold the bound on every
+# seed: 6 steps at lr 3e-5 with 16 new tokens gained 0.52, 0.08 and 0.58 (seeds 0, 1, 2), at lr
+# 5e-5 seed 1 collapsed to 0.0, and 6 steps at lr 3e-5 with 32 tokens gained 0.16 on seed 1.
+# The run took 208-303 s on the shared 2-core machine at a load of 4.5-5.7, 433 s at ~9.
 MIN_ACCURACY_GAIN = 0.3
 GRPO_STEPS = 8
+NUM_EVAL = 64
 SFT_STEPS = 4
 
 
@@ -47,9 +55,22 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+def trainer_weights(checkpoints: Path, scratch: Path) -> dict:
+    """The trainer's model state in the run's newest checkpoint under `checkpoints` (a tied tensor
+    once): <checkpoints>/rollout_N/trainer/iter_N/model, DCP shards."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from rollway.trainer.checkpoint import LATEST, resolve
+
+    run_checkpoint = checkpoints / (checkpoints / LATEST).read_text().strip()
+    dcp_to_torch_save(resolve(run_checkpoint / "trainer") / "model", scratch)
+    return torch.load(scratch, weights_only=True)["model"]
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("smollm2-data"), seed=0, num_eval=100)
+    return make_data(tmp_path_factory.mktemp("smollm2-data"), seed=0, num_eval=NUM_EVAL)
 
 
 def test_the_chatml_template_masks_exactly_the_assistant_tokens(real_model_dir):
@@ -124,6 +145,7 @@ def test_the_sft_export_loads_in_transformers_and_holds_the_trained_steps(real_m
         "use_dynamic_batch_size": True,
         "max_tokens_per_gpu": 2048,  # the memory plan fits it on 16 GiB machines
         "save_hf": str(tmp_path / "export"),
+        "save": str(tmp_path / "checkpoints"),  # the trainer's final weights, to hold the export to
     }
     run_dir = launch(config, tmp_path, timeout=600)
     losses = [r["sft/loss"] for r in metrics(run_dir) if "sft/loss" in r]
@@ -135,6 +157,16 @@ def test_the_sft_export_loads_in_transformers_and_holds_the_trained_steps(real_m
     export = AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32).eval()
     base = AutoModelForCausalLM.from_pretrained(real_model_dir, dtype=torch.float32).eval()
     assert export.config.tie_word_embeddings and export.lm_head.weight is export.model.embed_tokens.weight
+    # The export is the trainer's final weights bit for bit (its checkpoint holds them), so plain
+    # transformers computes the trainer's log-probs from it.
+    trained = trainer_weights(tmp_path / "checkpoints", tmp_path / "trained.pt")
+    exported = export.state_dict()
+    assert trained.keys() <= exported.keys() and "model.embed_tokens.weight" in trained
+    for name, tensor in trained.items():
+        assert torch.equal(exported[name], tensor), name
+    del trained  # and its 1.6 GB on disk (weights and AdamW state): pytest keeps its last temp dirs
+    shutil.rmtree(tmp_path / "checkpoints")
+    (tmp_path / "trained.pt").unlink()
     messages = [{"role": "user", "content": question(23, 58)}, {"role": "assistant", "content": "81"}]
     ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="pt")[
         "input_ids"
