@@ -117,6 +117,11 @@ class CoordinatorConfig:
     eval_prompt_data: list[str] = shared_settings.eval_prompt_data()
     n_samples_per_eval_prompt: int = setting(1, "samples per eval prompt (pass@k uses them)")
     eval_temperature: float = setting(0.0, "eval sampling temperature (0: greedy)")
+    eval_batch_size: int = setting(
+        0,
+        "eval prompts per Generate, one engine batch each (0: as many as hold no more samples than a "
+        "rollout, rollout_batch_size x n_samples_per_prompt, which the memory plan counts)",
+    )
 
     # Checkpoints
     save: str = setting("", "directory for run checkpoints (trainer, dataloader cursor, coordinator)")
@@ -239,6 +244,11 @@ class CoordinatorConfig:
     def samples_per_rollout(self) -> int:
         return self.rollout_batch_size * (1 if self.is_sft else self.n_samples_per_prompt)
 
+    @property
+    def eval_prompts_per_generate(self) -> int:
+        """eval_batch_size, or the most eval prompts whose samples fit in one rollout's."""
+        return self.eval_batch_size or max(1, self.samples_per_rollout // max(self.n_samples_per_eval_prompt, 1))
+
     def validate(self) -> None:
         positive = (
             "rollout_batch_size",
@@ -274,7 +284,7 @@ class CoordinatorConfig:
             raise ConfigError("debug_rollout_only", "has no meaning with loss_type sft_loss")
         if len(self.eval_prompt_data) % 2:
             raise ConfigError("eval_prompt_data", "expects name path pairs")
-        for name in ("eval_interval", "save_interval", "save_total_limit"):
+        for name in ("eval_interval", "eval_batch_size", "save_interval", "save_total_limit"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, "must not be negative")
         if self.max_weight_staleness < 1:

@@ -2,6 +2,16 @@
 
 Eval prompts come from the dataloader's --eval-prompt-data sources (nothing but the dataloader
 reads data files), paged with EvalBatch in file order, so every evaluation sees the same prompts.
+
+    EvalBatch (prompts_per_generate) ──> Generate (one engine batch) ──> scores ──┐
+         ^  next page, until the source is done                                   │
+         └────────────────────────────────────────────────────────────────────────┘
+
+Each page is one Generate: a 200-prompt eval set in one call had every sample in the engine at
+once, 2.7x the rollout service's memory the plan predicts from a rollout's samples (#37). Pages
+of eval_batch_size prompts (by default as many samples as one rollout) keep eval inside it.
+A page starting at row `offset` is seeded seed + offset * n_samples, as that part of one
+whole-set request would be: paging does not change what a seeded eval samples.
 """
 
 from __future__ import annotations
@@ -34,36 +44,47 @@ class Evaluator:
         n_samples: int,
         sampling: common_pb2.SamplingParams,
         reward: str,
-        batch_size: int = 256,
+        prompts_per_generate: int,
     ):
         self.services = services
         self.names = names
         self.n_samples = n_samples
         self.sampling = sampling
         self.reward = reward
-        self.batch_size = batch_size
+        self.prompts_per_generate = prompts_per_generate
 
-    def _items(self, name: str) -> list[dataloader_pb2.DataItem]:
-        items: list[dataloader_pb2.DataItem] = []
+    def _generate_all(self, name: str, request_id: str) -> list[common_pb2.Sample]:
+        """Every sample of source `name`, one Generate per page of eval prompts."""
+        samples: list[common_pb2.Sample] = []
         offset = 0
         while True:
             reply = self.services.dataloader.EvalBatch(
-                dataloader_pb2.EvalBatchRequest(name=name, offset=offset, batch_size=self.batch_size)
+                dataloader_pb2.EvalBatchRequest(
+                    name=name, offset=offset, batch_size=self.prompts_per_generate
+                )
             )
-            items.extend(reply.items)
-            offset = reply.next_offset
+            if reply.items:
+                sampling = common_pb2.SamplingParams()
+                sampling.CopyFrom(self.sampling)
+                if sampling.HasField("seed"):
+                    sampling.seed += offset * self.n_samples
+                samples += self.services.generate(
+                    to_prompts(reply.items, first_group_index=offset),
+                    self.n_samples,
+                    sampling,
+                    self.reward,
+                    f"{request_id}-{name}-{offset}",
+                )
             if reply.done or not reply.items:
-                return items
+                return samples
+            offset = reply.next_offset
 
     def evaluate(self, request_id: str) -> dict[str, float]:
         start = time.perf_counter()
         metrics: dict[str, float] = {}
         everything: list[common_pb2.Sample] = []
         for name in self.names:
-            prompts = to_prompts(self._items(name), first_group_index=0)
-            samples = self.services.generate(
-                prompts, self.n_samples, self.sampling, self.reward, f"{request_id}-{name}"
-            )
+            samples = self._generate_all(name, request_id)
             groups = group_samples(samples)
             correct = [sum(s.raw_reward > 0 for s in g) for g in groups]
             metrics[f"eval/{name}"] = float(np.mean([s.raw_reward for s in samples]))
@@ -74,5 +95,6 @@ class Evaluator:
             everything += samples
         if everything:
             metrics["eval/accuracy"] = float(np.mean([s.raw_reward > 0 for s in everything]))
-        metrics["perf/eval_time"] = time.perf_counter() - start  # the step timeline's eval share
+        # Apart from perf/step_time (run.py): the progress line's pace and ETA count them apart.
+        metrics["perf/eval_time"] = time.perf_counter() - start
         return metrics

@@ -143,8 +143,9 @@ def run(argv: list[str]) -> int:
         restarts = 0
         while True:
             code = _drive(
-                coordinator_address, run_id, settings, c.num_rollout, _describe_dead(group), interrupted
-            )
+                coordinator_address, run_id, settings, c.num_rollout, _describe_dead(group), interrupted,
+                eval_interval=c.eval_interval,
+            )  # fmt: skip
             if code != COORDINATOR_CRASHED or options.coordinator_addr or restarts >= c.max_restarts:
                 _count_coordinator_restarts(run_dir, restarts)
                 return 1 if code == COORDINATOR_CRASHED else code
@@ -194,9 +195,11 @@ def _drive(
     num_steps: int,
     dead: Callable[[], str | None],
     interrupted: threading.Event,
+    eval_interval: int = 0,
 ) -> int:
     """StartRun, follow metrics with a progress line, stop on Ctrl-C; `dead()` describes a crashed
-    service this launcher started (the coordinator), reported with its log tail."""
+    service this launcher started (the coordinator), reported with its log tail; `eval_interval`
+    tells the line's ETA which steps begin with an evaluation."""
     import grpc
 
     from rollway.common.client import open_channel
@@ -216,7 +219,9 @@ def _drive(
     # The coordinator's count: a num_epoch run's steps are known once it has read the data. A
     # resumed run's stream replays the earlier attempts' records: from this attempt's start (on the
     # coordinator's clock, which stamps the records) the line shows steps and counts their pace.
-    progress = ProgressLine(started.num_steps or num_steps, since=started.created_time)
+    progress = ProgressLine(
+        started.num_steps or num_steps, since=started.created_time, eval_interval=eval_interval
+    )
     stream = stub.StreamMetrics(coordinator_pb2.StreamMetricsRequest(run_id=run_id), timeout=1e7)
     follower = threading.Thread(
         target=lambda: [progress.update(r.step + 1, dict(r.metrics), at=r.time) for r in _quiet(stream)],
