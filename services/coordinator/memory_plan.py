@@ -245,11 +245,18 @@ def rollout_memory(
             shape.num_params * stored - kv
         )
     notes = []
-    if rollout.rollout_engine == "sglang":
+    if rollout.rollout_engine == "sglang" and not sglang_on_cpu(rollout):  # (#37: said on a CPU run)
         notes.append(
             f"sglang takes sglang_mem_fraction_static {rollout.sglang_mem_fraction_static} of its GPU"
         )
     return ServiceMemory("rollout", components, notes=notes)
+
+
+def sglang_on_cpu(rollout) -> bool:
+    """The sglang servers are launched on the CPU (rollout/engines/sglang_cpu.py's settings)."""
+    args = list(rollout.sglang_extra_args)
+    on_cpu_device = any(a == "--device" and args[i + 1 : i + 2] == ["cpu"] for i, a in enumerate(args))
+    return on_cpu_device or "--device=cpu" in args or "SGLANG_USE_CPU_ENGINE=1" in rollout.sglang_env
 
 
 @dataclass
