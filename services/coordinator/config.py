@@ -16,6 +16,9 @@ from rollway.common.advantages import ESTIMATORS
 from rollway.common.config import ConfigError, non_default_settings, setting
 
 LossType = Literal["sft_loss", "policy_loss"]
+# Eval pages generating at once (evaluation.py): the next page's rows join the engine's batch as
+# the current page's finish, so a page's tail (a few long responses) does not run a near-empty batch.
+EVAL_PAGES_IN_FLIGHT = 2
 # What a run asks of Ray for its actors (common/supervision/placement.py reads them).
 RAY_PLACEMENT_SETTINGS = (
     "ray_placement_strategy",
@@ -119,8 +122,8 @@ class CoordinatorConfig:
     eval_temperature: float = setting(0.0, "eval sampling temperature (0: greedy)")
     eval_batch_size: int = setting(
         0,
-        "eval prompts per Generate, one engine batch each (0: as many as hold no more samples than a "
-        "rollout, rollout_batch_size x n_samples_per_prompt, which the memory plan counts)",
+        "eval prompts per Generate, two generating at once (0: as many as keep those within the "
+        "samples of a rollout, rollout_batch_size x n_samples_per_prompt, which the memory plan counts)",
     )
 
     # Checkpoints
@@ -246,8 +249,12 @@ class CoordinatorConfig:
 
     @property
     def eval_prompts_per_generate(self) -> int:
-        """eval_batch_size, or the most eval prompts whose samples fit in one rollout's."""
-        return self.eval_batch_size or max(1, self.samples_per_rollout // max(self.n_samples_per_eval_prompt, 1))
+        """eval_batch_size, or as many eval prompts as keep the pages in flight within one
+        rollout's samples (what the memory plan counts)."""
+        if self.eval_batch_size:
+            return self.eval_batch_size
+        samples_per_page = self.samples_per_rollout // EVAL_PAGES_IN_FLIGHT
+        return max(1, samples_per_page // max(self.n_samples_per_eval_prompt, 1))
 
     def validate(self) -> None:
         positive = (

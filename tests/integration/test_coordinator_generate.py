@@ -120,7 +120,7 @@ def _evaluate(services: Services, prompts_per_generate: int, monkeypatch) -> tup
 def test_pages_of_eval_prompts_sample_what_one_request_samples(eval_services, monkeypatch):
     """Pages of 4 prompts (each split over the two services), seeded and sampled."""
     calls, paged, paged_responses = _evaluate(eval_services, 4, monkeypatch)
-    assert calls == [4, 4, 2]  # 10 eval prompts in pages of 4: no call holds more
+    assert sorted(calls) == [2, 4, 4]  # 10 eval prompts in pages of 4 (two at once): none holds more
     calls, whole, whole_responses = _evaluate(eval_services, 10, monkeypatch)
     assert calls == [10]
     assert sorted(paged_responses) == list(range(10))  # a group index per prompt, across pages

@@ -1,6 +1,6 @@
 """`rollway plan`'s words say what the run will do (#37): a run that never loops over its data
 does not "loop over epochs", an SFT run lists no rollout engine, a GPU note only where a GPU is
-targeted, and the eval pages hold no more samples than a rollout."""
+targeted; and the eval pages in flight hold no more samples than a rollout."""
 
 from __future__ import annotations
 
@@ -71,14 +71,15 @@ def test_the_sglang_gpu_note_only_where_its_servers_target_a_gpu(run_files, caps
     assert "KV cache" in out and "GPU" not in out
 
 
-def test_eval_pages_hold_no_more_samples_than_a_rollout():
-    def pages(*flags: str) -> int:
+def test_the_eval_pages_in_flight_hold_no_more_samples_than_a_rollout():
+    """Two pages generate at once (evaluation.py): by default they hold a rollout's 64 samples."""
+
+    def prompts_per_page(*flags: str) -> int:
         argv = ["--hf-checkpoint", "/models/m", "--prompt-data", "x.jsonl", *flags]
         return parse_run_config(argv)["coordinator"].eval_prompts_per_generate
 
-    assert (
-        pages("--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--global-batch-size", "64") == 64
-    )
-    assert pages("--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--global-batch-size", "64",
-                 "--n-samples-per-eval-prompt", "4") == 16  # fmt: skip
-    assert pages("--eval-batch-size", "5") == 5
+    rollout = ["--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--global-batch-size", "64"]
+    assert prompts_per_page(*rollout) == 32
+    assert prompts_per_page(*rollout, "--n-samples-per-eval-prompt", "4") == 8  # 2 pages x 8 x 4
+    assert prompts_per_page(*rollout, "--n-samples-per-eval-prompt", "64") == 1  # never none
+    assert prompts_per_page("--eval-batch-size", "5") == 5
