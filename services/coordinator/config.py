@@ -16,6 +16,9 @@ from rollway.common.advantages import ESTIMATORS
 from rollway.common.config import ConfigError, non_default_settings, setting
 
 LossType = Literal["sft_loss", "policy_loss"]
+# Eval pages generating at once (evaluation.py): the next page's rows join the engine's batch as
+# the current page's finish, so a page's tail (a few long responses) does not run a near-empty batch.
+EVAL_PAGES_IN_FLIGHT = 2
 # What a run asks of Ray for its actors (common/supervision/placement.py reads them).
 RAY_PLACEMENT_SETTINGS = (
     "ray_placement_strategy",
@@ -117,6 +120,11 @@ class CoordinatorConfig:
     eval_prompt_data: list[str] = shared_settings.eval_prompt_data()
     n_samples_per_eval_prompt: int = setting(1, "samples per eval prompt (pass@k uses them)")
     eval_temperature: float = setting(0.0, "eval sampling temperature (0: greedy)")
+    eval_batch_size: int = setting(
+        0,
+        "eval prompts per Generate, two generating at once (0: as many as keep those within the "
+        "samples of a rollout, rollout_batch_size x n_samples_per_prompt, which the memory plan counts)",
+    )
 
     # Checkpoints
     save: str = setting("", "directory for run checkpoints (trainer, dataloader cursor, coordinator)")
@@ -239,6 +247,15 @@ class CoordinatorConfig:
     def samples_per_rollout(self) -> int:
         return self.rollout_batch_size * (1 if self.is_sft else self.n_samples_per_prompt)
 
+    @property
+    def eval_prompts_per_generate(self) -> int:
+        """eval_batch_size, or as many eval prompts as keep the pages in flight within one
+        rollout's samples (what the memory plan counts)."""
+        if self.eval_batch_size:
+            return self.eval_batch_size
+        samples_per_page = self.samples_per_rollout // EVAL_PAGES_IN_FLIGHT
+        return max(1, samples_per_page // max(self.n_samples_per_eval_prompt, 1))
+
     def validate(self) -> None:
         positive = (
             "rollout_batch_size",
@@ -274,7 +291,7 @@ class CoordinatorConfig:
             raise ConfigError("debug_rollout_only", "has no meaning with loss_type sft_loss")
         if len(self.eval_prompt_data) % 2:
             raise ConfigError("eval_prompt_data", "expects name path pairs")
-        for name in ("eval_interval", "save_interval", "save_total_limit"):
+        for name in ("eval_interval", "eval_batch_size", "save_interval", "save_total_limit"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, "must not be negative")
         if self.max_weight_staleness < 1:

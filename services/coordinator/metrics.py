@@ -144,14 +144,15 @@ def _number(value: float) -> str:
 
 
 class ProgressLine:
-    """One console line per step: step, reward, the losses (pg_loss, ... for RL), time per step, ETA.
+    """One console line per step: step, reward, the losses (pg_loss, ... for RL), time per step, the
+    eval's own time when the step began with one, ETA; and one line for the final evaluation.
 
-    Time per step is wall time between the ends of recent steps (step_pace.py), so checkpoint
-    saves and recoveries between steps are in it; evaluations are not, and the ETA adds those
-    still to come. Each record is timed
-    by its own `time` (when the run wrote it): a resumed run's stream replays its earlier steps at
-    once, and those written before `since` (this attempt's start, on the clock that stamps the
-    records) are an earlier attempt's: not shown, and not in the pace."""
+    Time per step is wall time between the ends of recent steps with the evaluations taken out
+    (step_pace.py), so checkpoint saves and recoveries between steps are in it, and the ETA adds
+    the evaluations still to come at their own pace. Each record is timed by its own `time` (when
+    the run wrote it): a resumed run's stream replays its earlier steps at once, and those written
+    before `since` (this attempt's start, on the clock that stamps the records) are an earlier
+    attempt's: not shown, and not in the pace."""
 
     def __init__(self, total_steps: int, stream=None, since: float = 0.0, eval_interval: int = 0):
         self.total = total_steps
@@ -167,24 +168,46 @@ class ProgressLine:
         at = time.time() if at is None else at
         if at < self.since:
             return None
+        if "perf/step_time" not in metrics and "perf/eval_time" in metrics:
+            return self._print(self._final_eval(step, metrics))
         self.pace.add(step - 1, at, metrics)
         if self.first_step is None:
             self.first_step = step
-        per_step = self.pace.seconds_per_step
-        remaining = self.pace.eta_seconds()
+        per_step, remaining = self.pace.seconds_per_step, self.pace.eta_seconds()
         if per_step is None:  # one step and no timer of its own: the clock since the attempt began
             per_step = max(at - self.started, 0.0) / max(step - self.first_step + 1, 1)
         if remaining is None:
             remaining = max(self.total - step, 0) * per_step
-        # A record past the last step is the final evaluation.
-        parts = [f"step {step}/{self.total}" if not self.total or step <= self.total else "final"]
-        shown = set()
+        parts = [f"step {step}/{self.total}" if self.total else f"step {step}", *self._shown(metrics)]
+        parts.append(f"{per_step:.2f} s/step")
+        if "perf/eval_time" in metrics:
+            parts.append(f"eval {metrics['perf/eval_time']:.1f} s")
+        parts.append(f"ETA {_hms(remaining)}")
+        return self._print(" | ".join(parts))
+
+    @staticmethod
+    def _final_eval(step: int, metrics: dict[str, float]) -> str:
+        """The record the run logs after its last step (step num_steps + 1 counted from 1): named
+        for the step it follows, never as a step of this attempt's total (a run extended with
+        --resume has more steps than the run that evaluated)."""
+        return " | ".join(
+            [
+                f"final eval after step {step - 1}",
+                *ProgressLine._shown(metrics),
+                f"eval {metrics['perf/eval_time']:.1f} s",
+            ]
+        )
+
+    @staticmethod
+    def _shown(metrics: dict[str, float]) -> list[str]:
+        parts, shown = [], set()
         for label, key in RL_PROGRESS if "train/pg_loss" in metrics else SFT_PROGRESS:
             if key in metrics and label not in shown:
                 shown.add(label)
                 parts.append(f"{label} {_number(metrics[key])}")
-        parts += [f"{per_step:.2f} s/step", f"ETA {_hms(remaining)}"]
-        line = " | ".join(parts)
+        return parts
+
+    def _print(self, line: str) -> str:
         print(line, file=self.stream, flush=True)
         return line
 

@@ -43,27 +43,21 @@ def _epoch_steps(configs: dict[str, object]) -> int | None:
 def _end_of_data(configs: dict[str, object]) -> str:
     """How a run's number of steps is settled (run_plan.py), from the data where readable here."""
     c, d = configs["coordinator"], configs["dataloader"]
-    shape = run_plan.check_data(d)
-    rows = f"{shape.num_rows} rows" if shape.num_rows is not None else "rows not readable here"
-    if c.num_rollout:
-        if not shape.num_rows:
-            return f"num_rollout {c.num_rollout} wins: the data ({rows}) loops over epochs if it runs out"
-        epochs = c.num_rollout * c.rollout_batch_size / shape.num_rows
-        if epochs <= 1:
-            return f"num_rollout {c.num_rollout} wins: {epochs:.2f} of an epoch of the data ({rows}), no loop"
-        return f"num_rollout {c.num_rollout} wins: the data ({rows}) loops over epochs, {epochs:.2f} epochs"
-    steps = run_plan.num_steps(0, d.num_epoch, c.rollout_batch_size, shape.num_rows)
-    return f"num_epoch {d.num_epoch} x {rows} / rollout_batch_size {c.rollout_batch_size} = {steps} steps"
+    num_rows = run_plan.check_data(d).num_rows
+    return run_plan.end_of_data_text(c.num_rollout, d.num_epoch, c.rollout_batch_size, num_rows)
 
 
 def cpu_threads_line(configs: dict[str, object]) -> str:
-    """The torch threads of the services that compute, on CPU on this machine (common/cpu_threads.py)."""
+    """The torch threads of the services that compute, on CPU on this machine (common/cpu_threads.py):
+    the rollout engine's only where the run uses a rollout service (an SFT run starts none)."""
     from rollway.common.cpu_threads import resolve_cpu_threads, usable_cores
+    from rollway.coordinator.run_config import RunConfig
 
-    c, t, r = configs["coordinator"], configs["trainer"], configs["rollout"]
-    trainer = resolve_cpu_threads(t.cpu_threads, t.world_size)
-    rollout = "" if c.is_sft else f", {resolve_cpu_threads(r.cpu_threads)} for the CPU rollout engine"
-    return f"CPU threads              {trainer} per trainer rank{rollout} (on CPU here: {usable_cores()} usable cores)"
+    t, r = configs["trainer"], configs["rollout"]
+    parts = [f"{resolve_cpu_threads(t.cpu_threads, t.world_size)} per trainer rank"]
+    if "rollout" in RunConfig(**configs, given={}).services_used():
+        parts.append(f"{resolve_cpu_threads(r.cpu_threads)} for the CPU rollout engine")
+    return f"CPU threads              {', '.join(parts)} (on CPU here: {usable_cores()} usable cores)"
 
 
 def micro_batch_lines(configs: dict[str, object], per_rank: int) -> list[str]:

@@ -40,6 +40,7 @@ from rollway.coordinator.background_checkpoint import BackgroundCheckpoint
 from rollway.coordinator.config import CoordinatorConfig
 from rollway.coordinator.dashboard import rollout_samples
 from rollway.coordinator.engine_healer import EngineHealer
+from rollway.coordinator.eval_schedule import evaluates_before
 from rollway.coordinator.evaluation import Evaluator
 from rollway.coordinator.metrics import MetricsSink, ProgressLine
 from rollway.coordinator.prompt_ledger import PromptLedger
@@ -82,7 +83,9 @@ class Run:
         self.ledger = PromptLedger(self.run_dir)
         self.rollout_samples = rollout_samples.open_store(self.run_dir, config)  # the dashboard's
         self.state = RunState()
-        self.progress = ProgressLine(self.total_steps()) if progress else None
+        self.progress = (
+            ProgressLine(self.total_steps(), eval_interval=config.eval_interval) if progress else None
+        )
         self.sync_settings = WeightSyncSettings(
             transport=config.update_weight_transport,
             bucket_size_bytes=config.update_weight_buffer_size,
@@ -410,10 +413,10 @@ class Run:
         max_weight_staleness ahead of this one, as far as admission allows.
         """
         c = self.config
-        step_start = time.perf_counter()
         metrics: dict[str, float] = {}
-        if self.evaluator and (rollout_id == 0 or self._due(c.eval_interval, rollout_id - 1)):
-            metrics.update(self.evaluator.evaluate(f"eval-{rollout_id}"))
+        if self.evaluator and evaluates_before(rollout_id, c.eval_interval):
+            metrics.update(self.evaluator.evaluate(f"eval-{rollout_id}"))  # perf/eval_time: its own
+        step_start = time.perf_counter()  # the step's time leaves the evaluation out (step_pace.py)
         # `ahead` holds contiguous ids from rollout_id on: when this one is not there, none is.
         prefetched = ahead.pop(rollout_id, None)
         rollout = prefetched.result() if prefetched else self._generate(rollout_id)

@@ -258,12 +258,12 @@ def _plan_steps(run: RunConfig, problems: list[tuple[str, str]], check_files: bo
         found += run_plan.end_of_data_problems(c.num_rollout, d.num_epoch, c.rollout_batch_size, shape)
     problems += [(setting, problem) for setting, problem, _ in found]
     run.num_rows = shape.num_rows
-    if uses_data and c.num_rollout == 0 and not found:
-        c.num_rollout = run_plan.num_steps(0, d.num_epoch, c.rollout_batch_size, shape.num_rows)
-        run.end_of_data = (
-            f"num_epoch {d.num_epoch} x {shape.num_rows} rows / rollout_batch_size {c.rollout_batch_size} "
-            f"= {c.num_rollout} steps"
+    if uses_data and not found:
+        # Worded before num_rollout is settled: a num_epoch run reads "num_epoch E x R rows / ...".
+        run.end_of_data = run_plan.end_of_data_text(
+            c.num_rollout, d.num_epoch, c.rollout_batch_size, shape.num_rows
         )
+        c.num_rollout = run_plan.num_steps(c.num_rollout, d.num_epoch, c.rollout_batch_size, shape.num_rows)
     return {setting for setting, _, precondition in found if precondition}
 
 

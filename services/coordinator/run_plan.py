@@ -89,6 +89,20 @@ def num_steps(num_rollout: int, num_epoch: int, rollout_batch_size: int, num_row
     return num_epoch * num_rows // rollout_batch_size
 
 
+def end_of_data_text(num_rollout: int, num_epoch: int, rollout_batch_size: int, num_rows: int | None) -> str:
+    """How the run's number of steps is settled, in words (`rollway plan`, RunInfo.end_of_data)."""
+    rows = f"{num_rows} rows" if num_rows is not None else "rows not readable here"
+    if num_rollout > 0:
+        if not num_rows:
+            return f"num_rollout {num_rollout} wins: the data ({rows}) loops over epochs where it runs out"
+        epochs = num_rollout * rollout_batch_size / num_rows
+        if epochs <= 1:  # one pass or less: no loop to speak of (#37: "loops over epochs, 0.16 epochs")
+            return f"num_rollout {num_rollout} wins: it covers {epochs:.2f} of an epoch of the data ({rows})"
+        return f"num_rollout {num_rollout} wins: the data ({rows}) loops over epochs, {epochs:.2f} epochs"
+    steps = num_steps(0, num_epoch, rollout_batch_size, num_rows)
+    return f"num_epoch {num_epoch} x {rows} / rollout_batch_size {rollout_batch_size} = {steps} steps"
+
+
 def end_of_data_problems(
     num_rollout: int, num_epoch: int, rollout_batch_size: int, shape: DataShape
 ) -> list[Problem]:

@@ -241,6 +241,7 @@ def _attempt(record: RunRecord, *, progress: bool) -> dict[str, float]:
             n_samples=c.n_samples_per_eval_prompt,
             sampling=sampling,
             reward=c.rm_type,
+            prompts_per_generate=c.eval_prompts_per_generate,
         )
     previous = record.driver
     record.driver = Run(

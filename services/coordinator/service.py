@@ -87,7 +87,8 @@ def _run_info(record: RunRecord, dashboard_url: str) -> coordinator_pb2.RunInfo:
         info.config.update(jsonable_config(resolved))
     records, _ = run_files.read_metrics(record.run_dir)
     since = record.created if past is None else 0.0  # a live run: this attempt's pace (step_pace.py)
-    progress = run_files.progress(records, info.num_steps, record.state, since)
+    interval = record.config.eval_interval if past is None else run_files.eval_interval(record.run_dir)
+    progress = run_files.progress(records, info.num_steps, record.state, since, interval)
     info.seconds_per_step = progress["seconds_per_step"] or 0.0
     info.eta_seconds = progress["eta_seconds"] or 0.0
     return info

@@ -7,11 +7,10 @@ evaluations and recoveries between steps: at 0.6B a checkpoint every step made t
 PACE_WINDOW steps, so everything the run spends between two steps counts, as it does in the
 run's duration. The console's progress line and the dashboard share this one formula.
 
-Evaluations are taken out of the pace and counted apart: a run that evaluates before its first
-step and every eval_interval steps would otherwise show the first step's evaluation as the pace of
-every step (SmolLM2: a 1:28:21 ETA for ~17 minutes of steps). The ETA is the steps left at the
-pace without evaluations, plus the evaluations still to come (every eval_interval-th step and the
-final one) at the mean time of those measured (perf/eval_time).
+Evaluations are paced apart (#37: a first step with a 50-80 s eval in it showed an ETA of
+1:28:21 for ~17 minutes of steps): the eval before a step (its record's perf/eval_time) is taken
+out of the wall time between step ends, and the ETA is the remaining steps at that pace plus the
+evaluations still to come (eval_schedule.py) at the recent evals' mean.
 
 A resumed run's pace counts only the steps of this attempt (records written from `since` on, the
 attempt's start): the downtime between attempts is no step's time, and the earlier attempt's
@@ -20,13 +19,15 @@ records, which a resumed run's stream replays, are not this attempt's pace.
 
 from __future__ import annotations
 
+from rollway.coordinator.eval_schedule import num_evals_after
+
 PACE_WINDOW = 20  # steps: recent enough to follow a change of pace, long enough to smooth it
 
 
 class StepPace:
-    """The ends of the last PACE_WINDOW steps, fed record by record (replayed ones included: a
-    record carries the time it was written, not the time it was received); records written before
-    `since` (an earlier attempt's) are left out."""
+    """The ends of the last PACE_WINDOW steps and the evaluations between them, fed record by
+    record (replayed ones included: a record carries the time it was written, not the time it was
+    received); records written before `since` (an earlier attempt's) are left out."""
 
     def __init__(
         self, num_steps: int = 0, window: int = PACE_WINDOW, since: float = 0.0, eval_interval: int = 0
@@ -34,10 +35,10 @@ class StepPace:
         self.num_steps = num_steps
         self.window = window
         self.since = since
-        self.eval_interval = eval_interval  # 0: the run does not evaluate (or it is not known)
+        self.eval_interval = eval_interval
         self.ends: list[tuple[int, float]] = []  # (step, time) of each step's last record
+        self.eval_seconds: dict[int, float] = {}  # perf/eval_time of the eval before a step, by step
         self.first_step_seconds: float | None = None  # the only figure before a second step ends
-        self.eval_seconds: dict[int, float] = {}  # step -> the seconds of the evaluation in it
 
     def add(self, step: int, at: float, metrics: dict[str, float]) -> None:
         """One metrics record of `step` (0-based) written at unix time `at`."""
@@ -49,47 +50,49 @@ class StepPace:
         # earlier checkpoint) drops the ends from it on.
         while self.ends and self.ends[-1][0] >= step:
             self.ends.pop()
+        for later in [s for s in self.eval_seconds if s > step]:
+            del self.eval_seconds[later]
         self.ends.append((step, at))
         del self.ends[: -(self.window + 1)]
-        if metrics.get("perf/eval_time"):
+        if "perf/eval_time" in metrics:
             self.eval_seconds[step] = metrics["perf/eval_time"]
+            for old in sorted(self.eval_seconds)[: -self.window]:
+                del self.eval_seconds[old]
         if metrics.get("perf/step_time"):
-            own = metrics["perf/step_time"] + metrics.get("perf/save_time", 0.0)
-            self.first_step_seconds = max(own - self.eval_seconds.get(step, 0.0), 0.0)
+            self.first_step_seconds = metrics["perf/step_time"] + metrics.get("perf/save_time", 0.0)
 
     @property
     def seconds_per_step(self) -> float | None:
-        """Wall seconds per step, evaluations left out; with one step ended, its own time and save;
-        None before."""
+        """Wall seconds per step, evaluations left out; with one step ended, its own time and
+        save; None before."""
         if len(self.ends) >= 2:
             (first_step, first_at), (last_step, last_at) = self.ends[0], self.ends[-1]
-            evaluating = sum(t for s, t in self.eval_seconds.items() if first_step < s <= last_step)
-            return max(last_at - first_at - evaluating, 0.0) / (last_step - first_step)
+            evals = sum(t for s, t in self.eval_seconds.items() if first_step < s <= last_step)
+            return max(last_at - first_at - evals, 0.0) / (last_step - first_step)
         return self.first_step_seconds
 
-    def evaluations_left(self) -> int:
-        """Evaluations still to come after the last step ended: at each later step that is a
-        multiple of eval_interval, and the final one."""
-        if not self.eval_interval or not self.num_steps or not self.ends:
-            return 0
-        later = range(self.ends[-1][0] + 1, self.num_steps)
-        return sum(step % self.eval_interval == 0 for step in later) + 1
+    @property
+    def seconds_per_eval(self) -> float | None:
+        """The mean of the recent evaluations' times (None: none seen in this attempt)."""
+        if not self.eval_seconds:
+            return None
+        return sum(self.eval_seconds.values()) / len(self.eval_seconds)
 
     def eta_seconds(self) -> float | None:
-        """Seconds until the run ends: the steps left at the current pace and the evaluations left
-        at their mean measured time (None: no pace or no total)."""
+        """Seconds until the run's work ends: the remaining steps at the current pace and the
+        evaluations still to come, the final one included (None: no pace or no total)."""
         per_step = self.seconds_per_step
         if per_step is None or not self.num_steps or not self.ends:
             return None
-        steps = max(self.num_steps - 1 - self.ends[-1][0], 0) * per_step
-        each = sum(self.eval_seconds.values()) / len(self.eval_seconds) if self.eval_seconds else 0.0
-        return steps + self.evaluations_left() * each
+        last = self.ends[-1][0]
+        evals = num_evals_after(last, self.num_steps, self.eval_interval) * (self.seconds_per_eval or 0.0)
+        return max(self.num_steps - 1 - last, 0) * per_step + evals
 
 
-def pace_of(records: list[dict], num_steps: int, since: float = 0.0) -> StepPace:
+def pace_of(records: list[dict], num_steps: int, since: float = 0.0, eval_interval: int = 0) -> StepPace:
     """The pace of a run from its metrics records ({"step", "time", ...} in the order written),
     counting those written from `since` on (this attempt's)."""
-    pace = StepPace(num_steps, since=since)
+    pace = StepPace(num_steps, since=since, eval_interval=eval_interval)
     for record in records:
         pace.add(record["step"], record["time"], record)
     return pace

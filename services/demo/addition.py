@@ -135,7 +135,7 @@ def _write(path: Path, config: dict) -> Path:
 
 
 def _seconds_per_step(records: list[dict]) -> float:
-    """Median perf/step_time of the GRPO steps (evaluations are inside a step's time: median)."""
+    """Median perf/step_time of the GRPO steps (evaluations are timed apart, in perf/eval_time)."""
     times = sorted(r["perf/step_time"] for r in records if "perf/step_time" in r)
     return round(times[len(times) // 2], 3) if times else 0.0
 

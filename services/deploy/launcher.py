@@ -142,16 +142,10 @@ def run(argv: list[str]) -> int:
         )
         restarts = 0
         while True:
-            evaluates_every = c.eval_interval if c.eval_prompt_data else 0
             code = _drive(
-                coordinator_address,
-                run_id,
-                settings,
-                c.num_rollout,
-                _describe_dead(group),
-                interrupted,
-                evaluates_every,
-            )
+                coordinator_address, run_id, settings, c.num_rollout, _describe_dead(group), interrupted,
+                eval_interval=c.eval_interval,
+            )  # fmt: skip
             if code != COORDINATOR_CRASHED or options.coordinator_addr or restarts >= c.max_restarts:
                 _count_coordinator_restarts(run_dir, restarts)
                 return 1 if code == COORDINATOR_CRASHED else code
@@ -204,7 +198,8 @@ def _drive(
     eval_interval: int = 0,
 ) -> int:
     """StartRun, follow metrics with a progress line, stop on Ctrl-C; `dead()` describes a crashed
-    service this launcher started (the coordinator), reported with its log tail."""
+    service this launcher started (the coordinator), reported with its log tail; `eval_interval`
+    tells the line's ETA which steps begin with an evaluation."""
     import grpc
 
     from rollway.common.client import open_channel

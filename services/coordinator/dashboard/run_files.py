@@ -153,17 +153,26 @@ def num_steps(run_dir: Path) -> int:
     return int(config.get("coordinator", {}).get("num_rollout", 0) or 0)
 
 
-def progress(records: list[dict], num_steps: int, state: str, since: float = 0.0) -> dict:
-    """Steps done, total, seconds per step and the ETA of a run from its metrics records (the pace
-    of those written from `since` on: a resumed run's attempt)."""
+def eval_interval(run_dir: Path) -> int:
+    config = read_json(Path(run_dir) / "config.json")
+    return int(config.get("coordinator", {}).get("eval_interval", 0) or 0)
+
+
+def progress(
+    records: list[dict], num_steps: int, state: str, since: float = 0.0, eval_interval: int = 0
+) -> dict:
+    """Steps done, total, seconds per step and per evaluation, and the ETA of a run from its
+    metrics records (the pace of those written from `since` on: a resumed run's attempt)."""
     steps = [r for r in records if num_steps == 0 or r["step"] < num_steps]
     done = (max(r["step"] for r in steps) + 1) if steps else 0
-    pace = pace_of(steps, num_steps, since)  # wall time between step ends: saves and evaluations count
+    # Wall time between step ends less the evaluations, which are paced apart (step_pace.py).
+    pace = pace_of(steps, num_steps, since, eval_interval)
     eta = pace.eta_seconds() if state in ("RUNNING", "STARTING") else None
     return {
         "step": done,
         "num_steps": num_steps,
         "seconds_per_step": pace.seconds_per_step,
+        "seconds_per_eval": pace.seconds_per_eval,
         "eta_seconds": eta,
     }
 

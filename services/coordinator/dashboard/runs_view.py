@@ -85,7 +85,7 @@ class DashboardRuns:
             "live": record is not None,
             "started": started,
             "mode": _mode(run_files.read_json(run_dir / "config.json")),
-            **run_files.progress(records, total, state),
+            **run_files.progress(records, total, state, eval_interval=run_files.eval_interval(run_dir)),
         }
         if record is not None and record.driver is not None:
             summary["step"] = record.driver.state.next_rollout_id

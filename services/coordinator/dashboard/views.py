@@ -96,8 +96,10 @@ def step_times(records: list[dict], trace_file: Path | None = None) -> list[dict
         dataloading = index.dataloading(r["step"], r["time"]) if index is not None else None
         phases["dataloading"] = min(dataloading or 0.0, phases["generation"])
         phases["generation"] -= phases["dataloading"]
-        phases["other"] = max(r["perf/step_time"] - sum(phases.values()), 0.0)
-        rows.append({"step": r["step"], "total": r["perf/step_time"], "phases": phases})
+        # The evaluation before a step is timed apart from it (perf/eval_time), not inside.
+        total = r["perf/step_time"] + phases["eval"]
+        phases["other"] = max(total - sum(phases.values()), 0.0)
+        rows.append({"step": r["step"], "total": total, "phases": phases})
     return rows
 
 

@@ -28,11 +28,20 @@ def test_metrics_are_read_as_appended_and_again_when_a_resume_rewrites_them(tmp_
 def test_progress_and_eta_from_the_records():
     records = [{"step": s, "time": 100.0 + 2 * s} for s in range(5)]
     assert run_files.progress(records, 10, "RUNNING") == {
-        "step": 5, "num_steps": 10, "seconds_per_step": 2.0, "eta_seconds": 10.0,
+        "step": 5, "num_steps": 10, "seconds_per_step": 2.0, "seconds_per_eval": None, "eta_seconds": 10.0,
     }  # fmt: skip
     final_eval = [*records, {"step": 10, "time": 500.0}]  # logged past the last step
     assert run_files.progress(final_eval, 10, "STOPPED")["eta_seconds"] is None
     assert run_files.progress(final_eval, 10, "STOPPED")["step"] == 5
+
+
+def test_the_runs_status_paces_its_evaluations_apart_from_its_steps():
+    """GetRun and the dashboard: steps of 2 s, each after an eval of 6 s (eval_interval 1): 2 s a
+    step and 6 s an eval, 5 steps and 6 evals (the final one) to go."""
+    records = [{"step": s, "time": 100.0 + 8 * s, "perf/eval_time": 6.0} for s in range(5)]
+    progress = run_files.progress(records, 10, "RUNNING", eval_interval=1)
+    assert (progress["seconds_per_step"], progress["seconds_per_eval"]) == (2.0, 6.0)
+    assert progress["eta_seconds"] == 5 * 2.0 + 6 * 6.0
 
 
 def test_the_dashboards_pace_counts_the_saves_between_steps():

@@ -155,28 +155,51 @@ def test_the_pace_of_a_resumed_run_leaves_out_the_earlier_attempt():
     assert resumed.seconds_per_step == 4.0 and resumed.eta_seconds() == 16.0
 
 
-def test_evaluations_are_left_out_of_the_pace_and_added_to_the_eta_as_they_come():
-    """SmolLM2's case: a 40 s evaluation before the first of 50 steps of 17 s each made the first
-    ETA 1:28:21. The pace leaves the evaluation out; the ETA adds the evaluations still to come
-    (every 10th step and the final one) at the measured 40 s each."""
+def test_an_eval_in_the_first_step_is_paced_apart_and_the_eta_counts_the_evals_to_come():
+    """#37: a first step of 16 s began with a 60 s eval and the ETA extrapolated 76 s a step. The
+    eval is its own figure: 16 s a step for 49 steps, and 60 s for each eval still to come
+    (eval_interval 10: before steps 11, 21, 31, 41, counted from 1, and the final one)."""
     progress = ProgressLine(50, stream=io.StringIO(), eval_interval=10)
-    first = {"train/loss": 1.0, "perf/step_time": 57.0, "perf/eval_time": 40.0, "eval/accuracy": 0.1}
-    line = progress.update(1, first, at=1057.0)
-    # 49 steps at 17 s, evaluations at steps 10, 20, 30, 40 and the final one at 40 s: 1033 s
-    assert "| 17.00 s/step | ETA 0:17:13" in line, line
-    for step in range(2, 11):
-        line = progress.update(step, {"train/loss": 1.0, "perf/step_time": 17.0}, at=1057.0 + 17 * (step - 1))
-    assert "| 17.00 s/step |" in line
-    evaluated = {"train/loss": 1.0, "perf/step_time": 77.0, "perf/eval_time": 60.0, "eval/accuracy": 0.4}
-    line = progress.update(11, evaluated, at=1057.0 + 17 * 10 + 60)  # step 10 (0-based) evaluated, 60 s
-    # 39 steps at 17 s (663 s) and 4 evaluations (steps 20, 30, 40, final) at the mean of 40 and 60 s
-    assert "| 17.00 s/step | ETA 0:14:23" in line, line
-    assert progress.pace.evaluations_left() == 4
+    first = {"rollout/raw_reward": 0.1, "eval/accuracy": 0.08, "perf/eval_time": 60.0, "perf/step_time": 16.0}
+    line = progress.update(1, first, at=1076.0)
+    assert line.endswith("| acc 0.0800 | 16.00 s/step | eval 60.0 s | ETA 0:18:04")  # 49 x 16 + 5 x 60
+    for step in range(2, 12):  # step 11 began with the second eval, of 40 s
+        evals = {"perf/eval_time": 40.0} if step == 11 else {}
+        line = progress.update(
+            step, {"perf/step_time": 15.0, **evals}, at=1076.0 + 15.0 * (step - 1) + 40.0 * (step >= 11)
+        )
+    assert "| 15.00 s/step | eval 40.0 s |" in line  # (ends 1076 -> 1266, less the 40 s eval) / 10
+    assert line.endswith("ETA 0:13:05")  # 39 x 15 + 4 evals x 50 (the mean of 60 and 40)
 
 
-def test_without_evaluations_known_the_pace_still_leaves_a_measured_one_out():
-    pace = StepPace(10)  # the dashboard's pace: no eval_interval
+def test_the_evals_to_come_follow_the_runs_own_schedule():
+    from rollway.coordinator.eval_schedule import evaluates_before, num_evals_after
+
+    for num_steps, interval in [(50, 10), (50, 0), (7, 3), (1, 1), (20, 20), (21, 20)]:
+        for step in range(num_steps):
+            expected = sum(evaluates_before(k, interval) for k in range(step + 1, num_steps)) + 1  # + final
+            assert num_evals_after(step, num_steps, interval) == expected, (num_steps, interval, step)
+    assert [k for k in range(25) if evaluates_before(k, 10)] == [0, 10, 20]
+    assert num_evals_after(50, 50, 10) == 0
+
+
+def test_a_final_eval_is_never_shown_as_a_step_of_a_longer_run():
+    """`rollway run --resume` extending a 20-step run to 50: the earlier run's final eval (logged as
+    step 21 counted from 1, eval metrics only) was printed "step 21/50 | acc 0.6100"."""
+    out = io.StringIO()
+    progress = ProgressLine(50, stream=out)
+    line = progress.update(21, {"eval/accuracy": 0.61, "eval/add": 0.61, "perf/eval_time": 52.0}, at=100.0)
+    assert line == "final eval after step 20 | acc 0.6100 | eval 52.0 s"
+    assert progress.pace.ends == []  # no step's end either
+    assert (
+        ProgressLine(2, stream=out)
+        .update(3, {"eval/accuracy": 0.5, "perf/eval_time": 1.0})
+        .startswith("final eval after step 2 | acc 0.5000")
+    )
+
+
+def test_without_the_eval_interval_known_the_pace_still_leaves_a_measured_eval_out():
+    pace = StepPace(10)  # the dashboard's pace of a run whose eval_interval it does not read
     pace.add(0, 100.0, {"perf/step_time": 3.0})
     pace.add(1, 130.0, {"perf/step_time": 28.0, "perf/eval_time": 25.0})
-    assert pace.seconds_per_step == 5.0 and pace.evaluations_left() == 0
-    assert pace.eta_seconds() == 40.0
+    assert pace.seconds_per_step == 5.0
