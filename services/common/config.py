@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import importlib
 import math
 import re
@@ -32,11 +33,15 @@ T = TypeVar("T")
 MODULE_ATTR_OR_EMPTY = r"^((?![\s\S])|[^:]+:[\s\S])"
 CALCULATOR_OR_MODULE_ATTR = r"^((calculator)?(?![\s\S])|[^:]+:[\s\S])"
 KEY_EQUALS_VALUE = r"^[^=]+="
+# A run id names a directory under the runs root: no separators, no "..", no leading dot.
+RUN_ID = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+RUN_ID_OR_EMPTY = rf"^((?![\s\S])|{RUN_ID}(?![\s\S]))"
 # What a value of each pattern looks like, for the error that refuses one.
 PATTERN_WORDS = {
     MODULE_ATTR_OR_EMPTY: "module:attr",
     CALCULATOR_OR_MODULE_ATTR: "calculator or module:attr of an Environment",
     KEY_EQUALS_VALUE: "KEY=VALUE",
+    RUN_ID_OR_EMPTY: "a run id: 1-128 letters, digits, '.', '_' or '-', not starting with '.' or '-'",
 }
 
 # Integer settings travel in protobuf fields (int32 counts, int64 steps in RunInfo): a value that
@@ -126,7 +131,9 @@ def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
+@functools.cache
 def _field_types(cls: type) -> dict[str, Any]:
+    # Cached: resolving the annotations is most of the cost of checking a config (StartRun's).
     return typing.get_type_hints(cls)
 
 
@@ -315,9 +322,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, base: T | None = None, r
     for name, f in fields.items():
         choices = f.metadata.get("choices")
         if choices and getattr(config, name) not in choices:
-            raise ConfigError(
-                name, f"must be one of {', '.join(map(str, choices))} (got {getattr(config, name)!r})"
-            )
+            raise ConfigError(name, choice_problem(choices, getattr(config, name)))
     check_required = getattr(config, "check_required", None)
     if require and check_required is not None:
         check_required()
@@ -334,8 +339,16 @@ def coerce_setting(cls: type, name: str, value: Any, *, strict: bool = False) ->
     value = _coerce_field(declared, _field_types(cls)[name], name, value, strict)
     choices = declared.metadata.get("choices")
     if choices and value not in choices:
-        raise ConfigError(name, f"must be one of {', '.join(map(str, choices))} (got {value!r})")
+        raise ConfigError(name, choice_problem(choices, value))
     return value
+
+
+def choice_problem(choices: Sequence[Any], value: Any) -> str:
+    """Why `value` is refused: the allowed values ('' shown as such) and the closest one."""
+    shown = ", ".join("'' (empty)" if c == "" else str(c) for c in choices)
+    names = [str(c) for c in choices if c != ""]
+    close = difflib.get_close_matches(str(value), names, n=1) if isinstance(value, str) else []
+    return f"must be one of {shown} (got {value!r})" + (f"; did you mean {close[0]}?" if close else "")
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

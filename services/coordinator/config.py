@@ -16,6 +16,7 @@ from rollway.common.advantages import ESTIMATORS
 from rollway.common.config import (
     CALCULATOR_OR_MODULE_ATTR,
     MODULE_ATTR_OR_EMPTY,
+    RUN_ID_OR_EMPTY,
     ConfigError,
     non_default_settings,
     setting,
@@ -41,7 +42,7 @@ class CoordinatorConfig:
     """Run settings: loop, batches, sampling, advantages, async, eval, checkpoints, debug."""
 
     # Run
-    run_id: str = setting("", "run id; generated (time-based) when empty")
+    run_id: str = setting("", "run id; generated (time-based) when empty", pattern=RUN_ID_OR_EMPTY)
     run_dir: str = setting("", "directory holding one folder per run (empty: the coordinator's --runs-root)")
     resume: bool = setting(
         False,

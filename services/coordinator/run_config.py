@@ -205,6 +205,10 @@ def parse_run_config(
                     problems.append((exc.setting, exc.problem))
                     rejected.add(key)
                     break
+    trainer_settings_problems = _trainer_settings_problems(given.get("trainer_settings"))
+    if trainer_settings_problems:
+        problems += trainer_settings_problems
+        rejected.add("trainer_settings")
     given = {k: v for k, v in given.items() if k not in rejected}
     problems += _process_setting_problems(given)
     problems += _batch_arithmetic(given)
@@ -265,6 +269,24 @@ def _plan_steps(run: RunConfig, problems: list[tuple[str, str]], check_files: bo
             f"= {c.num_rollout} steps"
         )
     return {setting for setting, _, precondition in found if precondition}
+
+
+def _trainer_settings_problems(trainer_settings: Any) -> list[tuple[str, str]]:
+    """trainer_settings (sent with trainer.Init) holds trainer settings with valid values: checked
+    here, as the schema describes it, not at the trainer's Init after the run has started."""
+    if not isinstance(trainer_settings, Mapping):
+        return []  # not a mapping: refused with the other values
+    fields = _field_names(TrainerConfig)
+    problems = []
+    for key, value in trainer_settings.items():
+        if key not in fields:
+            problems.append(("trainer_settings", f"{key}: not a trainer setting"))
+            continue
+        try:
+            coerce_setting(TrainerConfig, _canonical(TrainerConfig, key), value, strict=True)
+        except ConfigError as exc:
+            problems.append(("trainer_settings", f"{key}: {exc.problem}"))
+    return problems[:1]
 
 
 def _reward_problems(run: RunConfig) -> list[tuple[str, str]]:

@@ -23,7 +23,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollway.common.config import to_dict
+from rollway.common.config import RUN_ID, to_dict
 from rollway.common.errors import AlreadyExists, InvalidArgument, NotFound, problems_error
 from rollway.common.log import bind_run_context, get_logger
 from rollway.common.supervision.supervisor import (
@@ -58,8 +58,7 @@ from rollway.coordinator.startup_report import Stopwatch, loading_line
 
 log = get_logger("rollway.coordinator.runs")
 
-# A run id names a directory under the runs root: no separators, no "..", no leading dot.
-RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+RUN_ID_PATTERN = re.compile(RUN_ID)  # declared with the run_id setting
 WATCH_SECONDS = 0.5
 # After a failed call, how long to wait for the watcher to name a service that is dying.
 DEAD_GRACE_SECONDS = 3.0
