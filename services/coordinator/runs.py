@@ -14,6 +14,7 @@ execute: start the services the config gives no address for (run_start.py), conn
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import re
@@ -89,6 +90,8 @@ class RunRecord:
     started: float = 0.0  # when it first ran a step's services (RUNNING)
     ended: float = 0.0
     past: PastRun | None = None  # a run this coordinator does not drive, as its directory tells
+    # The flat config as StartRun took it (RunInfo.config: a client can send it back).
+    given: dict = field(default_factory=dict)
     notices: list[str] = field(default_factory=list)  # what the run survived, a line each (RunInfo)
     startup: list[str] = field(default_factory=list)  # what it did while starting (RunInfo)
     failed_at: float = 0.0  # time.monotonic() when the failure being recovered from was caught
@@ -124,7 +127,8 @@ class RunRecord:
     def from_disk(cls, past: PastRun) -> RunRecord:
         return cls(
             run_id=past.run_id, run=None, run_dir=past.run_dir, state=past.state, error=past.error,
-            created=past.created, ended=past.finished, num_restarts=past.num_restarts, past=past,
+            created=past.created, started=past.started, ended=past.finished,
+            num_restarts=past.num_restarts, past=past,
         )  # fmt: skip
 
 
@@ -205,7 +209,8 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
         # an actor on a lost node), and a client that saw the final state may stop this process.
         record.ended = time.time()
         try:
-            run_files.write_status(record.run_dir, record.state, record.error)  # for the dashboard
+            # for the dashboard, and GetRun's finished_time after a restart (the same time)
+            run_files.write_status(record.run_dir, record.state, record.error, ended=record.ended)
         finally:
             if record.group is not None:
                 record.group.stop()
@@ -257,7 +262,12 @@ def _attempt(record: RunRecord, *, progress: bool) -> dict[str, float]:
         previous.sink.close()
     _report_restarts(record)
     record.state = "RUNNING"
-    record.started = record.started or time.time()
+    if not record.started:
+        record.started = time.time()
+        try:  # kept for GetRun after a coordinator restart (run_history.py reads it)
+            run_files.write_started(record.run_dir, record.started)
+        except OSError as exc:
+            log.error("could not record the run's start", error=str(exc))
     return record.driver.execute()
 
 
@@ -619,7 +629,7 @@ class RunManager:
         run_dir = Path(run.coordinator.run_dir or self.default_run_root) / run_id
         with self._lock:
             self._check_new_id(run_id, run_dir, run.coordinator.resume, run.coordinator.num_rollout)
-            record = RunRecord(run_id=run_id, run=run, run_dir=run_dir)
+            record = RunRecord(run_id=run_id, run=run, run_dir=run_dir, given=copy.deepcopy(run.given))
             self._runs[run_id] = record
         run_dir.mkdir(parents=True, exist_ok=True)
         resolved = {name: to_dict(run.component(name)) for name in COMPONENTS}
