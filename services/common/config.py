@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import importlib
 import math
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +27,22 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 T = TypeVar("T")
+
+# A `module:attr` path (a user's function or class), both parts non-empty; or nothing. Patterns are
+# searched as JSON Schema does, and avoid `$` (Python's matches before a final newline, ECMA's not).
+MODULE_ATTR_OR_EMPTY = r"^((?![\s\S])|[^:]+:[\s\S])"
+CALCULATOR_OR_MODULE_ATTR = r"^((calculator)?(?![\s\S])|[^:]+:[\s\S])"
+KEY_EQUALS_VALUE = r"^[^=]+="
+# A run id names a directory under the runs root: no separators, no "..", no leading dot.
+RUN_ID = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+RUN_ID_OR_EMPTY = rf"^((?![\s\S])|{RUN_ID}(?![\s\S]))"
+# What a value of each pattern looks like, for the error that refuses one.
+PATTERN_WORDS = {
+    MODULE_ATTR_OR_EMPTY: "module:attr",
+    CALCULATOR_OR_MODULE_ATTR: "calculator or module:attr of an Environment",
+    KEY_EQUALS_VALUE: "KEY=VALUE",
+    RUN_ID_OR_EMPTY: "a run id: 1-128 letters, digits, '.', '_' or '-', not starting with '.' or '-'",
+}
 
 # Integer settings travel in protobuf fields (int32 counts, int64 steps in RunInfo): a value that
 # does not fit would be accepted here and fail later, deep inside a run or a status call. Settings
@@ -69,18 +87,38 @@ def setting(
     aliases: Sequence[str] = (),
     shared: bool = False,
     bounds: tuple[int, int] | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    exclusive_minimum: float | None = None,
+    exclusive_maximum: float | None = None,
+    pattern: str | None = None,
+    min_length: int | None = None,
 ):
     """A dataclass field with a one-line doc (the flag's help), optional allowed values and aliases.
 
     Aliases are other names accepted as keys and flags, for names Python cannot use as a field
     (Miles' `--async` is the field `async_mode` with alias "async").
+
+    The limits (minimum ... min_length, JSON Schema's keywords and meaning; `pattern` is searched,
+    not anchored) apply to the value, or to each item of a list. They are declared once: the
+    config loader refuses a value outside them and the run config's JSON Schema advertises them,
+    so a client checking a config with the schema and the server cannot disagree.
     """
+    limits = {
+        "minimum": minimum,
+        "maximum": maximum,
+        "exclusiveMinimum": exclusive_minimum,
+        "exclusiveMaximum": exclusive_maximum,
+        "pattern": pattern,
+        "minLength": min_length,
+    }
     metadata = {
         "doc": doc,
         "choices": tuple(choices) if choices else None,
         "aliases": tuple(aliases),
         "shared": shared,  # declared once in rollway.common.shared_settings
         "bounds": bounds,  # an integer setting's range, when not INT_BOUNDS
+        "limits": {k: v for k, v in limits.items() if v is not None},
     }
     if isinstance(default, list | dict | set):
         value = default
@@ -93,7 +131,9 @@ def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
+@functools.cache
 def _field_types(cls: type) -> dict[str, Any]:
+    # Cached: resolving the annotations is most of the cost of checking a config (StartRun's).
     return typing.get_type_hints(cls)
 
 
@@ -104,6 +144,59 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
         if len(args) == 1 and len(typing.get_args(tp)) == 2:
             return args[0], True
     return tp, False
+
+
+def _coerce_field(f: dataclasses.Field, tp: Any, name: str, value: Any, strict: bool = False) -> Any:
+    """`value` as field `f` declares it: its type, integer bounds and limits."""
+    limits = f.metadata.get("limits") or {}
+    value = _coerce(name, tp, value, f.metadata.get("bounds"), strict)
+    for index, item in enumerate(value if isinstance(value, list) else [value]):
+        check_limits(f"{name}[{index}]" if isinstance(value, list) else name, item, limits)
+    return value
+
+
+def check_limits(name: str, value: Any, limits: Mapping[str, Any]) -> None:
+    """Refuse a number or a string outside a setting's declared limits (None: unset, allowed)."""
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int | float):
+        low, high = limits.get("minimum"), limits.get("maximum")
+        above, below = limits.get("exclusiveMinimum"), limits.get("exclusiveMaximum")
+        if (
+            (low is not None and value < low)
+            or (high is not None and value > high)
+            or (above is not None and value <= above)
+            or (below is not None and value >= below)
+        ):
+            words = describe_limits(limits)
+            verb = "must not be" if words == "negative" else "must be"
+            shown = f"{value:g}" if isinstance(value, float) and value.is_integer() else repr(value)
+            raise ConfigError(name, f"{verb} {words} (got {shown})")
+    if isinstance(value, str):
+        if len(value) < limits.get("minLength", 0):
+            raise ConfigError(name, "must not be empty")
+        if "pattern" in limits and not re.search(limits["pattern"], value):
+            words = PATTERN_WORDS.get(limits["pattern"], f"a match of {limits['pattern']}")
+            raise ConfigError(name, f"must be {words} (got {value!r})")
+
+
+def describe_limits(limits: Mapping[str, Any]) -> str:
+    """A number's limits in words: 'positive', 'negative' (as 'must not be'), 'in [0, 1)',
+    'at least 2'."""
+    low, high = limits.get("minimum"), limits.get("maximum")
+    above, below = limits.get("exclusiveMinimum"), limits.get("exclusiveMaximum")
+    if high is None and below is None:
+        if above == 0:
+            return "positive"
+        if low == 0:
+            return "negative"
+        if low is not None:
+            return f"at least {low:g}"
+        if above is not None:
+            return f"greater than {above:g}"
+    start = f"[{low:g}" if low is not None else f"({above:g}" if above is not None else "(-inf"
+    end = f"{high:g}]" if high is not None else f"{below:g})" if below is not None else "inf)"
+    return f"in {start}, {end}"
 
 
 def _coerce(
@@ -215,7 +308,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, base: T | None = None, r
             close = difflib.get_close_matches(key, fields, n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
             raise ConfigError(key, f"unknown setting for {cls.__name__}{hint}")
-        values[key] = _coerce(key, types_[key], value, fields[key].metadata.get("bounds"))
+        values[key] = _coerce_field(fields[key], types_[key], key, value)
     missing = [
         name
         for name, f in fields.items()
@@ -229,9 +322,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, base: T | None = None, r
     for name, f in fields.items():
         choices = f.metadata.get("choices")
         if choices and getattr(config, name) not in choices:
-            raise ConfigError(
-                name, f"must be one of {', '.join(map(str, choices))} (got {getattr(config, name)!r})"
-            )
+            raise ConfigError(name, choice_problem(choices, getattr(config, name)))
     check_required = getattr(config, "check_required", None)
     if require and check_required is not None:
         check_required()
@@ -245,11 +336,19 @@ def coerce_setting(cls: type, name: str, value: Any, *, strict: bool = False) ->
     """`value` converted to the type of field `name` of `cls` (ConfigError naming it otherwise);
     no cross-field validation, so each value of a config can be checked on its own."""
     declared = next(f for f in dataclasses.fields(cls) if f.name == name)
-    value = _coerce(name, _field_types(cls)[name], value, declared.metadata.get("bounds"), strict)
+    value = _coerce_field(declared, _field_types(cls)[name], name, value, strict)
     choices = declared.metadata.get("choices")
     if choices and value not in choices:
-        raise ConfigError(name, f"must be one of {', '.join(map(str, choices))} (got {value!r})")
+        raise ConfigError(name, choice_problem(choices, value))
     return value
+
+
+def choice_problem(choices: Sequence[Any], value: Any) -> str:
+    """Why `value` is refused: the allowed values ('' shown as such) and the closest one."""
+    shown = ", ".join("'' (empty)" if c == "" else str(c) for c in choices)
+    names = [str(c) for c in choices if c != ""]
+    close = difflib.get_close_matches(str(value), names, n=1) if isinstance(value, str) else []
+    return f"must be one of {shown} (got {value!r})" + (f"; did you mean {close[0]}?" if close else "")
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

@@ -16,6 +16,12 @@ from __future__ import annotations
 
 from rollway.common.config import setting
 
+# Reward functions by name, rm_type's values: the rollout service builds them (rollout/rewards/),
+# built in or registered by settings (remote: rm_url; custom: custom_rm_path); the coordinator's
+# settings check a run's rm_type against them without importing the rollout service.
+BUILTIN_REWARD_NAMES = ("exact_match", "math", "f1")
+REWARD_NAMES = (*BUILTIN_REWARD_NAMES, "remote", "custom", "none")
+
 
 def hf_checkpoint(**options):
     return setting(
@@ -60,13 +66,21 @@ def loss_type(**options):
 
 def num_epoch(**options):
     return setting(
-        1, "epochs over the prompt data (0: no end; epochs wrap until stopped)", shared=True, **options
+        1,
+        "epochs over the prompt data (0: no end; epochs wrap until stopped)",
+        shared=True,
+        minimum=0,
+        **options,
     )
 
 
 def rollout_seed(**options):
     return setting(
-        42, "seed of sampling (per-sample seed = rollout_seed + index) and data order", shared=True, **options
+        42,
+        "seed of sampling (per-sample seed = rollout_seed + index) and data order",
+        shared=True,
+        minimum=0,
+        **options,
     )
 
 
@@ -75,17 +89,28 @@ def eval_prompt_data(**options):
 
 
 def n_samples_per_prompt(**options):
-    return setting(1, "samples per prompt (the group size of group advantages)", shared=True, **options)
+    return setting(
+        1,
+        "samples per prompt (the group size of group advantages)",
+        shared=True,
+        exclusive_minimum=0,
+        **options,
+    )
 
 
 def rollout_temperature(**options):
     return setting(
-        1.0, "sampling temperature (0: greedy); the trainer divides logits by it for log-probs", shared=True
+        1.0,
+        "sampling temperature (0: greedy); the trainer divides logits by it for log-probs",
+        shared=True,
+        minimum=0,
     )
 
 
 def rollout_top_p(**options):
-    return setting(1.0, "nucleus sampling threshold in (0, 1]", shared=True, **options)
+    return setting(
+        1.0, "nucleus sampling threshold in (0, 1]", shared=True, exclusive_minimum=0, maximum=1, **options
+    )
 
 
 def rollout_top_k(**options):
@@ -93,7 +118,7 @@ def rollout_top_k(**options):
 
 
 def rollout_max_response_len(**options):
-    return setting(1024, "max response tokens", shared=True, **options)
+    return setting(1024, "max response tokens", shared=True, exclusive_minimum=0, **options)
 
 
 def rollout_stop(**options):
@@ -116,5 +141,6 @@ def cpu_threads(**options):
         "torch threads of each trainer rank and of the CPU rollout engine (0: the usable cores, shared "
         "among a machine's trainer ranks; common/cpu_threads.py)",
         shared=True,
+        minimum=0,
         **options,
     )

@@ -13,7 +13,15 @@ from typing import Literal
 
 from rollway.common import shared_settings
 from rollway.common.advantages import ESTIMATORS
-from rollway.common.config import ConfigError, non_default_settings, setting
+from rollway.common.config import (
+    CALCULATOR_OR_MODULE_ATTR,
+    MODULE_ATTR_OR_EMPTY,
+    RUN_ID_OR_EMPTY,
+    ConfigError,
+    non_default_settings,
+    setting,
+)
+from rollway.common.shared_settings import REWARD_NAMES
 
 LossType = Literal["sft_loss", "policy_loss"]
 # Eval pages generating at once (evaluation.py): the next page's rows join the engine's batch as
@@ -37,7 +45,7 @@ class CoordinatorConfig:
     """Run settings: loop, batches, sampling, advantages, async, eval, checkpoints, debug."""
 
     # Run
-    run_id: str = setting("", "run id; generated (time-based) when empty")
+    run_id: str = setting("", "run id; generated (time-based) when empty", pattern=RUN_ID_OR_EMPTY)
     run_dir: str = setting("", "directory holding one folder per run (empty: the coordinator's --runs-root)")
     resume: bool = setting(
         False,
@@ -46,23 +54,28 @@ class CoordinatorConfig:
         "is refused, so no run's history is ever overwritten",
     )
     num_rollout: int = setting(
-        10, "RL steps (rollouts) to run; for SFT, optimizer steps (0: num_epoch epochs)"
+        10, "RL steps (rollouts) to run; for SFT, optimizer steps (0: num_epoch epochs)", minimum=0
     )
     rollout_seed: int = shared_settings.rollout_seed()
     loss_type: LossType = shared_settings.loss_type()
     num_epoch: int = shared_settings.num_epoch()
 
     # Batches
-    rollout_batch_size: int = setting(8, "prompts per rollout (RL) or conversations per step (SFT)")
+    rollout_batch_size: int = setting(
+        8, "prompts per rollout (RL) or conversations per step (SFT)", exclusive_minimum=0
+    )
     n_samples_per_prompt: int = shared_settings.n_samples_per_prompt()
-    global_batch_size: int = setting(8, "samples per optimizer step")
+    global_batch_size: int = setting(8, "samples per optimizer step", exclusive_minimum=0)
     over_sampling_batch_size: int = setting(
         0,
         "prompts requested per refill when dynamic sampling drops groups: at least rollout_batch_size, "
         "as in Miles (0: the missing groups' prompts only)",
+        minimum=0,
     )
     dynamic_sampling_filter_path: str = setting(
-        "", "group filter, e.g. check_reward_nonzero_std (drop zero-std groups)"
+        "",
+        "group filter, e.g. check_reward_nonzero_std (drop zero-std groups)",
+        choices=("", "check_reward_nonzero_std"),
     )
     partial_rollout: bool = setting(
         False, "samples aborted once a rollout has enough groups continue in the next rollout"
@@ -77,10 +90,12 @@ class CoordinatorConfig:
     rollout_top_k: int = shared_settings.rollout_top_k()
     rollout_max_response_len: int = shared_settings.rollout_max_response_len()
     rollout_stop: list[str] = shared_settings.rollout_stop()
-    rm_type: str = setting("", "reward function name (empty: the rollout service's default)")
+    rm_type: str = setting(
+        "", "reward function name (empty: the rollout service's default)", choices=("", *REWARD_NAMES)
+    )
 
     # Advantages
-    advantage_estimator: str = shared_settings.advantage_estimator()
+    advantage_estimator: str = shared_settings.advantage_estimator(choices=ESTIMATORS)
     disable_grpo_std_normalization: bool = setting(
         False, "grpo/gspo: centre rewards without dividing by the group's std (Miles' Dr.GRPO switch)"
     )
@@ -96,13 +111,14 @@ class CoordinatorConfig:
         1,
         "async: generate up to this many rollouts ahead of the one training; rollout k starts only "
         "on weights of version >= k + 1 - this, so its samples are at most this many versions old",
+        minimum=1,
     )
-    update_weights_interval: int = setting(1, "push weights every N rollouts")
+    update_weights_interval: int = setting(1, "push weights every N rollouts", exclusive_minimum=0)
     update_weight_buffer_size: int = setting(
         512 * 1024 * 1024, "bytes per weight-sync bucket", bounds=(1, 2**53)
     )
     update_weight_transport: Literal["distributed", "disk"] = setting("distributed", "weight-sync transport")
-    update_weight_timeout: float = setting(300.0, "seconds a weight update may take")
+    update_weight_timeout: float = setting(300.0, "seconds a weight update may take", exclusive_minimum=0)
     update_weight_master_addr: str = setting(
         "",
         "address of the weight group's store at trainer rank 0, as engines reach it (empty: trainer_addr's host)",
@@ -110,29 +126,37 @@ class CoordinatorConfig:
     update_weight_master_port: int = setting(
         0,
         "port of that store (0: a free port of the coordinator's host; set it when the trainer runs elsewhere)",
+        minimum=0,
+        maximum=65535,
     )
     check_weight_update_equal: bool = setting(False, "scramble engine weights, sync, compare checksums")
 
     # Evaluation
     eval_interval: int = setting(
-        0, "evaluate every N rollouts (0: never; the first and last step always when set)"
+        0, "evaluate every N rollouts (0: never; the first and last step always when set)", minimum=0
     )
     eval_prompt_data: list[str] = shared_settings.eval_prompt_data()
-    n_samples_per_eval_prompt: int = setting(1, "samples per eval prompt (pass@k uses them)")
-    eval_temperature: float = setting(0.0, "eval sampling temperature (0: greedy)")
+    n_samples_per_eval_prompt: int = setting(
+        1, "samples per eval prompt (pass@k uses them)", exclusive_minimum=0
+    )
+    eval_temperature: float = setting(0.0, "eval sampling temperature (0: greedy)", minimum=0)
     eval_batch_size: int = setting(
         0,
         "eval prompts per Generate, two generating at once (0: as many as keep those within the "
         "samples of a rollout, rollout_batch_size x n_samples_per_prompt, which the memory plan counts)",
+        minimum=0,
     )
 
     # Checkpoints
     save: str = setting("", "directory for run checkpoints (trainer, dataloader cursor, coordinator)")
-    save_interval: int = setting(0, "checkpoint every N steps (0: only at the end when save is set)")
+    save_interval: int = setting(
+        0, "checkpoint every N steps (0: only at the end when save is set)", minimum=0
+    )
     save_total_limit: int = setting(
         0,
         "after each save, keep only the newest N complete run checkpoints under save (0: keep all); "
         "the one the latest pointer names and the load checkpoint are never deleted",
+        minimum=0,
     )
     async_save: bool = setting(
         False,
@@ -162,9 +186,11 @@ class CoordinatorConfig:
 
     # Dashboard (what the run keeps for its Rollouts view)
     dashboard_rollout_groups: int = setting(
-        8, "groups of each rollout kept in RUN_DIR/rollouts for the dashboard (0: none)"
+        8, "groups of each rollout kept in RUN_DIR/rollouts for the dashboard (0: none)", minimum=0
     )
-    dashboard_rollout_steps: int = setting(200, "rollouts whose samples are kept, the newest (0: all)")
+    dashboard_rollout_steps: int = setting(
+        200, "rollouts whose samples are kept, the newest (0: all)", minimum=0
+    )
     dashboard_trainer_log_probs: bool = setting(
         False,
         "score the kept samples with the trainer before each step (one more forward pass over them, "
@@ -176,17 +202,20 @@ class CoordinatorConfig:
         3,
         "restarts of dead services per run: the dead one is restarted and the run continues from its "
         "last checkpoint (save), or from the start without one; 0: a dead service fails the run",
+        minimum=0,
     )
     restart_backoff_seconds: float = setting(
         1.0,
         "wait before a restart, doubled for each further restart before the run completes a step "
         "(at most 30 s)",
+        minimum=0,
     )
     hung_service_seconds: float = setting(
         0.0,
         "a service is hung when it answers nothing (frozen) or a long call of it makes no progress "
         "(no micro-batch, token, bucket or reply) for this long: it is killed (SIGKILL) and recovered "
         "like a dead one; 0: 10x the median of that call's recent durations, at least 60 s",
+        minimum=0,
     )
 
     # Services (attach mode; empty: the coordinator starts them)
@@ -201,16 +230,22 @@ class CoordinatorConfig:
         "launcher ray: the strategy of the run's placement group (Ray's names): PACK on as few nodes "
         "as possible, SPREAD over as many, STRICT_PACK all on one node, STRICT_SPREAD one actor per node",
     )
-    ray_trainer_num_cpus: float = setting(1.0, "launcher ray: CPUs each trainer rank's actor reserves")
+    ray_trainer_num_cpus: float = setting(
+        1.0, "launcher ray: CPUs each trainer rank's actor reserves", exclusive_minimum=0
+    )
     ray_trainer_num_gpus: float = setting(
         1.0,
         "launcher ray: GPUs each trainer rank's actor reserves on a cluster with GPUs (0.5: two ranks a GPU)",
+        minimum=0,
     )
     ray_rollout_num_cpus: float = setting(
         1.0,
         "launcher ray: CPUs each rollout service's actor reserves (its GPUs: rollout_num_gpus_per_engine)",
+        exclusive_minimum=0,
     )
-    ray_dataloader_num_cpus: float = setting(1.0, "launcher ray: CPUs the dataloader's actor reserves")
+    ray_dataloader_num_cpus: float = setting(
+        1.0, "launcher ray: CPUs the dataloader's actor reserves", exclusive_minimum=0
+    )
     ray_trainer_resources: dict[str, float] = setting(
         {},
         "launcher ray: custom resources each trainer rank's actor reserves, e.g. {node_trainer: 1} to "
@@ -227,12 +262,14 @@ class CoordinatorConfig:
         "environment: remote with no environment_url: the Environment service the coordinator starts, "
         "health-checks, restarts (max_restarts) and stops with the run: calculator, or module:attr "
         "of an Environment class (or factory)",
+        pattern=CALCULATOR_OR_MODULE_ATTR,
     )
     openenv_app: str = setting(
         "",
         "environment: openenv with no openenv_url: module:attr of the OpenEnv app (create_app) the "
         "coordinator serves in its own process (rollway.rollout.environments.openenv_server), "
         "health-checks (/health), restarts (max_restarts) and stops with the run",
+        pattern=MODULE_ATTR_OR_EMPTY,
     )
     trainer_addr: str = setting("", "address of a running trainer")
     rollout_addr: list[str] = setting([], "addresses of running rollout services")
@@ -257,19 +294,9 @@ class CoordinatorConfig:
         return max(1, samples_per_page // max(self.n_samples_per_eval_prompt, 1))
 
     def validate(self) -> None:
-        positive = (
-            "rollout_batch_size",
-            "n_samples_per_prompt",
-            "global_batch_size",
-            "update_weights_interval",
-        )
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ConfigError(name, f"must be positive (got {getattr(self, name)})")
-        if self.num_rollout < 0:
-            raise ConfigError("num_rollout", "must not be negative")
+        """Rules across settings (each value's own range or choices is declared with it, above)."""
         # Miles asserts the same; below it, a refill would have to ask for more than the setting says.
-        if 0 < self.over_sampling_batch_size < self.rollout_batch_size or self.over_sampling_batch_size < 0:
+        if 0 < self.over_sampling_batch_size < self.rollout_batch_size:
             raise ConfigError(
                 "over_sampling_batch_size",
                 f"must be 0 (the missing prompts) or at least rollout_batch_size = {self.rollout_batch_size} "
@@ -281,8 +308,6 @@ class CoordinatorConfig:
                 f"rollout_batch_size * n_samples_per_prompt = {self.samples_per_rollout} is not divisible "
                 f"by global_batch_size = {self.global_batch_size}",
             )
-        if self.advantage_estimator not in ESTIMATORS:
-            raise ConfigError("advantage_estimator", f"must be one of {', '.join(ESTIMATORS)}")
         if self.debug_rollout_only and (self.debug_train_only or self.load_debug_rollout_data):
             raise ConfigError(
                 "debug_rollout_only", "cannot be combined with debug_train_only/load_debug_rollout_data"
@@ -291,15 +316,6 @@ class CoordinatorConfig:
             raise ConfigError("debug_rollout_only", "has no meaning with loss_type sft_loss")
         if len(self.eval_prompt_data) % 2:
             raise ConfigError("eval_prompt_data", "expects name path pairs")
-        for name in ("eval_interval", "eval_batch_size", "save_interval", "save_total_limit"):
-            if getattr(self, name) < 0:
-                raise ConfigError(name, "must not be negative")
-        if self.max_weight_staleness < 1:
-            raise ConfigError(
-                "max_weight_staleness", "must be at least 1 (async generates that many rollouts ahead)"
-            )
-        if self.dynamic_sampling_filter_path not in ("", "check_reward_nonzero_std"):
-            raise ConfigError("dynamic_sampling_filter_path", "supported filters: check_reward_nonzero_std")
         if self.partial_rollout and not self.dynamic_sampling_filter_path:
             raise ConfigError(
                 "partial_rollout",
@@ -307,25 +323,6 @@ class CoordinatorConfig:
             )
         if self.mask_offpolicy_in_partial_rollout and not self.partial_rollout:
             raise ConfigError("mask_offpolicy_in_partial_rollout", "needs partial_rollout")
-        if not 0 <= self.update_weight_master_port < 65536:
-            raise ConfigError("update_weight_master_port", "must be in [0, 65535]")
-        if self.max_restarts < 0 or self.restart_backoff_seconds < 0:
-            raise ConfigError(
-                "max_restarts" if self.max_restarts < 0 else "restart_backoff_seconds", "must not be negative"
-            )
-        if self.hung_service_seconds < 0:
-            raise ConfigError(
-                "hung_service_seconds", "must not be negative (0: sized from the calls' durations)"
-            )
-        if self.dashboard_rollout_groups < 0 or self.dashboard_rollout_steps < 0:
-            raise ConfigError(
-                "dashboard_rollout_groups"
-                if self.dashboard_rollout_groups < 0
-                else "dashboard_rollout_steps",
-                "must not be negative",
-            )
-        if self.rollout_temperature < 0:
-            raise ConfigError("rollout_temperature", "must not be negative")
         if self.ray_address and self.launcher != "ray":
             raise ConfigError("ray_address", "needs launcher ray")
         self._validate_ray_placement()
@@ -340,11 +337,6 @@ class CoordinatorConfig:
             value = getattr(self, name)
             if self.launcher != "ray" and name in changed:
                 raise ConfigError(name, "needs launcher ray")
-            if name.endswith("_num_cpus") and value <= 0:
-                # A bundle of nothing is refused by Ray; a fraction (0.5) shares a CPU.
-                raise ConfigError(name, f"must be positive (got {value:g})")
-            if name.endswith("_num_gpus") and value < 0:
-                raise ConfigError(name, f"must not be negative (got {value:g})")
             if name.endswith("_resources"):
                 for key, amount in value.items():
                     if key in ("CPU", "GPU", "memory", "object_store_memory"):
@@ -362,12 +354,6 @@ class CoordinatorConfig:
                 "is started as a local process, not with launcher ray: start the environment service "
                 "yourself (python -m rollway.rollout.environments) and give environment_url",
             )
-        module, _, attr = self.remote_environment.partition(":")
-        if self.remote_environment != "calculator" and not (module and attr):
-            raise ConfigError(
-                "remote_environment",
-                f"must be calculator or module:attr of an Environment (got {self.remote_environment!r})",
-            )
 
     def _validate_openenv_app(self) -> None:
         if self.launcher == "ray":
@@ -378,11 +364,6 @@ class CoordinatorConfig:
             )
         if self.remote_environment:
             raise ConfigError("openenv_app", "give remote_environment or openenv_app, not both")
-        module, _, attr = self.openenv_app.partition(":")
-        if not (module and attr):
-            raise ConfigError(
-                "openenv_app", f"must be module:attr of an OpenEnv app (got {self.openenv_app!r})"
-            )
 
     @property
     def weight_master_address(self) -> str:

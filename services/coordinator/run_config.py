@@ -20,15 +20,11 @@ from typing import Any
 
 from rollway.common.config import ConfigError, coerce_setting, from_dict
 from rollway.common.run_components import run_components
+from rollway.common.shared_settings import REWARD_NAMES
 from rollway.coordinator import run_plan
 from rollway.coordinator.config import CoordinatorConfig
 from rollway.dataloader.config import DataloaderConfig
-from rollway.rollout.config import (
-    PROCESS_SETTINGS,
-    REWARD_NAMES,
-    RolloutConfig,
-    process_setting_problem,
-)
+from rollway.rollout.config import PROCESS_SETTINGS, RolloutConfig, process_setting_problem
 from rollway.trainer.config import TrainerConfig
 
 # Config modules import no torch, so parsing a run config is instant.
@@ -205,6 +201,10 @@ def parse_run_config(
                     problems.append((exc.setting, exc.problem))
                     rejected.add(key)
                     break
+    trainer_settings_problems = _trainer_settings_problems(given.get("trainer_settings"))
+    if trainer_settings_problems:
+        problems += trainer_settings_problems
+        rejected.add("trainer_settings")
     given = {k: v for k, v in given.items() if k not in rejected}
     problems += _process_setting_problems(given)
     problems += _batch_arithmetic(given)
@@ -265,6 +265,31 @@ def _plan_steps(run: RunConfig, problems: list[tuple[str, str]], check_files: bo
         )
         c.num_rollout = run_plan.num_steps(c.num_rollout, d.num_epoch, c.rollout_batch_size, shape.num_rows)
     return {setting for setting, _, precondition in found if precondition}
+
+
+def _trainer_settings_problems(trainer_settings: Any) -> list[tuple[str, str]]:
+    """trainer_settings (sent with trainer.Init) holds trainer settings with valid values: checked
+    here, as the schema describes it, not at the trainer's Init after the run has started."""
+    if trainer_settings is None:
+        return []
+    if not isinstance(trainer_settings, Mapping):
+        return [
+            (
+                "trainer_settings",
+                f"must be a mapping of trainer settings (got {type(trainer_settings).__name__})",
+            )
+        ]
+    fields = _field_names(TrainerConfig)
+    problems = []
+    for key, value in trainer_settings.items():
+        if key not in fields:
+            problems.append(("trainer_settings", f"{key}: not a trainer setting"))
+            continue
+        try:
+            coerce_setting(TrainerConfig, _canonical(TrainerConfig, key), value, strict=True)
+        except ConfigError as exc:
+            problems.append(("trainer_settings", f"{key}: {exc.problem}"))
+    return problems[:1]
 
 
 def _reward_problems(run: RunConfig) -> list[tuple[str, str]]:

@@ -28,6 +28,7 @@ class PastRun:
     num_steps: int
     created: float
     finished: float
+    started: float = 0.0
     last_metrics: dict[str, float] = field(default_factory=dict)
     checkpoint_dir: str = ""
     hf_export_dir: str = ""
@@ -62,7 +63,9 @@ def read_run(run_dir: Path) -> PastRun:
         step=(int(steps[-1]["step"]) + 1) if steps else 0,
         num_steps=int((config.get("plan") or {}).get("num_steps", coordinator.get("num_rollout", 0)) or 0),
         created=float((config.get("plan") or {}).get("created", _mtime(run_dir / "config.json"))),
-        finished=float(status.get("time", 0.0)),
+        started=float(run_files.read_json(run_dir / run_files.STARTED_FILE).get("time", 0.0)),
+        # An interrupted run (no state recorded) ended with the last thing it wrote.
+        finished=float(status["time"]) if status else _last_written(run_dir),
         last_metrics={k: float(v) for k, v in last.items() if k not in ("step", "time") and _number(v)},
         checkpoint_dir=result.get("checkpoint_dir", ""),
         hf_export_dir=result.get("hf_export_dir", ""),
@@ -86,6 +89,10 @@ def _records(run_dir: Path) -> list[dict]:
 
 def _number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _last_written(run_dir: Path) -> float:
+    return max(_mtime(run_dir / name) for name in ("config.json", "metrics.jsonl", run_files.STARTED_FILE))
 
 
 def _mtime(path: Path) -> float:

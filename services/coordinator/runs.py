@@ -14,6 +14,7 @@ execute: start the services the config gives no address for (run_start.py), conn
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import re
@@ -23,7 +24,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollway.common.config import to_dict
+from rollway.common.config import RUN_ID, to_dict
 from rollway.common.errors import AlreadyExists, InvalidArgument, NotFound, problems_error
 from rollway.common.log import bind_run_context, get_logger
 from rollway.common.supervision.supervisor import (
@@ -58,8 +59,7 @@ from rollway.coordinator.startup_report import Stopwatch, loading_line
 
 log = get_logger("rollway.coordinator.runs")
 
-# A run id names a directory under the runs root: no separators, no "..", no leading dot.
-RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+RUN_ID_PATTERN = re.compile(RUN_ID)  # declared with the run_id setting
 WATCH_SECONDS = 0.5
 # After a failed call, how long to wait for the watcher to name a service that is dying.
 DEAD_GRACE_SECONDS = 3.0
@@ -90,6 +90,8 @@ class RunRecord:
     started: float = 0.0  # when it first ran a step's services (RUNNING)
     ended: float = 0.0
     past: PastRun | None = None  # a run this coordinator does not drive, as its directory tells
+    # The flat config as StartRun took it (RunInfo.config: a client can send it back).
+    given: dict = field(default_factory=dict)
     notices: list[str] = field(default_factory=list)  # what the run survived, a line each (RunInfo)
     startup: list[str] = field(default_factory=list)  # what it did while starting (RunInfo)
     failed_at: float = 0.0  # time.monotonic() when the failure being recovered from was caught
@@ -125,7 +127,8 @@ class RunRecord:
     def from_disk(cls, past: PastRun) -> RunRecord:
         return cls(
             run_id=past.run_id, run=None, run_dir=past.run_dir, state=past.state, error=past.error,
-            created=past.created, ended=past.finished, num_restarts=past.num_restarts, past=past,
+            created=past.created, started=past.started, ended=past.finished,
+            num_restarts=past.num_restarts, past=past,
         )  # fmt: skip
 
 
@@ -206,7 +209,8 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
         # an actor on a lost node), and a client that saw the final state may stop this process.
         record.ended = time.time()
         try:
-            run_files.write_status(record.run_dir, record.state, record.error)  # for the dashboard
+            # for the dashboard, and GetRun's finished_time after a restart (the same time)
+            run_files.write_status(record.run_dir, record.state, record.error, ended=record.ended)
         finally:
             if record.group is not None:
                 record.group.stop()
@@ -259,7 +263,12 @@ def _attempt(record: RunRecord, *, progress: bool) -> dict[str, float]:
         previous.sink.close()
     _report_restarts(record)
     record.state = "RUNNING"
-    record.started = record.started or time.time()
+    if not record.started:
+        record.started = time.time()
+        try:  # kept for GetRun after a coordinator restart (run_history.py reads it)
+            run_files.write_started(record.run_dir, record.started)
+        except OSError as exc:
+            log.error("could not record the run's start", error=str(exc))
     return record.driver.execute()
 
 
@@ -621,7 +630,7 @@ class RunManager:
         run_dir = Path(run.coordinator.run_dir or self.default_run_root) / run_id
         with self._lock:
             self._check_new_id(run_id, run_dir, run.coordinator.resume, run.coordinator.num_rollout)
-            record = RunRecord(run_id=run_id, run=run, run_dir=run_dir)
+            record = RunRecord(run_id=run_id, run=run, run_dir=run_dir, given=copy.deepcopy(run.given))
             self._runs[run_id] = record
         run_dir.mkdir(parents=True, exist_ok=True)
         resolved = {name: to_dict(run.component(name)) for name in COMPONENTS}

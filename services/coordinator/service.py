@@ -64,10 +64,9 @@ def _run_info(record: RunRecord, dashboard_url: str) -> coordinator_pb2.RunInfo:
         info.step, info.num_steps = past.step, past.num_steps
         info.last_metrics.update(past.last_metrics)
         info.checkpoint_dir, info.hf_export_dir = past.checkpoint_dir, past.hf_export_dir
-        info.started_time = 0.0
         info.end_of_data = str((past.config.get("plan") or {}).get("end_of_data", ""))
         info.notices.extend(n["notice"] for n in run_files.read_notices(record.run_dir))
-        info.config.update(jsonable_config({k: v for k, v in past.config.items() if k != "plan"}))
+        info.config.update(jsonable_config(past.config.get("given") or {}))
     else:
         driver = record.driver
         info.step = driver.state.next_rollout_id if driver is not None else 0
@@ -83,8 +82,7 @@ def _run_info(record: RunRecord, dashboard_url: str) -> coordinator_pb2.RunInfo:
                 for i, address in enumerate(group)
             }
         )
-        resolved = {name: to_dict(record.run.component(name)) for name in COMPONENTS}
-        info.config.update(jsonable_config(resolved))
+        info.config.update(jsonable_config(record.given))
     records, _ = run_files.read_metrics(record.run_dir)
     since = record.created if past is None else 0.0  # a live run: this attempt's pace (step_pace.py)
     interval = record.config.eval_interval if past is None else run_files.eval_interval(record.run_dir)

@@ -31,7 +31,7 @@ class DataloaderConfig:
     )
     eval_prompt_data: list[str] = shared_settings.eval_prompt_data()
     input_key: str = setting(
-        "input", "column with the prompt (a string) or the conversation (a list of messages)"
+        "input", "column with the prompt (a string) or the conversation (a list of messages)", min_length=1
     )
     label_key: str = setting("", "column with the label (empty: no label)")
     metadata_key: str = setting("metadata", "column with per-row metadata (a mapping; absent column: {})")
@@ -50,9 +50,13 @@ class DataloaderConfig:
     rollout_seed: int = shared_settings.rollout_seed()
     num_epoch: int = shared_settings.num_epoch()
     rollout_max_prompt_len: int = setting(
-        0, "drop (and count) items with more tokens: RL prompts, SFT whole conversations (0: no limit)"
+        0,
+        "drop (and count) items with more tokens: RL prompts, SFT whole conversations (0: no limit)",
+        minimum=0,
     )
-    prefetch_size: int = setting(256, "items tokenised ahead in the background (0: tokenise on request)")
+    prefetch_size: int = setting(
+        256, "items tokenised ahead in the background (0: tokenise on request)", minimum=0
+    )
     skip_bad_rows: bool = setting(
         False, "skip and count bad rows instead of failing with an error naming them"
     )
@@ -94,11 +98,6 @@ class DataloaderConfig:
             except SourceSpecError as exc:
                 setting_name = "prompt_data_weights" if "weight" in str(exc) else name
                 raise ConfigError(setting_name, str(exc)) from None
-        if not self.input_key:
-            raise ConfigError("input_key", "must not be empty")
-        for name in ("num_epoch", "rollout_max_prompt_len", "prefetch_size", "rollout_seed"):
-            if getattr(self, name) < 0:
-                raise ConfigError(name, f"must not be negative (got {getattr(self, name)})")
         if self.is_sft and not self.apply_chat_template:
             raise ConfigError("apply_chat_template", "SFT needs it: loss masks come from the chat template")
         if self.chat_template_path and not self.apply_chat_template:

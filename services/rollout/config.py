@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rollway.common import shared_settings
-from rollway.common.config import ConfigError, setting
+from rollway.common.config import KEY_EQUALS_VALUE, MODULE_ATTR_OR_EMPTY, ConfigError, setting
 
 # Engine names; the registry in engines/__init__.py maps each to its implementation.
 ENGINE_NAMES = ("hf", "sglang")
@@ -68,12 +68,6 @@ ENVIRONMENT_NAMES = ("none", "calculator", "remote", "custom", "verifiers", "ope
 TOOL_CALL_PARSERS = ("qwen3", "qwen25")  # both: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
 
 
-# Reward functions by name (rewards/__init__.py builds them): built in, and registered by settings
-# (remote: rm_url; custom: custom_rm_path). Here so that a run config is checked without them.
-BUILTIN_REWARD_NAMES = ("exact_match", "math", "f1")
-REWARD_NAMES = (*BUILTIN_REWARD_NAMES, "remote", "custom", "none")
-
-
 @dataclass
 class RolloutConfig:
     """Rollout settings: engine, model, sampling defaults, rewards, limits."""
@@ -91,21 +85,29 @@ class RolloutConfig:
         "continuous",
         "hf engine: continuous (samples join as others finish) or static (whole batches) batching",
     )
-    max_running_requests: int = setting(256, "hf engine: most samples decoded together in one batch")
+    max_running_requests: int = setting(
+        256, "hf engine: most samples decoded together in one batch", exclusive_minimum=0
+    )
     rollout_max_context_len: int = setting(
-        0, "longest prompt + response accepted; 0: the model's max_position_embeddings"
+        0, "longest prompt + response accepted; 0: the model's max_position_embeddings", minimum=0
     )
     max_samples_per_request: int = setting(
-        4096, "most samples (prompts x n_samples_per_prompt) one Generate may ask for (RESOURCE_EXHAUSTED)"
+        4096,
+        "most samples (prompts x n_samples_per_prompt) one Generate may ask for (RESOURCE_EXHAUSTED)",
+        exclusive_minimum=0,
     )
     max_generate_calls: int = setting(
-        0, "Generate calls generating at once; more wait in the queue (0: --max-workers minus 4)"
+        0, "Generate calls generating at once; more wait in the queue (0: --max-workers minus 4)", minimum=0
     )
     generate_queue_size: int = setting(
-        256, "Generate calls that may wait for a running slot; one more is refused (RESOURCE_EXHAUSTED)"
+        256,
+        "Generate calls that may wait for a running slot; one more is refused (RESOURCE_EXHAUSTED)",
+        minimum=0,
     )
     generate_queue_timeout: float = setting(
-        600.0, "seconds a queued Generate call may wait for a running slot (then DEADLINE_EXCEEDED)"
+        600.0,
+        "seconds a queued Generate call may wait for a running slot (then DEADLINE_EXCEEDED)",
+        exclusive_minimum=0,
     )
     # --- prompts given as text or chat messages ---
     chat_template_path: str = shared_settings.chat_template_path()
@@ -123,10 +125,14 @@ class RolloutConfig:
     # --- rewards ---
     reward: str = setting("exact_match", "reward function used when a request names none ('none': no reward)")
     rm_url: str = setting("", "URL of a remote reward model (registers the 'remote' reward)")
-    custom_rm_path: str = setting("", "module:function of a custom reward (registers the 'custom' reward)")
+    custom_rm_path: str = setting(
+        "", "module:function of a custom reward (registers the 'custom' reward)", pattern=MODULE_ATTR_OR_EMPTY
+    )
     group_rm: bool = setting(False, "the custom reward scores a whole group: f(samples) -> list of rewards")
-    reward_timeout: float = setting(30.0, "seconds one reward call may take before the sample is marked")
-    num_reward_workers: int = setting(8, "threads computing rewards concurrently")
+    reward_timeout: float = setting(
+        30.0, "seconds one reward call may take before the sample is marked", exclusive_minimum=0
+    )
+    num_reward_workers: int = setting(8, "threads computing rewards concurrently", exclusive_minimum=0)
     # --- multi-turn episodes (environments/, episodes.py) ---
     environment: str = setting(
         "none",
@@ -144,23 +150,35 @@ class RolloutConfig:
         "",
         "module:attr of an OpenEnvTurns (environments/openenv.py): the model's turn as the OpenEnv "
         "Action, its StepResult as the text appended (default: both a `message` string field)",
+        pattern=MODULE_ATTR_OR_EMPTY,
     )
     custom_generate_function_path: str = setting(
-        "", "module:attr of an Environment class (or factory) run for each sample (--environment custom)"
+        "",
+        "module:attr of an Environment class (or factory) run for each sample (--environment custom)",
+        pattern=MODULE_ATTR_OR_EMPTY,
     )
     verifiers_taskset: str = setting(
         "",
         "module:attr of a verifiers Taskset, Env or a function returning one (--environment verifiers; "
         "PyPI verifiers==0.4.0)",
+        pattern=MODULE_ATTR_OR_EMPTY,
     )
-    generate_max_turns: int = setting(16, "most model turns of an episode (then FINISH_REASON_MAX_TURNS)")
+    generate_max_turns: int = setting(
+        16, "most model turns of an episode (then FINISH_REASON_MAX_TURNS)", exclusive_minimum=0
+    )
     generate_max_total_tokens: int = setting(
-        0, "most response tokens of an episode, model and environment (0: the model context)"
+        0, "most response tokens of an episode, model and environment (0: the model context)", minimum=0
     )
-    generate_turn_timeout: float = setting(300.0, "seconds one model turn may take (then TURN_TIMEOUT)")
-    generate_episode_timeout: float = setting(1800.0, "seconds one episode may take (then EPISODE_TIMEOUT)")
+    generate_turn_timeout: float = setting(
+        300.0, "seconds one model turn may take (then TURN_TIMEOUT)", exclusive_minimum=0
+    )
+    generate_episode_timeout: float = setting(
+        1800.0, "seconds one episode may take (then EPISODE_TIMEOUT)", exclusive_minimum=0
+    )
     environment_step_timeout: float = setting(
-        60.0, "seconds one call to a remote or verifiers environment may take (then the sample FAILED)"
+        60.0,
+        "seconds one call to a remote or verifiers environment may take (then the sample FAILED)",
+        exclusive_minimum=0,
     )
     generate_tool_call_parser: str = setting(
         "qwen3",
@@ -168,24 +186,34 @@ class RolloutConfig:
         choices=TOOL_CALL_PARSERS,
     )
     num_environment_workers: int = setting(
-        16, "threads stepping environments concurrently (an agent episode holds one while it runs)"
+        16,
+        "threads stepping environments concurrently (an agent episode holds one while it runs)",
+        exclusive_minimum=0,
     )
     # --- agents against the OpenAI-compatible endpoint (agents/, --environment agent) ---
     agent_function_path: str = setting(
-        "", "module:attr of the agent run once per sample with its episode's OpenAI base_url"
+        "",
+        "module:attr of the agent run once per sample with its episode's OpenAI base_url",
+        pattern=MODULE_ATTR_OR_EMPTY,
     )
     agent_request_timeout: float = setting(
-        300.0, "seconds an agent episode waits for the agent's next request (then the sample FAILED)"
+        300.0,
+        "seconds an agent episode waits for the agent's next request (then the sample FAILED)",
+        exclusive_minimum=0,
     )
     openai_api_port: int = setting(
         0,
         "port of the OpenAI-compatible HTTP endpoint on the service's host; 0: a free port, served "
         "from the first agent episode on; a port: served from the start, plain /v1 requests too",
+        minimum=0,
+        maximum=65535,
     )
     # --- sglang engine ---
     sglang_urls: list[str] = setting([], "use these running SGLang servers instead of launching any")
     rollout_num_gpus: int = setting(1, "sglang: GPUs used for rollout (servers = this / per-engine GPUs)")
-    rollout_num_gpus_per_engine: int = setting(1, "sglang: tensor-parallel size of each server")
+    rollout_num_gpus_per_engine: int = setting(
+        1, "sglang: tensor-parallel size of each server", exclusive_minimum=0
+    )
     sglang_mem_fraction_static: float = setting(
         0.8, "sglang: fraction of GPU memory for weights and KV cache"
     )
@@ -200,13 +228,17 @@ class RolloutConfig:
         "", "sglang: Python interpreter of launched servers (SGLang's own venv; default: this one)"
     )
     sglang_env: list[str] = setting(
-        [], "sglang: KEY=VALUE environment of launched servers, over this process's environment"
+        [],
+        "sglang: KEY=VALUE environment of launched servers, over this process's environment",
+        pattern=KEY_EQUALS_VALUE,
     )
     sglang_startup_timeout: float = setting(900.0, "sglang: seconds a server may take to become healthy")
     sglang_request_timeout: float = setting(3600.0, "sglang: seconds one /generate call may take")
     sglang_health_interval: float = setting(10.0, "sglang: seconds between supervisor health checks")
     sglang_max_restarts: int = setting(3, "sglang: restarts of a dead server before giving up")
-    sglang_server_concurrency: int = setting(512, "sglang: in-flight /generate calls per server")
+    sglang_server_concurrency: int = setting(
+        512, "sglang: in-flight /generate calls per server", exclusive_minimum=0
+    )
 
     def check_required(self) -> None:
         """What a run cannot go without (a rollout service started bare gets it from its run)."""
@@ -214,61 +246,19 @@ class RolloutConfig:
             raise ConfigError("hf_checkpoint", "is required (model directory with config and tokenizer)")
 
     def validate(self) -> None:
-        positive = {
-            "max_running_requests": self.max_running_requests,
-            "max_samples_per_request": self.max_samples_per_request,
-            "n_samples_per_prompt": self.n_samples_per_prompt,
-            "rollout_max_response_len": self.rollout_max_response_len,
-            "num_reward_workers": self.num_reward_workers,
-            "rollout_num_gpus_per_engine": self.rollout_num_gpus_per_engine,
-            "sglang_server_concurrency": self.sglang_server_concurrency,
-        }
-        for name, value in positive.items():
-            if value <= 0:
-                raise ConfigError(name, f"must be positive (got {value})")
-        if self.cpu_threads < 0:
-            raise ConfigError("cpu_threads", f"must be >= 0 (got {self.cpu_threads})")
-        if self.rollout_temperature < 0:
-            raise ConfigError("rollout_temperature", f"must be >= 0 (got {self.rollout_temperature})")
-        if not 0 < self.rollout_top_p <= 1:
-            raise ConfigError("rollout_top_p", f"must be in (0, 1] (got {self.rollout_top_p})")
-        if self.max_generate_calls < 0:
-            raise ConfigError("max_generate_calls", f"must be >= 0 (got {self.max_generate_calls})")
-        if self.generate_queue_size < 0:
-            raise ConfigError("generate_queue_size", f"must be >= 0 (got {self.generate_queue_size})")
-        if self.generate_queue_timeout <= 0:
-            raise ConfigError(
-                "generate_queue_timeout", f"must be positive (got {self.generate_queue_timeout})"
-            )
-        if self.reward_timeout <= 0:
-            raise ConfigError("reward_timeout", f"must be positive (got {self.reward_timeout})")
-        if self.rollout_max_context_len < 0:
-            raise ConfigError("rollout_max_context_len", "must be >= 0")
+        """Rules across settings (each value's own range or shape is declared with it, above)."""
         if self.reward == "remote" and not self.rm_url:
             raise ConfigError("rm_url", "the 'remote' reward needs --rm-url")
         if self.reward == "custom" and not self.custom_rm_path:
             raise ConfigError("custom_rm_path", "the 'custom' reward needs --custom-rm-path module:function")
-        if self.custom_rm_path and ":" not in self.custom_rm_path:
-            raise ConfigError("custom_rm_path", f"must be module:function (got {self.custom_rm_path!r})")
         if self.group_rm and not self.custom_rm_path:
             raise ConfigError("group_rm", "needs --custom-rm-path (the group function)")
         self._validate_environment()
-        for entry in self.sglang_env:
-            if "=" not in entry or not entry.split("=", 1)[0]:
-                raise ConfigError("sglang_env", f"entries are KEY=VALUE (got {entry!r})")
         if self.rollout_engine == "sglang" and not self.sglang_urls:
             if self.rollout_num_gpus % self.rollout_num_gpus_per_engine:
                 raise ConfigError("rollout_num_gpus", "must be a multiple of --rollout-num-gpus-per-engine")
 
     def _validate_environment(self) -> None:
-        for name in ("generate_max_turns", "num_environment_workers"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(name, f"must be positive (got {getattr(self, name)})")
-        for name in ("generate_turn_timeout", "generate_episode_timeout", "environment_step_timeout"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(name, f"must be positive seconds (got {getattr(self, name)})")
-        if self.generate_max_total_tokens < 0:
-            raise ConfigError("generate_max_total_tokens", "must be >= 0 (0: the model context)")
         if self.environment == "remote" and not self.environment_url:
             raise ConfigError("environment_url", "the 'remote' environment needs --environment-url host:port")
         if self.environment == "custom" and not self.custom_generate_function_path:
@@ -278,28 +268,9 @@ class RolloutConfig:
             )
         if self.environment == "openenv" and not self.openenv_url:
             raise ConfigError("openenv_url", "the 'openenv' environment needs --openenv-url http://host:port")
-        if self.openenv_turns and ":" not in self.openenv_turns:
-            raise ConfigError("openenv_turns", f"must be module:attr (got {self.openenv_turns!r})")
         if self.environment == "agent" and not self.agent_function_path:
             raise ConfigError("agent_function_path", "the 'agent' environment needs module:attr of an agent")
-        if self.agent_function_path and ":" not in self.agent_function_path:
-            raise ConfigError(
-                "agent_function_path", f"must be module:attr (got {self.agent_function_path!r})"
-            )
-        if self.agent_request_timeout <= 0:
-            raise ConfigError(
-                "agent_request_timeout", f"must be positive seconds (got {self.agent_request_timeout})"
-            )
-        if not 0 <= self.openai_api_port <= 65535:
-            raise ConfigError("openai_api_port", f"must be a port in [0, 65535] (got {self.openai_api_port})")
-        if self.custom_generate_function_path and ":" not in self.custom_generate_function_path:
-            raise ConfigError(
-                "custom_generate_function_path",
-                f"must be module:attr (got {self.custom_generate_function_path!r})",
-            )
         if self.environment == "verifiers" and not self.verifiers_taskset:
             raise ConfigError(
                 "verifiers_taskset", "the 'verifiers' environment needs module:attr of a Taskset"
             )
-        if self.verifiers_taskset and ":" not in self.verifiers_taskset:
-            raise ConfigError("verifiers_taskset", f"must be module:attr (got {self.verifiers_taskset!r})")

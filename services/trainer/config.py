@@ -36,7 +36,7 @@ class TrainerConfig:
     # --- start-up: model, ranks, precision (Init cannot change these) ---
     hf_checkpoint: str = shared_settings.hf_checkpoint()
     world_size: int = setting(
-        1, "number of trainer ranks (processes); rank 0 serves gRPC and spawns the rest"
+        1, "number of trainer ranks (processes); rank 0 serves gRPC and spawns the rest", minimum=1
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = shared_settings.dtype()
     cpu_threads: int = shared_settings.cpu_threads()
@@ -51,7 +51,9 @@ class TrainerConfig:
     master_addr: str = setting("127.0.0.1", "address of rank 0's rendezvous store")
     master_port: int = setting(0, "port of rank 0's rendezvous store; 0 picks a free one")
     distributed_timeout_seconds: float = setting(
-        600.0, "timeout of a collective between ranks: a rank that stops answering is reported after it"
+        600.0,
+        "timeout of a collective between ranks: a rank that stops answering is reported after it",
+        exclusive_minimum=0,
     )
     exit_when_ranks_break: bool = setting(
         False,
@@ -63,7 +65,7 @@ class TrainerConfig:
     ref_load: str = setting(
         "", "Hugging Face directory of the reference model for KL (default: the starting checkpoint)"
     )
-    lora_rank: int = setting(0, "LoRA rank (0: full fine-tuning); only the adapters train")
+    lora_rank: int = setting(0, "LoRA rank (0: full fine-tuning); only the adapters train", minimum=0)
     lora_alpha: float = setting(16.0, "LoRA alpha: adapters are scaled by lora_alpha / lora_rank")
     lora_target_modules: list[str] = setting(
         ["all-linear"], "modules that get LoRA adapters (peft names; all-linear: every linear but lm_head)"
@@ -75,33 +77,47 @@ class TrainerConfig:
         "the trained policy is the one the rollout engine samples from; kept, the run warns once)",
     )
     tiled_mlp_shards: int = setting(
-        0, "tiles per MLP call (0: ceil(tokens / max(hidden_size, 1024)), as ALST)"
+        0, "tiles per MLP call (0: ceil(tokens / max(hidden_size, 1024)), as ALST)", minimum=0
     )
     # --- training hyper-parameters (Init may override) ---
     seed: int = setting(1234, "random seed (rank r uses seed + r)")
-    lr: float = setting(1e-5, "peak learning rate of AdamW")
-    min_lr: float = setting(0.0, "learning rate at the end of the decay")
-    weight_decay: float = setting(0.0, "AdamW decoupled weight decay (Miles' FSDP default)")
-    adam_beta1: float = setting(0.9, "AdamW beta1")
-    adam_beta2: float = setting(0.95, "AdamW beta2 (Miles' FSDP default)")
-    adam_eps: float = setting(1e-8, "AdamW epsilon")
-    clip_grad: float = setting(1.0, "clip the global gradient norm to this value; 0 disables clipping")
+    lr: float = setting(1e-5, "peak learning rate of AdamW", minimum=0)
+    min_lr: float = setting(0.0, "learning rate at the end of the decay", minimum=0)
+    weight_decay: float = setting(0.0, "AdamW decoupled weight decay (Miles' FSDP default)", minimum=0)
+    adam_beta1: float = setting(0.9, "AdamW beta1", minimum=0, exclusive_maximum=1)
+    adam_beta2: float = setting(0.95, "AdamW beta2 (Miles' FSDP default)", minimum=0, exclusive_maximum=1)
+    adam_eps: float = setting(1e-8, "AdamW epsilon", minimum=0)
+    clip_grad: float = setting(
+        1.0, "clip the global gradient norm to this value; 0 disables clipping", minimum=0
+    )
     lr_decay_style: str = setting("constant", "learning-rate schedule after warmup", choices=LR_DECAY_STYLES)
-    lr_warmup_iters: int = setting(0, "optimizer steps of linear warmup from 0 to lr")
-    lr_decay_iters: int = setting(0, "optimizer step at which the decay reaches min_lr (linear/cosine)")
-    num_steps_per_rollout: int = setting(1, "optimizer steps per TrainStep; the batch is split evenly")
+    lr_warmup_iters: int = setting(0, "optimizer steps of linear warmup from 0 to lr", minimum=0)
+    lr_decay_iters: int = setting(
+        0, "optimizer step at which the decay reaches min_lr (linear/cosine)", minimum=0
+    )
+    num_steps_per_rollout: int = setting(
+        1, "optimizer steps per TrainStep; the batch is split evenly", exclusive_minimum=0
+    )
     micro_batch_size: int = setting(
-        0, "samples per micro-batch per rank; setting it turns fixed-size micro-batches on (0: unset)"
+        0,
+        "samples per micro-batch per rank; setting it turns fixed-size micro-batches on (0: unset)",
+        minimum=0,
     )
     use_dynamic_batch_size: bool | None = setting(
         None,
         "form micro-batches by token budget (--max-tokens-per-gpu); unset: on unless micro_batch_size is set",
     )
-    max_tokens_per_gpu: int = setting(8192, "token budget of one micro-batch on one rank (a hard limit)")
+    max_tokens_per_gpu: int = setting(
+        8192, "token budget of one micro-batch on one rank (a hard limit)", exclusive_minimum=0
+    )
     balance_data: bool = setting(True, "balance tokens across ranks (otherwise samples go round-robin)")
     packing: bool = setting(True, "pack a micro-batch's samples into one row (varlen); off pads each sample")
-    pad_to_multiple: int = setting(16, "packed rows are padded to a multiple of this many tokens")
-    log_probs_chunk_size: int = setting(1024, "positions per chunk of the fp32 log-softmax")
+    pad_to_multiple: int = setting(
+        16, "packed rows are padded to a multiple of this many tokens", exclusive_minimum=0
+    )
+    log_probs_chunk_size: int = setting(
+        1024, "positions per chunk of the fp32 log-softmax", exclusive_minimum=0
+    )
     # --- loss (TrainStep headers may override) ---
     loss_type: str = shared_settings.loss_type(choices=LOSS_TYPES)
     calculate_per_token_loss: bool = setting(
@@ -114,20 +130,24 @@ class TrainerConfig:
     )
     rollout_temperature: float = shared_settings.rollout_temperature()
     rollout_max_response_len: int = shared_settings.rollout_max_response_len()
-    eps_clip: float = setting(0.2, "PPO clip: ratio is clipped to [1 - eps_clip, 1 + eps_clip_high]")
-    eps_clip_high: float | None = setting(None, "upper PPO clip (DAPO clip-higher); default: eps_clip")
+    eps_clip: float = setting(
+        0.2, "PPO clip: ratio is clipped to [1 - eps_clip, 1 + eps_clip_high]", minimum=0
+    )
+    eps_clip_high: float | None = setting(
+        None, "upper PPO clip (DAPO clip-higher); default: eps_clip", minimum=0
+    )
     eps_clip_c: float | None = setting(
-        None, "dual-clip constant (> 1) bounding the loss of negative advantages"
+        None, "dual-clip constant (> 1) bounding the loss of negative advantages", exclusive_minimum=1
     )
     use_rollout_logprobs: bool = setting(False, "use the rollout's log-probs as the old policy's")
     use_kl_loss: bool = setting(False, "add kl_loss_coef * KL(policy || reference) to the loss")
-    kl_loss_coef: float = setting(0.0, "weight of the KL loss (with use_kl_loss)")
+    kl_loss_coef: float = setting(0.0, "weight of the KL loss (with use_kl_loss)", minimum=0)
     kl_loss_type: str = setting("k1", "KL estimator: k1, k2, k3 or low_var_kl (k3 clamped)", choices=KL_TYPES)
     kl_coef: float = setting(
         0.0, "KL reward shaping of reinforce_plus_plus(_baseline): -kl_coef * kl per token"
     )
-    gamma: float = setting(1.0, "discount of reinforce_plus_plus returns")
-    entropy_coef: float = setting(0.0, "subtract entropy_coef * entropy from the loss")
+    gamma: float = setting(1.0, "discount of reinforce_plus_plus returns", minimum=0, maximum=1)
+    entropy_coef: float = setting(0.0, "subtract entropy_coef * entropy from the loss", minimum=0)
     # Rollout corrections (docs/algorithms.md): train vs rollout policy, r = exp(old - rollout)
     use_tis: bool = setting(False, "importance-weight the pg loss by the token ratio r (tis_mode)")
     tis_mode: str = setting(
@@ -137,7 +157,7 @@ class TrainerConfig:
         choices=TIS_MODES,
     )
     tis_clip: float = setting(2.0, "upper bound of the TIS weight")
-    tis_clip_low: float = setting(0.0, "lower bound of the TIS weight")
+    tis_clip_low: float = setting(0.0, "lower bound of the TIS weight", minimum=0)
     use_mis: bool = setting(
         False, "masked importance sampling: weight the pg loss by r where r is in [mis_low, mis_high], else 0"
     )
@@ -146,12 +166,12 @@ class TrainerConfig:
         "token: per-token r; sequence: r of the whole sample (product over its tokens)",
         choices=MIS_LEVELS,
     )
-    mis_low: float = setting(0.5, "lower bound of masked importance sampling")
+    mis_low: float = setting(0.5, "lower bound of masked importance sampling", minimum=0)
     mis_high: float = setting(2.0, "upper bound of masked importance sampling")
     use_geo_mask: bool = setting(
         False, "mask samples whose geometric-mean ratio is outside [geo_mask_low, geo_mask_high] (SkyRL)"
     )
-    geo_mask_low: float = setting(0.99, "lower bound of the geometric-mean sequence mask")
+    geo_mask_low: float = setting(0.99, "lower bound of the geometric-mean sequence mask", minimum=0)
     geo_mask_high: float = setting(1.01, "upper bound of the geometric-mean sequence mask")
 
     @property
@@ -172,8 +192,7 @@ class TrainerConfig:
             raise ConfigError("hf_checkpoint", "is required")
 
     def validate(self) -> None:
-        if self.world_size < 1:
-            raise ConfigError("world_size", f"must be at least 1 (got {self.world_size})")
+        """Rules across settings (each value's own range is declared with it, above)."""
         if self.attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
             raise ConfigError(
                 "attn_implementation", "flash_attention_2 needs the flash-attn package (not installed)"
@@ -182,16 +201,6 @@ class TrainerConfig:
             raise ConfigError(
                 "master_port", "must be set with spawn_workers false: ranks started elsewhere dial it"
             )
-        if self.distributed_timeout_seconds <= 0:
-            raise ConfigError("distributed_timeout_seconds", "must be positive")
-        _positive(self, "max_tokens_per_gpu", "pad_to_multiple", "log_probs_chunk_size")
-        _non_negative(self, "micro_batch_size", "cpu_threads")
-        _positive(self, "num_steps_per_rollout")
-        _non_negative(self, "lr", "min_lr", "weight_decay", "adam_eps", "clip_grad")
-        _non_negative(self, "lr_warmup_iters", "lr_decay_iters")
-        for name in ("adam_beta1", "adam_beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(name, f"must be in [0, 1) (got {getattr(self, name)})")
         if self.min_lr > self.lr:
             raise ConfigError("min_lr", f"must not exceed lr ({self.min_lr} > {self.lr})")
         if self.lr_decay_style != "constant" and self.lr_decay_iters <= self.lr_warmup_iters:
@@ -200,25 +209,14 @@ class TrainerConfig:
                 f"must exceed lr_warmup_iters ({self.lr_warmup_iters}) for lr_decay_style={self.lr_decay_style}",
             )
         _validate_rl(self)
-        _non_negative(self, "lora_rank", "tiled_mlp_shards")
         if self.lora_rank and (self.lora_alpha <= 0 or not self.lora_target_modules):
             raise ConfigError("lora_alpha" if self.lora_alpha <= 0 else "lora_target_modules", "must be set")
 
 
 def _validate_rl(config: TrainerConfig) -> None:
     """RL loss settings: ranges, and KL as a loss or as a reward penalty, never both."""
-    _non_negative(config, "rollout_temperature")
     if config.loss_type == "policy_loss" and config.rollout_temperature == 0:
         raise ConfigError("rollout_temperature", "must be positive for policy_loss (log-probs divide by it)")
-    _non_negative(config, "eps_clip", "kl_loss_coef", "tis_clip_low", "entropy_coef")
-    if config.eps_clip_high is not None and config.eps_clip_high < 0:
-        raise ConfigError("eps_clip_high", f"must not be negative (got {config.eps_clip_high})")
-    if config.eps_clip_c is not None and config.eps_clip_c <= 1.0:
-        raise ConfigError("eps_clip_c", f"must be greater than 1 (got {config.eps_clip_c})")
-    if not 0.0 <= config.gamma <= 1.0:
-        raise ConfigError("gamma", f"must be in [0, 1] (got {config.gamma})")
-    _non_negative(config, "mis_low", "geo_mask_low")
-    _positive(config, "rollout_max_response_len")
     for low, high in (
         ("tis_clip_low", "tis_clip"),
         ("mis_low", "mis_high"),
@@ -260,18 +258,6 @@ def _validate_corrections(config: TrainerConfig) -> None:
                 )
     if config.use_tis and config.use_mis:
         raise ConfigError("use_mis", "use_tis and use_mis are both importance weights: set one")
-
-
-def _positive(config: TrainerConfig, *names: str) -> None:
-    for name in names:
-        if getattr(config, name) <= 0:
-            raise ConfigError(name, f"must be positive (got {getattr(config, name)})")
-
-
-def _non_negative(config: TrainerConfig, *names: str) -> None:
-    for name in names:
-        if getattr(config, name) < 0:
-            raise ConfigError(name, f"must not be negative (got {getattr(config, name)})")
 
 
 # What defines the run's advantages: Init may set them (the run pushes them), a TrainStep header

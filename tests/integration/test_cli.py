@@ -92,7 +92,7 @@ def test_plan_defaults_to_micro_batches_by_token_budget_and_shows_their_layout(t
         ("rollout_batch_size: 3\nn_samples_per_prompt: 3\nglobal_batch_size: 4\n", [], "global_batch_size:"),
         ("lr: fast\n", [], "lr: must be a number"),
         ("rollout_batch_szie: 4\n", [], "did you mean rollout_batch_size"),
-        ("", ["--advantage-estimator", "ppo"], "advantage_estimator: must be one of"),
+        ("", ["--advantage-estimator", "ppo"], "--advantage-estimator: invalid choice: 'ppo'"),
         ("", ["--use-kl-loss", "--kl-coef", "0.1"], "kl_coef"),
     ],
 )

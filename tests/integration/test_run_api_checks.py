@@ -195,9 +195,13 @@ def test_the_config_schema_describes_every_setting_and_checks_a_config_offline(
     assert props["num_rollout"] == {
         **props["num_rollout"],
         "type": "integer",
-        "minimum": -(2**31),
+        "minimum": 0,  # declared with the setting, which StartRun checks too
         "maximum": 2**31 - 1,
     }
+    assert props["lr"]["minimum"] == 0
+    assert props["rollout_top_p"] == {**props["rollout_top_p"], "exclusiveMinimum": 0, "maximum": 1}
+    assert props["rm_type"]["enum"] == ["", "exact_match", "math", "f1", "remote", "custom", "none"]
+    assert "min_lr" in {s for rule in schema["x-rollway-rules"] for s in rule["settings"]}
     assert props["loss_type"]["enum"] == ["sft_loss", "policy_loss"]
     assert props["num_epoch"]["default"] == 1
     assert props["async"]["description"] == "alias of async_mode"

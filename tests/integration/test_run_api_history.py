@@ -10,6 +10,7 @@ from support.processes import ServiceProcess
 from support.stack import coordinator_stub, start_run
 
 from rollway.common.structs import to_struct
+from rollway.coordinator.remote import from_struct
 from rollway.coordinator.v1 import coordinator_pb2
 
 pytestmark = pytest.mark.slow
@@ -61,7 +62,11 @@ def test_end_of_data_history_and_a_restarted_coordinator(tmp_path, tiny_model_di
         assert done.created_time <= done.started_time <= done.finished_time
         assert done.seconds_per_step > 0 and done.eta_seconds == 0
         assert done.dashboard_url.startswith("http://") and done.dashboard_url.endswith("/?run=epochs")
-        assert done.config["coordinator"]["num_rollout"] == 5
+        # RunInfo.config is the flat config StartRun took: sent back (with a new id), it is accepted.
+        given = sft(tiny_model_dir, demo_data_dir, 20, num_rollout=0, num_epoch=2)
+        assert from_struct(done.config) == given  # (a Struct's numbers are floats: 2.0 == 2)
+        again = stub.ValidateRun(coordinator_pb2.ValidateRunRequest(config=done.config, run_id="again"))
+        assert again.num_steps == 5
         # A finished run's id is refused; its history stays byte for byte.
         metrics = (runs_root / "looping" / "metrics.jsonl").read_bytes()
         for resume in (False, True):
@@ -85,6 +90,10 @@ def test_end_of_data_history_and_a_restarted_coordinator(tmp_path, tiny_model_di
         after = {r.run_id: r for r in stub.ListRuns(coordinator_pb2.ListRunsRequest()).runs}
         assert set(after) == {"looping", "epochs"}
         for run_id, run in after.items():
+            # The times and the config survive the restart (0.0 and nested by component before #38).
+            assert run.started_time == before[run_id].started_time > 0
+            assert run.finished_time == before[run_id].finished_time >= run.started_time
+            assert run.config == before[run_id].config
             assert (run.state, run.step, run.num_steps) == (
                 SUCCEEDED,
                 before[run_id].step,

@@ -39,13 +39,21 @@ def reserve_status(run_dir: Path) -> None:
     path.write_bytes(_padded({"state": "", "error": "", "time": time.time()}))
 
 
-def write_status(run_dir: Path, state: str, error: str = "") -> None:
+STARTED_FILE = "started.json"
+
+
+def write_started(run_dir: Path, started: float) -> None:
+    """When the run's services were up and its loop began (GetRun's started_time)."""
+    (Path(run_dir) / STARTED_FILE).write_text(json.dumps({"time": started}))
+
+
+def write_status(run_dir: Path, state: str, error: str = "", ended: float | None = None) -> None:
     """Record how a run ended, so a finished run's directory tells it (the dashboard's Runs view).
 
     Replaced atomically; when that cannot be written (a full disk: the run may have failed of it),
     the reserved file is overwritten in place, which needs no new blocks."""
     path = Path(run_dir) / STATUS_FILE
-    status = {"state": state, "error": error, "time": time.time()}
+    status = {"state": state, "error": error, "time": ended or time.time()}
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.write_text(json.dumps(status))

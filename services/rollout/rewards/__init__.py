@@ -7,7 +7,8 @@ Built in: exact_match, math, f1. Registered when configured: remote (--rm-url) a
 from __future__ import annotations
 
 from rollway.common.config import ConfigError
-from rollway.rollout.config import BUILTIN_REWARD_NAMES, RolloutConfig
+from rollway.common.shared_settings import BUILTIN_REWARD_NAMES
+from rollway.rollout.config import RolloutConfig
 from rollway.rollout.rewards.custom import load_custom_reward
 from rollway.rollout.rewards.math_reward import math_reward
 from rollway.rollout.rewards.remote import remote_reward

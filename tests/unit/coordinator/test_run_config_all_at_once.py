@@ -65,14 +65,15 @@ def test_every_problem_a_components_validation_finds_is_reported_not_only_its_fi
         "prompt_data": [str(demo_data_dir / "rl.parquet")],
         "input_key": "prompt",
         "label_key": "label",
-        # Three values the coordinator's validate() refuses, one after the other.
-        "max_restarts": -1,
-        "hung_service_seconds": -1.0,
-        "dashboard_rollout_groups": -2,
+        # Three rules across settings the coordinator's validate() checks, one after the other.
+        "mask_offpolicy_in_partial_rollout": True,
+        "ray_address": "ray://head:10001",
+        "debug_rollout_only": True,
+        "debug_train_only": True,
     }
     with pytest.raises(RunConfigError) as refused:
         parse_run_config(config)
     problems = dict(refused.value.problems)
-    assert problems["max_restarts"] == "must not be negative"
-    assert problems["hung_service_seconds"].startswith("must not be negative")
-    assert problems["dashboard_rollout_groups"] == "must not be negative"
+    assert problems["mask_offpolicy_in_partial_rollout"] == "needs partial_rollout"
+    assert problems["ray_address"] == "needs launcher ray"
+    assert problems["debug_rollout_only"].startswith("cannot be combined with debug_train_only")

@@ -163,8 +163,8 @@ def test_an_unknown_or_unusable_environment_is_invalid_argument():
     ],
 )
 def test_bad_episode_settings_name_the_setting(settings, setting):
-    from rollway.common.config import ConfigError
+    from rollway.common.config import ConfigError, from_dict
 
-    with pytest.raises(ConfigError) as err:
-        RolloutConfig(hf_checkpoint="m", **settings).validate()
+    with pytest.raises(ConfigError) as err:  # a value's own limits at loading, rules across settings after
+        from_dict(RolloutConfig, {"hf_checkpoint": "m", **settings}).validate()
     assert err.value.setting == setting

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rollway.rollout.config import BUILTIN_REWARD_NAMES, RolloutConfig
+from rollway.common.shared_settings import BUILTIN_REWARD_NAMES
+from rollway.rollout.config import RolloutConfig
 from rollway.rollout.rewards import BUILTIN_REWARDS
 from rollway.rollout.rewards.custom import load_custom_reward
 from rollway.rollout.rewards.remote import remote_reward
