@@ -8,7 +8,9 @@ only v1alpha, and its servicer rebuilds each file from the compiled-in descripto
 the comments. Here rollway's files are served as protoc wrote them (descriptors.binpb, written
 by protos/generate.py with --include_source_info): a client sees each RPC's documentation in
 `source_code_info`. Files outside that set (grpc.health.v1, the reflection protos) come from the
-compiled-in descriptors, without comments.
+compiled-in descriptors, without comments. The google.rpc types of rich errors (Status, BadRequest,
+PreconditionFailure: common/interceptors.py) are served too, so that a reflection client such as
+`buf curl` decodes an error's details instead of printing them as base64.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
+from google.rpc import error_details_pb2, status_pb2
 from grpc_reflection.v1alpha import reflection_pb2 as pb
 
 DESCRIPTOR_SET = Path(__file__).resolve().parent / "v1" / "descriptors.binpb"
@@ -43,6 +46,8 @@ class _Files:
             self._add(proto)
         self._add_compiled(pb.DESCRIPTOR)
         self._add(_v1_reflection_file())
+        self._add_compiled(status_pb2.DESCRIPTOR)  # the details of an error (interceptors.py)
+        self._add_compiled(error_details_pb2.DESCRIPTOR)
 
     def _add(self, proto: descriptor_pb2.FileDescriptorProto) -> None:
         if proto.name not in self.protos:

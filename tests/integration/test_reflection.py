@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -200,3 +201,34 @@ def test_buf_curl_calls_rollway_rpcs_through_reflection_v1(services):
     )
     assert described.returncode == 0, described.stderr
     assert json.loads(described.stdout)["mode"] == "rl"
+
+
+def test_reflection_serves_the_error_detail_types_a_refused_request_carries(services):
+    """#38: a bad StartRun's details are a google.rpc.BadRequest, and reflection did not serve the
+    google.rpc types, so a client knowing nothing else could not decode them. Reflection now
+    describes them; buf curl (which prints details in Connect's JSON, type and base64 value,
+    whatever reflection serves) shows the type, and its value decodes to the field violations."""
+    from google.rpc import error_details_pb2
+
+    address = services["coordinator"].address
+    with grpc.insecure_channel(address) as channel:
+        database = ProtoReflectionDescriptorDatabase(channel)
+        for symbol in ("google.rpc.BadRequest", "google.rpc.PreconditionFailure", "google.rpc.Status"):
+            described = database.FindFileContainingSymbol(symbol)
+            assert symbol.rsplit(".", 1)[1] in {m.name for m in described.message_type}, symbol
+    refused = buf_curl(
+        address,
+        "rollway.coordinator.v1.CoordinatorService/StartRun",
+        "--reflect-protocol",
+        "grpc-v1",
+        "--data",
+        json.dumps({"run_id": "bad-settings", "config": {"global_batch_size": -4}}),
+    )
+    assert refused.returncode != 0
+    error = json.loads(refused.stderr)
+    assert error["code"] == "invalid_argument"
+    (detail,) = error["details"]
+    assert detail["type"] == "google.rpc.BadRequest"
+    padded = detail["value"] + "=" * (-len(detail["value"]) % 4)
+    violations = error_details_pb2.BadRequest.FromString(base64.b64decode(padded)).field_violations
+    assert "config.global_batch_size" in [v.field for v in violations], violations
