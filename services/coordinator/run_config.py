@@ -488,8 +488,10 @@ def _model_problems(run: RunConfig, reported: set[str]) -> list[tuple[str, str]]
         return [("hf_checkpoint", f"{config_json} cannot be read as JSON: {exc}")]
     if not isinstance(model_config, dict):
         return [("hf_checkpoint", f"{config_json} is not a model config (a JSON object)")]
-    if "rollout" not in started:
-        return []  # only the rollout service generates: nothing else needs room for a response
+    if "rollout" not in started or "loss_type" in reported:
+        # Only the rollout service generates: nothing else needs room for a response. A refused
+        # loss_type leaves the run's mode unknown (SFT starts no rollout): no knock-on rule (#38).
+        return []
     return _context_problems(run, model_config, config_json)
 
 

@@ -77,3 +77,21 @@ def test_every_problem_a_components_validation_finds_is_reported_not_only_its_fi
     assert problems["mask_offpolicy_in_partial_rollout"] == "needs partial_rollout"
     assert problems["ray_address"] == "needs launcher ray"
     assert problems["debug_rollout_only"].startswith("cannot be combined with debug_train_only")
+
+
+@pytest.mark.parametrize("loss_type", ["sftloss", "ppo", ""])
+def test_a_bad_loss_type_is_refused_alone_with_no_knock_on_for_settings_never_sent(
+    tiny_model_dir, demo_data_dir, loss_type
+):
+    """#38: a bad loss_type also drew a violation for a setting the client never sent (the run's
+    mode is unknown, so neither the SFT nor the RL rules may speak)."""
+    config = {
+        "hf_checkpoint": str(tiny_model_dir),
+        "prompt_data": [str(demo_data_dir / "sft.parquet")],
+        "input_key": "messages",
+        "apply_chat_template": True,
+        "loss_type": loss_type,
+    }
+    with pytest.raises(RunConfigError) as refused:
+        parse_run_config(config, check_files=True, strict=True)
+    assert [setting for setting, _ in refused.value.problems] == ["loss_type"], refused.value.problems
