@@ -407,6 +407,7 @@ class MemoryPlan:
     max_tokens: int | None  # the largest micro-batch token budget that fits (None: no trainer)
     notes: list[str] = field(default_factory=list)
     on_gpu: bool = False
+    step_tokens: int | None = None  # RL: the most tokens a step's samples put in a rank's rows
 
     @property
     def total(self) -> int:
@@ -447,14 +448,17 @@ def plan_memory(
         out.append(rollout_memory(shape, r, c.samples_per_rollout, sample, on_gpu, evals, prompts, prompt))
         if sglang_servers_launched(r):
             out.append(sglang_server_memory(shape, r, on_gpu))
-    max_tokens = None
+    max_tokens = step_tokens = None
     if "trainer" in services:
         tokens, targets = step_micro_batch(configs)
         out.append(trainer_rank_memory(shape, t, tokens, on_gpu, c.async_save, targets))
         max_tokens = largest_micro_batch(shape, configs, out, usable, on_gpu)
+        step_tokens = None if c.is_sft else step_share(configs)[0]
     for s in out:
         notes.extend(s.notes)
-    return MemoryPlan(out, usable, micro_batch_tokens(configs), max_tokens, notes, on_gpu)
+    return MemoryPlan(
+        out, usable, micro_batch_tokens(configs), max_tokens, notes, on_gpu=on_gpu, step_tokens=step_tokens
+    )
 
 
 def eval_samples(coordinator, rollout) -> int:
@@ -486,45 +490,54 @@ def micro_batch_tokens(configs: dict[str, object]) -> int:
 
 
 def step_micro_batch(configs: dict[str, object]) -> tuple[int, int]:
-    """The tokens of a rank's full micro-batch and its target positions (the tokens whose logits
-    are computed), as the share of one optimizer step's samples: in RL a group's shared prompt is
-    in the row once (trainer: shared prefixes, sdpa and eager) and only the responses are targets.
-    SFT counts every token a target (an upper bound: the plan does not know the share of assistant
-    tokens). A step whose samples hold fewer tokens than the budget still counts the full budget:
-    the plan stays an upper bound (the largest micro-batch below is the same bound)."""
-    c, d, t = configs["coordinator"], configs["dataloader"], configs["trainer"]
+    """The tokens of a rank's largest micro-batch and its target positions (the tokens whose
+    logits are computed). SFT: the token budget, every token a target (an upper bound: the plan
+    knows neither the rows' lengths nor the share of assistant tokens). RL: the budget, but never
+    more than one optimizer step's samples can fill (step_share: micro-batches are cut from one
+    step's samples), with the responses' share of targets."""
     budget = micro_batch_tokens(configs)
-    if c.is_sft:
+    if configs["coordinator"].is_sft:
         return budget, budget
+    row_tokens, targets = step_share(configs)
+    tokens = min(budget, row_tokens)
+    return tokens, tokens * targets // max(row_tokens, 1)
+
+
+def step_share(configs: dict[str, object]) -> tuple[int, int]:
+    """RL: the most tokens one optimizer step's samples put in a rank's rows, and their target
+    positions: in a row a group's shared prompt is once (trainer: shared prefixes, sdpa and eager),
+    and only the responses are targets. SmolLM2's GRPO at 4,096 tokens: 64 samples fill 2,816, and
+    counting the whole budget predicted 10.7 GiB where 6.7 was measured (#37)."""
+    c, d, t = configs["coordinator"], configs["dataloader"], configs["trainer"]
     prompt = d.rollout_max_prompt_len or ASSUMED_PROMPT_TOKENS
     response = c.rollout_max_response_len
     samples = -(-c.global_batch_size // max(t.world_size, 1))
     if t.attn_implementation in ("sdpa", "eager"):  # the trainer's SHARED_PREFIX_KERNELS
         groups = -(-samples // max(c.n_samples_per_prompt, 1))
-        row_tokens = groups * prompt + samples * response
-    else:
-        row_tokens = samples * (prompt + response)
-    return budget, budget * samples * response // max(row_tokens, 1)
+        return groups * prompt + samples * response, samples * response
+    return samples * (prompt + response), samples * response
 
 
 def largest_micro_batch(
     shape: ModelShape, configs, services: list[ServiceMemory], usable: int, on_gpu: bool
 ) -> int:
     """The largest micro-batch token budget (a multiple of pad_to_multiple) whose plan fits `usable`
-    bytes: the peak grows linearly with it, once per trainer rank; 0 when none does."""
-    t = configs["trainer"]
+    bytes: the peak grows linearly with it, once per trainer rank; 0 when none does. In RL a budget
+    beyond what a step's samples fill holds no more: when that fits, it is the answer."""
+    t, c = configs["trainer"], configs["coordinator"]
     best, step = 0, max(t.pad_to_multiple, 1)
-    low, high = 0, 1 << 24  # tokens, in units of `step`
     others = sum(s.peak * s.count for s in services if s.name != "trainer rank")
-    tokens, targets = step_micro_batch(configs)
-    fraction = targets / max(tokens, 1)
+    cap, targets = (None, None) if c.is_sft else step_share(configs)
+    fraction = 1.0 if cap is None else targets / max(cap, 1)
 
-    def total(tokens: int) -> int:  # a full micro-batch of `tokens`, its targets as the step's share
-        rank = trainer_rank_memory(
-            shape, t, tokens, on_gpu, configs["coordinator"].async_save, int(tokens * fraction)
-        )
+    def total(tokens: int) -> int:  # a micro-batch of `tokens`, its targets as the step's share
+        tokens = tokens if cap is None else min(tokens, cap)
+        rank = trainer_rank_memory(shape, t, tokens, on_gpu, c.async_save, int(tokens * fraction))
         return others + rank.peak * rank.count
 
+    if cap is not None and total(cap) <= usable:
+        return -(-cap // step) * step
+    low, high = 0, 1 << 24  # tokens, in units of `step`
     while low <= high:  # the peak is monotone in the token budget: bisect
         mid = (low + high) // 2
         if total(mid * step) <= usable:
@@ -565,6 +578,11 @@ def memory_text(plan: MemoryPlan) -> str:
             f"  largest micro-batch that fits: {plan.max_tokens} tokens per rank "
             f"(the plan's micro-batch: {plan.tokens} tokens)"
         )
+        if plan.step_tokens is not None and plan.step_tokens < plan.tokens:
+            lines.append(
+                f"  a step's samples fill at most {plan.step_tokens} tokens per rank: the plan counts "
+                "those, a larger budget holds no more"
+            )
     lines.extend(f"  note: {n}" for n in plan.notes)
     return "\n".join(lines)
 

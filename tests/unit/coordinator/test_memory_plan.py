@@ -223,8 +223,16 @@ def test_rl_targets_are_the_responses_with_a_groups_prompt_once(tmp_path):
     configs = _configs(tmp_path, *rl, "--rollout-max-prompt-len", "64", "--rollout-max-response-len", "32")
     configs["coordinator"].n_samples_per_prompt = 8
     configs["coordinator"].global_batch_size = 64
-    # 8 groups: 8 prompts of 64 tokens once each, 64 responses of 32 -> 2560 row tokens, 2048 targets
-    assert memory_plan.step_micro_batch(configs) == (4096, 4096 * 2048 // 2560)
+    # 8 groups: 8 prompts of 64 tokens once each, 64 responses of 32 -> 2560 row tokens, 2048 targets;
+    # the 4096-token budget is never filled by a step's samples: the plan counts the 2560
+    assert memory_plan.step_micro_batch(configs) == (2560, 2048)
+    configs["trainer"].max_tokens_per_gpu = 1024  # a budget below the step's share: full micro-batches
+    assert memory_plan.step_micro_batch(configs) == (1024, 1024 * 2048 // 2560)
+    plan = memory_plan.plan_memory(configs, 64 << 30, ["trainer"])
+    assert plan.step_tokens == 2560 and plan.max_tokens == 2560  # any budget fits: a step's share is the most
+    configs["trainer"].max_tokens_per_gpu = 4096
+    text = memory_plan.memory_text(memory_plan.plan_memory(configs, 64 << 30, ["trainer"]))
+    assert "a step's samples fill at most 2560 tokens per rank" in text, text
 
 
 def test_an_eval_set_sizes_the_rollouts_kv_cache_and_prefill(tmp_path):
@@ -278,7 +286,8 @@ def test_largest_micro_batch_is_monotone_in_the_budget_and_fits(qwen_dir):
             over = _configs(
                 qwen_dir, "--dtype", "bfloat16", "--max-tokens-per-gpu", str(plan.max_tokens + 16)
             )
-            assert not plan_memory(over, gib * GIB, services).fits
+            # beyond a step's share of tokens a larger budget holds no more, and fits as well
+            assert plan_memory(over, gib * GIB, services).fits == (plan.max_tokens >= plan.step_tokens)
     assert plan_memory(configs, 4 * GIB, services).max_tokens == 0  # the states alone exceed it
     assert previous > 8192
 
