@@ -35,6 +35,7 @@ from pathlib import Path
 import yaml
 
 from rollway.common.supervision.supervisor import LocalServiceGroup
+from rollway.demo.data import addition_grpo_task
 from rollway.demo.dev_set import dev_accuracy
 from rollway.deploy.launcher import run as launch_run
 from rollway.rollout.engines.sglang_cpu import DEFAULT_VENV, cpu_settings, installed_version
@@ -81,34 +82,22 @@ def sft_config(workdir: Path, model_dir: Path, data_dir: Path, steps: int, seed:
 
 def grpo_config(workdir: Path, sft_model: Path, data_dir: Path, steps: int, seed: int) -> dict:
     return {
+        **addition_grpo_task(data_dir, seed),
         "run_id": "grpo",
         "run_dir": str(workdir / "runs"),
         "hf_checkpoint": str(sft_model),
-        "loss_type": "policy_loss",
-        "advantage_estimator": "grpo",
-        "prompt_data": [str(data_dir / "rl.parquet")],
-        "input_key": "prompt",
-        "label_key": "label",
-        "apply_chat_template": True,
-        "rollout_shuffle": True,
         "num_epoch": 0,
-        "rollout_seed": seed,
-        "eval_prompt_data": ["add", str(data_dir / "eval.parquet")],
         "eval_interval": 40,
         "num_rollout": steps,
         "rollout_batch_size": 16,
         "n_samples_per_prompt": 8,
         "global_batch_size": 128,
-        "rollout_temperature": 1.0,
         "rollout_max_response_len": 8,
-        "rm_type": "exact_match",
         "lr": RL_LR,
         "lr_decay_style": "cosine",
         "lr_decay_iters": steps,
         "adam_beta2": RL_ADAM_BETA2,
-        "use_dynamic_batch_size": True,
         "max_tokens_per_gpu": 8192,
-        "seed": seed,
         "save": str(workdir / "runs" / "grpo" / "checkpoints"),
         "save_hf": str(workdir / "grpo-export"),
     }

@@ -187,3 +187,23 @@ def write_digit_share_reward(directory: Path, module: str = "digit_reward") -> s
     Path(directory).mkdir(parents=True, exist_ok=True)
     (Path(directory) / f"{module}.py").write_text(DIGIT_SHARE_REWARD)
     return f"{module}:digit_share"
+
+
+def addition_grpo_task(data_dir: Path, seed: int) -> dict:
+    """The settings every GRPO demo on the addition data shares (the tiny model's and SmolLM2's):
+    the task, its reward and its held-out set; each demo adds its model, sizes and schedule."""
+    return {
+        "loss_type": "policy_loss",
+        "advantage_estimator": "grpo",
+        "prompt_data": [str(data_dir / "rl.parquet")],
+        "input_key": "prompt",
+        "label_key": "label",
+        "apply_chat_template": True,
+        "rollout_shuffle": True,
+        "rollout_seed": seed,
+        "seed": seed,
+        "eval_prompt_data": ["add", str(data_dir / "eval.parquet")],
+        "rollout_temperature": 1.0,
+        "rm_type": "exact_match",
+        "use_dynamic_batch_size": True,
+    }

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from rollway.demo.data import RL_SCHEMA, SFT_SCHEMA, split_pairs
+from rollway.demo.data import RL_SCHEMA, SFT_SCHEMA, addition_grpo_task, split_pairs
 
 # Where `make real-model` links the converted model (relative to the repository root).
 DEFAULT_MODEL_DIR = Path(".cache/smollm2")
@@ -73,30 +73,18 @@ def grpo_config(
 ) -> dict:
     """GRPO on the addition prompts with an eval before the first step and after the last."""
     return {
+        **addition_grpo_task(data_dir, seed),
         "run_id": "smollm2-grpo",
         "run_dir": str(run_dir),
         "hf_checkpoint": str(model_dir),
-        "loss_type": "policy_loss",
-        "advantage_estimator": "grpo",
-        "prompt_data": [str(data_dir / "rl.parquet")],
-        "input_key": "prompt",
-        "label_key": "label",
-        "apply_chat_template": True,
-        "rollout_shuffle": True,
-        "rollout_seed": seed,
-        "seed": seed,
-        "eval_prompt_data": ["add", str(data_dir / "eval.parquet")],
         "eval_interval": steps,
         "num_rollout": steps,
         "rollout_batch_size": RL_PROMPTS,
         "n_samples_per_prompt": RL_SAMPLES,
         "global_batch_size": RL_PROMPTS * RL_SAMPLES,
-        "rollout_temperature": 1.0,
         "rollout_max_response_len": RL_MAX_RESPONSE_LEN,
         "rollout_max_prompt_len": 96,  # ~50 tokens with the default system prompt: sizes the plan's KV cache
-        "rm_type": "exact_match",
         "lr": lr,
-        "use_dynamic_batch_size": True,
         "max_tokens_per_gpu": 2048,  # the memory plan fits it on 16 GiB machines
     }
 
