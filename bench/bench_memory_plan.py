@@ -343,8 +343,9 @@ def measure_rollout(directory: Path) -> dict:
             return {"measured_gib": peak_rss(svc.pid) / GIB, "generate_s": took}
 
 
-# The eval set as today's coordinator sends it: every eval prompt in one Generate, one sample each
-# (greedy), admitted together up to max_running_requests (the real-model run's 200 prompts).
+# An eval with 200 samples in the engine at once, one per prompt (greedy), as the coordinator's
+# two pages in flight hold them with eval_batch_size 100 (evaluation.py; the default pages hold no
+# more samples than a rollout), admitted together up to max_running_requests.
 EVAL_PROMPTS, EVAL_PROMPT, EVAL_NEW = 200, 64, 32
 
 

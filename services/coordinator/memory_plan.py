@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rollway.coordinator.config import EVAL_PAGES_IN_FLIGHT
 from rollway.coordinator.model_shape import ModelShape, read_model_shape
 
 GIB = 1024**3
@@ -307,8 +308,8 @@ def rollout_memory(
     prompt_tokens: int = 0,
 ) -> ServiceMemory:
     """The rollout engine: the weights in --dtype and a KV cache for the samples decoded together:
-    a rollout's `max_samples`, or the eval set's `eval_samples` where more (today's eval sends
-    every eval prompt in one Generate, admitted together up to max_running_requests); the prefill
+    a rollout's `max_samples`, or an eval's `eval_samples` in flight where more (its pages of
+    eval_batch_size prompts, admitted together up to max_running_requests); the prefill
     of `prompts` distinct prompts of `prompt_tokens` admitted together, and the sampling of every
     running sample's next token. With the sglang engine the model lives in its servers
     (sglang_server_memory), not in this process."""
@@ -462,20 +463,24 @@ def plan_memory(
 
 
 def eval_samples(coordinator, rollout) -> int:
-    """Samples of one eval (every eval prompt x n_samples_per_eval_prompt, sent in one Generate):
-    the eval files' lines where they are JSON lines, else as many as the engine admits at once."""
+    """Samples an eval has in the engine at once: pages of eval_prompts_per_generate prompts,
+    EVAL_PAGES_IN_FLIGHT of them generating together (evaluation.py), or the whole eval set where
+    smaller (the eval files' lines where they are JSON lines, else as many as the engine admits)."""
     if not coordinator.eval_prompt_data or coordinator.train_only:
         return 0
+    in_flight = EVAL_PAGES_IN_FLIGHT * coordinator.eval_prompts_per_generate
     prompts = 0
     for path in coordinator.eval_prompt_data[1::2]:
         try:
             with open(path, "rb") as lines:
                 prompts += sum(1 for line in lines if line.strip())
         except OSError:
-            return rollout.max_running_requests
+            prompts = in_flight
+            break
         if not str(path).endswith((".jsonl", ".json")):
-            return rollout.max_running_requests
-    return prompts * coordinator.n_samples_per_eval_prompt
+            prompts = in_flight
+            break
+    return min(prompts, in_flight) * coordinator.n_samples_per_eval_prompt
 
 
 def micro_batch_tokens(configs: dict[str, object]) -> int:

@@ -235,15 +235,20 @@ def test_rl_targets_are_the_responses_with_a_groups_prompt_once(tmp_path):
     assert "a step's samples fill at most 2560 tokens per rank" in text, text
 
 
-def test_an_eval_set_sizes_the_rollouts_kv_cache_and_prefill(tmp_path):
-    """Today's eval sends every eval prompt in one Generate: the engine decodes them together."""
+def test_an_eval_set_sizes_the_rollouts_kv_cache_and_prefill_by_its_pages_in_flight(tmp_path):
+    """An eval generates EVAL_PAGES_IN_FLIGHT pages of eval_batch_size prompts at once: by default
+    they hold no more samples than a rollout (no eval term); pages of 100 prompts put the whole
+    200-prompt set in the engine together."""
     (tmp_path / "config.json").write_text(json.dumps(SMOLLM2_135M))
     evals = tmp_path / "eval.jsonl"
     evals.write_text("".join(json.dumps({"prompt": f"{k} + 1?", "label": k + 1}) + "\n" for k in range(200)))
     flags = ("--rollout-max-prompt-len", "64", "--rollout-max-response-len", "32")
     without = plan_memory(_configs(tmp_path, *flags), 64 * GIB, ["rollout"])
+    eval_flags = (*flags, "--eval-prompt-data", "adds", str(evals))
+    paged = plan_memory(_configs(tmp_path, *eval_flags), 64 * GIB, ["rollout"])
+    assert paged.total == without.total
     with_eval = plan_memory(
-        _configs(tmp_path, *flags, "--eval-prompt-data", "adds", str(evals)), 64 * GIB, ["rollout"]
+        _configs(tmp_path, *eval_flags, "--eval-batch-size", "100"), 64 * GIB, ["rollout"]
     )
     rollout = next(s for s in with_eval.services if s.name == "rollout")
     kv = next(k for k in rollout.components if k.startswith("KV cache"))
