@@ -5,12 +5,15 @@ calls interleave end with the very same adapters, bit for bit, as each of them t
 
 from __future__ import annotations
 
+import os
+import signal
+
 import numpy as np
 import pytest
 import tinker
 import torch
 from safetensors.torch import load_file
-from support.gateway import TOKEN, resident_bytes, running_gateway
+from support.gateway import TOKEN, post, resident_bytes, running_gateway
 from support.processes import alive, descendants
 from support.waiting import wait_until
 from tinker import types
@@ -138,13 +141,32 @@ def test_the_base_model_is_loaded_once_for_every_lora_tenant(gateway, alone, int
     assert len(lora_runs) == 2 * NUM_TENANTS
 
 
+def test_a_killed_shared_trainer_comes_back_with_every_tenants_last_save(gateway, alone, interleaved):
+    _, process, _ = gateway
+    [pid] = trainer_pids(process.pid)
+    references, _ = alone
+    trained = interleaved[2]
+    trained.forward_backward(tenant_data(2), "cross_entropy").result()
+    trained.optim_step(ADAM).result()  # a step past its save: lost with the trainer
+    os.kill(pid, signal.SIGSTOP)  # frozen: the next call is surely in flight when it dies
+    in_flight = trained.forward_backward(tenant_data(2), "cross_entropy")
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(tinker.RequestFailedError, match=r"died during this call; .* its last save"):
+        in_flight.result(timeout=120)
+    [new_pid] = trainer_pids(process.pid)
+    assert new_pid != pid
+    for k in (2, 3):  # each tenant back at its own last save, on the one new trainer
+        np.testing.assert_array_equal(logprobs(interleaved[k], k), logprobs(references[k], k))
+
+
 def test_a_released_tenant_leaves_the_others_and_the_last_one_stops_the_trainer(
     gateway, service, interleaved
 ):
     _, process, _ = gateway
     [pid] = trainer_pids(process.pid)
     before = logprobs(interleaved[1], 1)
-    interleaved[0].unload_model().result()
+    status, _ = post(gateway[0], "/api/v1/unload_model", {"model_id": interleaved[0].model_id}, TOKEN)
+    assert status == 200  # released before the reply: its adapters dropped from the trainer
     np.testing.assert_array_equal(logprobs(interleaved[1], 1), before)  # untouched by the release
     assert trainer_pids(process.pid) == [pid]
     service.close("success").result()

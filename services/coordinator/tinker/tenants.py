@@ -24,11 +24,14 @@ from typing import Any
 import grpc
 
 from rollway.common.client import open_channel
+from rollway.common.log import get_logger
 from rollway.common.supervision.supervisor import LocalServiceGroup, ServiceGroup
 from rollway.coordinator.tinker.checkpoints import SavedCheckpoint, TenantSpec
 from rollway.coordinator.tinker.config import GatewayConfig
 from rollway.coordinator.tinker.errors import TrainerRestarted
 from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+
+log = get_logger("rollway.coordinator.tinker")
 
 
 def trainer_group(spec: TenantSpec, workdir: Path, config: GatewayConfig) -> ServiceGroup:
@@ -122,8 +125,8 @@ class Trainer:
             if self._started and self.group.dead() is None:
                 try:
                     self.stub.DropAdapter(trainer_pb2.DropAdapterRequest(adapter=adapter), timeout=30)
-                except grpc.RpcError:  # a dying trainer forgets it anyway
-                    pass
+                except grpc.RpcError as exc:  # a dying trainer forgets it anyway
+                    log.warning("could not drop a released model's adapters", adapter=adapter, error=str(exc))
 
     def stop(self) -> None:
         if self._channel is not None:
