@@ -90,7 +90,7 @@ class Load:
 
 
 @dataclass(frozen=True)
-class Activate:
+class ActivateAdapter:
     """Make a LoRA tenant's adapters the live ones (lora_tenants.py)."""
 
     adapter: str
@@ -136,7 +136,7 @@ class Shutdown:
 
 
 Command = (
-    Init | Train | LogProbs | ForwardBackward | OptimStep | Save | ExportHf | Load | Activate
+    Init | Train | LogProbs | ForwardBackward | OptimStep | Save | ExportHf | Load | ActivateAdapter
     | DropAdapter | Checksum | PlanWeights | SendWeights | Shutdown
 )  # fmt: skip
 
@@ -165,7 +165,7 @@ def execute(engine: TrainerEngine, command: Command) -> Any:
             return engine.export_hf(directory)
         case Load(directory, global_step):
             return engine.load(directory, global_step)
-        case Activate(adapter):
+        case ActivateAdapter(adapter):
             return engine.activate_adapter(adapter)
         case DropAdapter(adapter):
             return engine.drop_adapter(adapter)

@@ -30,7 +30,7 @@ from rollway.common.manifest import CheckpointError, describe_os_error, tree_byt
 from rollway.trainer import checkpoint
 from rollway.trainer.batch import num_loss_tokens
 from rollway.trainer.commands import (
-    Activate,
+    ActivateAdapter,
     Checksum,
     Command,
     DropAdapter,
@@ -137,7 +137,7 @@ class TrainerController:
             return
         if not self.startup.lora_rank:
             raise InvalidArgument("adapter", "this trainer trains no LoRA adapters (lora_rank 0)")
-        self._broadcast(Activate(adapter))
+        self._broadcast(ActivateAdapter(adapter))
         self.adapter = adapter
 
     def drop_adapter(self, adapter: str) -> tuple[bool, int]:

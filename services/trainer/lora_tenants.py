@@ -1,7 +1,7 @@
 """Several LoRA tenants on one base model: the base weights once, each tenant's adapters, AdamW
 state, gradients and step its own.
 
-    request(adapter=T) -> controller (one lock) -> Activate(T) on every rank -> the command
+    request(adapter=T) -> controller (one lock) -> ActivateAdapter(T) on every rank -> the command
 
 The model keeps ONE peft adapter ("default", lora.py); a tenant's values live in it only while
 that tenant's call runs. Activating T copies the live adapters out into the tenant that had
