@@ -34,8 +34,9 @@ from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 log = get_logger("rollway.coordinator.tinker")
 
 
-def trainer_group(spec: TenantSpec, workdir: Path, config: GatewayConfig) -> ServiceGroup:
-    """The ServiceGroup that starts, watches and restarts this model's trainer (one rank)."""
+def trainer_group(spec: TenantSpec, name: str, workdir: Path, config: GatewayConfig) -> ServiceGroup:
+    """The ServiceGroup that starts, watches and restarts a trainer (one rank) of `spec`'s base
+    model; `name`: the model id, or a shared trainer's name (its Ray actor's name)."""
     if config.launcher == "ray":
         # The coordinator's Ray launcher, as for a run: it reads the trainer's settings from a run
         # config, here one with only the trainer's model settings given.
@@ -56,7 +57,7 @@ def trainer_group(spec: TenantSpec, workdir: Path, config: GatewayConfig) -> Ser
             trainer=trainer,
             given={},
         )
-        return RayServiceGroup(run, workdir, name=spec.model_id, ray_address=config.ray_address)
+        return RayServiceGroup(run, workdir, name=name, ray_address=config.ray_address)
     args = ["--hf-checkpoint", spec.base_model, "--world-size", "1", "--dtype", config.dtype]
     if spec.lora_rank:
         args += ["--lora-rank", str(spec.lora_rank)]
@@ -74,7 +75,7 @@ class Trainer:
         self, spec: TenantSpec, run_id: str, workdir: Path, config: GatewayConfig, base_bytes: int = 0
     ):
         self.run_id = run_id
-        self.group = trainer_group(spec, workdir, config)
+        self.group = trainer_group(spec, run_id, workdir, config)
         self.base_bytes = base_bytes  # a shared trainer's base model (its tenants count only their adapters)
         self.tenants: dict[str, Tenant] = {}  # adapter name ("" for a trainer of one model) -> model
         self.num_restarts = 0
