@@ -65,7 +65,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("gw")
-    with running_gateway(workdir, "--max-models", str(2 * NUM_TENANTS)) as (base_url, process):
+    with running_gateway(workdir, "--max-models", str(2 * NUM_TENANTS + 1)) as (base_url, process):
         yield base_url, process, workdir / "gateway"
 
 
@@ -139,6 +139,22 @@ def test_the_base_model_is_loaded_once_for_every_lora_tenant(gateway, alone, int
     runs = tinker.RestClient(base_url=gateway[0], api_key=TOKEN).list_training_runs().result()
     lora_runs = [r for r in runs.training_runs if r.is_lora and r.lora_rank == RANK]
     assert len(lora_runs) == 2 * NUM_TENANTS
+
+
+def test_a_model_created_from_a_tenants_save_joins_the_shared_trainer(gateway, service, alone, interleaved):
+    _, process, _ = gateway
+    [pid] = trainer_pids(process.pid)
+    references, _ = alone
+    path = f"tinker://{interleaved[3].model_id}/weights/trained"
+    resumed = service.create_training_client_from_state_with_optimizer(path).result()
+    assert trainer_pids(process.pid) == [pid]
+    np.testing.assert_array_equal(logprobs(resumed, 3), logprobs(references[3], 3))
+    for training in (resumed, references[3]):  # the same next step: the AdamW state came along
+        training.forward_backward(tenant_data(3), "cross_entropy").result()
+        training.optim_step(ADAM).result()
+    np.testing.assert_array_equal(logprobs(resumed, 3), logprobs(references[3], 3))
+    status, _ = post(gateway[0], "/api/v1/unload_model", {"model_id": resumed.model_id}, TOKEN)
+    assert status == 200
 
 
 def test_a_killed_shared_trainer_comes_back_with_every_tenants_last_save(gateway, alone, interleaved):
