@@ -3,9 +3,10 @@ trainer holds the base once, each model is a named adapter of it) against one tr
 (`--no-share-lora-base`, the behaviour before LoRA tenants shared a base).
 
     total_rss_mib   resident memory of the gateway and every process below it (its trainers),
-                    summed, once each of the N models has run one forward_backward + optim_step
+                    summed, once each of the N models has run forward_backward + optim_step
                     (so its gradients came and went and its AdamW state exists)
     trainers        trainer processes below the gateway
+    concurrent_step_seconds   all N models' forward_backward + optim_step in flight at once
 
 One gateway per (model, mode); models are added one at a time and measured at each N.
 """
@@ -58,6 +59,15 @@ def _measure(model: Path, work: Path, share: bool, counts: list[int]) -> list[di
                 training.forward_backward([datum], "cross_entropy").result()
                 training.optim_step(adam).result()
                 clients.append(training)
+            added = time.perf_counter() - started
+            # Then every model steps at once (the SDK's futures): N tenants' calls in flight together.
+            started = time.perf_counter()
+            futures = [
+                f for t in clients for f in (t.forward_backward([datum], "cross_entropy"), t.optim_step(adam))
+            ]
+            for future in futures:
+                future.result()
+            concurrent_step = time.perf_counter() - started
             tree = descendants(gw.pid)
             total = resident_bytes(gw.pid) + sum(resident_bytes(pid) for pid in tree)
             rows.append(
@@ -67,7 +77,8 @@ def _measure(model: Path, work: Path, share: bool, counts: list[int]) -> list[di
                     "lora_tenants": count,
                     "trainers": sum("rollway.trainer" in cmd for cmd in tree.values()),
                     "total_rss_mib": round(total / MIB, 1),
-                    "add_seconds": round(time.perf_counter() - started, 1),
+                    "add_seconds": round(added, 1),
+                    "concurrent_step_seconds": round(concurrent_step, 2),
                 }
             )
         service.close("success").result()
