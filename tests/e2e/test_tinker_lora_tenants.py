@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 import tinker
 import torch
+from peft import PeftModel
 from safetensors.torch import load_file
 from support.gateway import TOKEN, post, resident_bytes, running_gateway
 from support.processes import alive, descendants
 from support.waiting import wait_until
 from tinker import types
+from transformers import AutoModelForCausalLM
 
 pytestmark = pytest.mark.slow
 RANK = 4
@@ -127,6 +129,30 @@ def test_interleaved_tenants_end_with_the_adapters_each_had_alone(gateway, alone
     # The tenants trained on their own data: their adapters differ (B started at zero for all).
     first, second = (saved_adapter(workdir, t, "trained") for t in references[:2])
     assert any(not first[name].equal(second[name]) for name in first if ".lora_B." in name)
+
+
+def transformers_log_probs(model, k: int) -> np.ndarray:
+    values = []
+    for datum in tenant_data(k):
+        ids = torch.tensor([datum.model_input.to_ints()])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0].float(), -1)
+        targets = torch.tensor(datum.loss_fn_inputs["target_tokens"].tolist())
+        values.append(logp[torch.arange(len(targets)), targets].numpy())
+    return np.concatenate(values)
+
+
+def test_a_tenants_save_is_its_own_peft_adapter_and_merged_export(gateway, interleaved, tiny_model_dir):
+    workdir = gateway[2]
+    training, k = interleaved[1], 1
+    [saved] = (workdir / training.model_id / "checkpoints" / "weights" / "trained").glob("iter_*")
+    served = logprobs(training, k)
+    merged = AutoModelForCausalLM.from_pretrained(saved / "hf", dtype=torch.float32).eval()
+    np.testing.assert_allclose(transformers_log_probs(merged, k), served, atol=1e-5)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    assert np.abs(transformers_log_probs(base.eval(), k) - served).max() > 1e-3  # it trained
+    with_adapter = PeftModel.from_pretrained(base, saved / "adapter").eval()
+    np.testing.assert_allclose(transformers_log_probs(with_adapter, k), served, atol=1e-5)
 
 
 def test_the_base_model_is_loaded_once_for_every_lora_tenant(gateway, alone, interleaved):
