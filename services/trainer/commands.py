@@ -90,6 +90,20 @@ class Load:
 
 
 @dataclass(frozen=True)
+class ActivateAdapter:
+    """Make a LoRA tenant's adapters the live ones (lora_tenants.py)."""
+
+    adapter: str
+
+
+@dataclass(frozen=True)
+class DropAdapter:
+    """Forget a LoRA tenant's adapters, optimizer state and gradients."""
+
+    adapter: str
+
+
+@dataclass(frozen=True)
 class Checksum:
     """sha256 of the full weights cast to `dtype` (answered on rank 0)."""
 
@@ -122,8 +136,8 @@ class Shutdown:
 
 
 Command = (
-    Init | Train | LogProbs | ForwardBackward | OptimStep | Save | ExportHf | Load | Checksum
-    | PlanWeights | SendWeights | Shutdown
+    Init | Train | LogProbs | ForwardBackward | OptimStep | Save | ExportHf | Load | ActivateAdapter
+    | DropAdapter | Checksum | PlanWeights | SendWeights | Shutdown
 )  # fmt: skip
 
 
@@ -151,6 +165,10 @@ def execute(engine: TrainerEngine, command: Command) -> Any:
             return engine.export_hf(directory)
         case Load(directory, global_step):
             return engine.load(directory, global_step)
+        case ActivateAdapter(adapter):
+            return engine.activate_adapter(adapter)
+        case DropAdapter(adapter):
+            return engine.drop_adapter(adapter)
         case Checksum(dtype):
             return engine.checksum(dtype)
         case PlanWeights(dtype, bucket_size_bytes):

@@ -30,8 +30,10 @@ from rollway.common.manifest import CheckpointError, describe_os_error, tree_byt
 from rollway.trainer import checkpoint
 from rollway.trainer.batch import num_loss_tokens
 from rollway.trainer.commands import (
+    ActivateAdapter,
     Checksum,
     Command,
+    DropAdapter,
     ExportHf,
     ForwardBackward,
     Init,
@@ -113,6 +115,7 @@ class TrainerController:
         self.pending_save: tuple[Path, Future[SavedCheckpoint]] | None = None
         self.saved: OrderedDict[Path, SavedCheckpoint] = OrderedDict()
         self._finisher = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-finish")
+        self.adapter = ""  # the LoRA tenant whose adapters are live ("": the trainer's own)
 
     @property
     def engine(self):
@@ -125,6 +128,27 @@ class TrainerController:
     def _broadcast(self, command: Command) -> Any:
         """The same command on every rank; rank 0's result."""
         return self.runtime.run([command] * self.world_size)
+
+    # --- LoRA tenants (lora_tenants.py) -----------------------------------------------------
+    def _activate(self, adapter: str) -> None:
+        """Under self.lock, before a tenant's command: its adapters become the live ones, so
+        the command and the activation are one step no other tenant's call comes between."""
+        if adapter == self.adapter:
+            return
+        if not self.startup.lora_rank:
+            raise InvalidArgument("adapter", "this trainer trains no LoRA adapters (lora_rank 0)")
+        self._broadcast(ActivateAdapter(adapter))
+        self.adapter = adapter
+
+    def drop_adapter(self, adapter: str) -> tuple[bool, int]:
+        """Forget a tenant's adapters and optimizer state; (was held, tenants still held)."""
+        if not adapter:
+            raise InvalidArgument("adapter", "must name a tenant (the trainer's own adapters stay)")
+        with self.lock:
+            held, remaining = self._broadcast(DropAdapter(adapter))
+            if adapter == self.adapter:
+                self.adapter = ""
+            return held, remaining
 
     # --- Init -----------------------------------------------------------------------------
     def init(self, overrides: dict[str, Any]) -> bool:
@@ -213,7 +237,12 @@ class TrainerController:
 
     # --- ForwardBackward / OptimStep (the Tinker API's split step) -------------------------
     def forward_backward(
-        self, items: list[SequenceItem], loss_fn: str, loss_fn_config: dict[str, float], forward_only: bool
+        self,
+        items: list[SequenceItem],
+        loss_fn: str,
+        loss_fn_config: dict[str, float],
+        forward_only: bool,
+        adapter: str = "",
     ) -> list[tuple[list[float], list[float]]]:
         """Per-datum (log-probs, loss terms) in request order; gradients accumulate unless
         `forward_only` (datums.py has validated `items` and the loss)."""
@@ -231,6 +260,7 @@ class TrainerController:
             for micro_batches in layout
         ]
         with self.lock:
+            self._activate(adapter)
             results = self.runtime.run(commands)
         return [results[item.index] for item in items]
 
@@ -241,16 +271,23 @@ class TrainerController:
         eps: float,
         weight_decay: float,
         grad_clip_norm: float,
+        adapter: str = "",
     ) -> tuple[int, dict[str, float]]:
         """Apply the accumulated gradients; (optimizer steps so far, grad norm and lr)."""
         self._require_init("OptimStep")
         with self.lock:
+            self._activate(adapter)
             metrics = self._broadcast(OptimStep(learning_rate, betas, eps, weight_decay, grad_clip_norm))
             return self.engine.global_step, metrics
 
     # --- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(
-        self, path: str, hf_export: bool, extra_state: dict[str, Any], async_save: bool = False
+        self,
+        path: str,
+        hf_export: bool,
+        extra_state: dict[str, Any],
+        async_save: bool = False,
+        adapter: str = "",
     ) -> tuple[Path, Path | None, int, float]:
         """Write a checkpoint of the current step under `path`; (dir, hf dir or None, step,
         seconds the ranks were held). With `async_save` the ranks are held only while they stage
@@ -261,6 +298,7 @@ class TrainerController:
         root = Path(path)
         self.finish_pending_save()  # one write at a time; a failed one was logged and reported
         with self.lock:
+            self._activate(adapter)
             start = time.perf_counter()
             step = self.engine.global_step
             tmp = self._make_temp_dir(root, step)
@@ -395,7 +433,7 @@ class TrainerController:
         removed = f"; removed the partial {tmp}" if tmp is not None else ""
         return ResourceExhausted(f"checkpoint write failed under {root}: {error}{removed}", retry=False)
 
-    def load_checkpoint(self, path: str) -> tuple[Path, int, dict[str, Any], list[str]]:
+    def load_checkpoint(self, path: str, adapter: str = "") -> tuple[Path, int, dict[str, Any], list[str]]:
         """Restore model, optimizer, RNG and step from a verified checkpoint.
 
         (dir, step, extra state, why each newer checkpoint under `path` was skipped)."""
@@ -413,6 +451,7 @@ class TrainerController:
             log.warning("newer checkpoint skipped, falling back", reason=reason, loading=str(directory))
         self.finish_pending_save()
         with self.lock:
+            self._activate(adapter)
             self._broadcast(Load(str(directory), int(meta["global_step"])))
             self.results = OrderedDict(
                 (int(k), StepResult(v["global_step"], v["metrics"]))

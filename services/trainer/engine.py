@@ -28,6 +28,7 @@ from rollway.trainer.config import TrainerConfig
 from rollway.trainer.datum_losses import DATUM_LOSSES
 from rollway.trainer.distributed import RankInfo
 from rollway.trainer.log_probs import response_values, token_log_probs
+from rollway.trainer.lora_tenants import LoraTenants
 from rollway.trainer.losses import (
     GlobalDenominators,
     LossInputs,
@@ -94,6 +95,7 @@ class TrainerEngine:
         self.compute_dtype = resolve_dtype(config.dtype)
         self.pad_token_id = int(getattr(self.hf_config, "pad_token_id", None) or 0)
         self.writer = BackgroundWriter(info.rank)  # async_save's write in the background
+        self.lora_tenants: LoraTenants | None = None  # on first use: a trainer shared by LoRA tenants
 
     @property
     def num_parameters(self) -> int:
@@ -269,6 +271,20 @@ class TrainerEngine:
             self.global_step += 1
         optimizer.zero_grad(set_to_none=True)
         return {"train/grad_norm": grad_norm, "train/lr": learning_rate}
+
+    def activate_adapter(self, name: str) -> None:
+        """Make LoRA tenant `name`'s adapters, optimizer state, gradients and step the live ones
+        (lora_tenants.py)."""
+        if self.lora_tenants is None:
+            self.lora_tenants = LoraTenants(self.model)
+        self.global_step = self.lora_tenants.activate(name, self.optimizer, self.global_step)
+
+    def drop_adapter(self, name: str) -> tuple[bool, int]:
+        """Forget LoRA tenant `name`; (whether it was held, the tenants still held)."""
+        if self.lora_tenants is None:
+            return False, 0
+        held, self.global_step = self.lora_tenants.drop(name, self.optimizer, self.global_step)
+        return held, len(self.lora_tenants.names)
 
     def checksum(self, dtype: str) -> tuple[str, int]:
         """sha256 of the full weights cast to `dtype` (weights.py), on rank 0."""

@@ -157,7 +157,9 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
         config = dict(request.loss_fn_config)
         spec = datum_loss(request.loss_fn, config)
         items = to_datum_items(request.data, spec, engine.vocab_size)
-        results = self.controller.forward_backward(items, request.loss_fn, config, request.forward_only)
+        results = self.controller.forward_backward(
+            items, request.loss_fn, config, request.forward_only, request.adapter
+        )
         loss_sum = sum(sum(losses) for _, losses in results)
         return trainer_pb2.ForwardBackwardResponse(
             outputs=[
@@ -172,13 +174,17 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
 
     def OptimStep(self, request, context):
         self.require_engine()
-        global_step, metrics = self.controller.optim_step(**adam_settings(request))
+        global_step, metrics = self.controller.optim_step(**adam_settings(request), adapter=request.adapter)
         return trainer_pb2.OptimStepResponse(global_step=global_step, metrics=metrics)
 
     def SaveCheckpoint(self, request, context):
         self.require_engine()
         directory, hf_dir, step, blocking_seconds = self.controller.save_checkpoint(
-            request.path, request.hf_export, struct_to_dict(request.extra_state), request.async_save
+            request.path,
+            request.hf_export,
+            struct_to_dict(request.extra_state),
+            request.async_save,
+            request.adapter,
         )
         return trainer_pb2.SaveCheckpointResponse(
             checkpoint_dir=str(directory),
@@ -203,13 +209,18 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
 
     def LoadCheckpoint(self, request, context):
         self.require_engine()
-        directory, step, extra_state, skipped = self.controller.load_checkpoint(request.path)
+        directory, step, extra_state, skipped = self.controller.load_checkpoint(request.path, request.adapter)
         return trainer_pb2.LoadCheckpointResponse(
             checkpoint_dir=str(directory),
             global_step=step,
             extra_state=to_struct(extra_state),
             skipped_checkpoints=skipped,
         )
+
+    def DropAdapter(self, request, context):
+        self.require_engine()
+        was_held, num_adapters = self.controller.drop_adapter(request.adapter)
+        return trainer_pb2.DropAdapterResponse(was_held=was_held, num_adapters=num_adapters)
 
     def InitWeightGroup(self, request, context):
         self.require_engine()

@@ -146,6 +146,7 @@ def test_gradients_accumulate_until_optim_step_and_lower_the_loss(stub):
             {"loss_fn_config": {"clip_low_threshold": 0.5}},
             "loss_fn_config.clip_low_threshold: cross_entropy takes no such setting",
         ),
+        ({"adapter": "s:train:1"}, "adapter: this trainer trains no LoRA adapters (lora_rank 0)"),
     ],
 )
 def test_bad_forward_backward_requests_name_the_field(stub, request_kwargs, fragment):

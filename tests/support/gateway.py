@@ -48,3 +48,14 @@ def running_gateway(workdir: Path, *flags: str):
         base_url = f"http://127.0.0.1:{process.port}"
         wait_until(lambda: healthy(base_url), timeout=30, what="the gateway's healthz")
         yield base_url, process
+
+
+def resident_bytes(pid: int) -> int:
+    """VmRSS of `pid` in bytes (0 when it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except FileNotFoundError:
+        pass
+    return 0

@@ -33,6 +33,11 @@ class GatewayConfig:
         "memory the trainers may take together, GiB (0: what is available when the gateway starts); a model "
         "whose estimate (memory.py) does not fit is refused",
     )
+    share_lora_base: bool = setting(
+        True,
+        "LoRA models of one base model (and rank) share one trainer: the base weights once in memory, each "
+        "model its own adapters and optimizer state; false: a trainer per model, as full fine-tuning",
+    )
     dtype: str = setting("float32", "dtype the trainers train in", choices=("float32", "bfloat16"))
     startup_timeout_s: float = setting(300.0, "how long a trainer may take to load its model")
     launcher: str = setting(

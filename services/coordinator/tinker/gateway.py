@@ -21,10 +21,10 @@ from rollway.coordinator.tinker.checkpoints import CheckpointStore, SavedCheckpo
 from rollway.coordinator.tinker.config import GatewayConfig
 from rollway.coordinator.tinker.errors import GatewayError, bad_request, conflict, not_found
 from rollway.coordinator.tinker.futures import FutureStore
-from rollway.coordinator.tinker.memory import max_context_length, trainer_bytes
+from rollway.coordinator.tinker.memory import adapter_bytes, max_context_length, trainer_bytes
 from rollway.coordinator.tinker.sampling import Sampler
 from rollway.coordinator.tinker.sessions import SessionTable
-from rollway.coordinator.tinker.tenants import Tenant
+from rollway.coordinator.tinker.tenants import Tenant, Trainer
 from rollway.coordinator.tinker.wire import ForwardBackwardCall, encode_forward_backward_output
 from rollway.trainer.v1 import trainer_pb2
 
@@ -55,6 +55,8 @@ class Gateway:
         self.memory_budget = int(config.memory_budget_gb * 2**30) or available
         self.futures = FutureStore()
         self.tenants: dict[str, Tenant] = {}
+        # The trainers LoRA models share, by (base model directory, LoRA rank).
+        self.shared_trainers: dict[tuple[str, int], Trainer] = {}
         self.samplers: dict[str, Sampler] = {}
         # Every checkpoint saved through the API (kept across gateway restarts on this workdir).
         self.saved = CheckpointStore(self.workdir)
@@ -107,6 +109,10 @@ class Gateway:
         with self._lock:
             tenants = [self.tenants.pop(m) for m in model_ids if m in self.tenants]
             samplers = [self.samplers.pop(s) for s in sampling_session_ids if s in self.samplers]
+            leaving = {t.spec.model_id for t in tenants}
+            for key, trainer in list(self.shared_trainers.items()):
+                if {t.spec.model_id for t in trainer.tenants.values()} <= leaving:
+                    del self.shared_trainers[key]  # no new model joins a trainer about to stop
         for tenant in tenants:
             tenant.stop()
             self.futures.forget_owner(tenant.spec.model_id)
@@ -119,6 +125,7 @@ class Gateway:
             tenants, samplers = list(self.tenants.values()), list(self.samplers.values())
             self.tenants.clear()
             self.samplers.clear()
+            self.shared_trainers.clear()
         for item in [*tenants, *samplers]:
             item.stop()
 
@@ -162,7 +169,9 @@ class Gateway:
         # The id the SDK derives itself when it creates a client from a checkpoint.
         model_id = f"{session.session_id}:train:{body['model_seq_id']}"
         model_dir = Path(base_model).resolve()
-        spec = TenantSpec(model_id, session.session_id, str(model_dir), lora_rank, trainer_bytes(model_dir, lora_rank),
+        shared_key = (str(model_dir), lora_rank) if lora_rank and self.config.share_lora_base else None
+        own_bytes = adapter_bytes(model_dir, lora_rank) if shared_key else trainer_bytes(model_dir, lora_rank)
+        spec = TenantSpec(model_id, session.session_id, str(model_dir), lora_rank, own_bytes,
                           session.owner, dict(body.get("user_metadata") or {}),
                           max_context_length(model_dir))  # fmt: skip
         with self._lock:
@@ -176,19 +185,37 @@ class Gateway:
                     "release one (end its session) or start the gateway with a larger --max-models",
                     "server",
                 )  # fmt: skip
-            in_use = sum(t.spec.memory_bytes for t in self.tenants.values())
-            if in_use + spec.memory_bytes > self.memory_budget:
+            shared = self.shared_trainers.get(shared_key) if shared_key else None
+            needed = spec.memory_bytes + (
+                trainer_bytes(model_dir, lora_rank) if shared_key and shared is None else 0
+            )
+            in_use = sum(t.spec.memory_bytes for t in self.tenants.values()) + sum(
+                t.base_bytes for t in self.shared_trainers.values()
+            )
+            if in_use + needed > self.memory_budget:
                 mib = 2**20
                 raise GatewayError(
-                    429, f"base_model: training it needs about {spec.memory_bytes // mib} MiB (estimated) and "
+                    429, f"base_model: training it needs about {needed // mib} MiB (estimated) and "
                     f"{in_use // mib} of the gateway's {self.memory_budget // mib} MiB are taken by "
                     f"{len(self.tenants)} models; release one or raise --memory-budget-gb",
                     "server",
                 )  # fmt: skip
-            tenant = Tenant(spec, self.workdir / model_id, self.config)
+            if shared_key is None:
+                trainer = Trainer(spec, model_id, self.workdir / model_id / "services", self.config)
+            else:
+                trainer = shared or self._shared_trainer(shared_key, spec, needed - spec.memory_bytes)
+            tenant = Tenant(spec, self.workdir / model_id, trainer, adapter=model_id if shared_key else "")
             self.tenants[model_id] = tenant
             session.model_ids.add(model_id)
         return tenant
+
+    def _shared_trainer(self, key: tuple[str, int], spec: TenantSpec, base_bytes: int) -> Trainer:
+        """A trainer for the LoRA models of one base and rank (under self._lock; started by its
+        first model)."""
+        name = f"lora-{Path(key[0]).name}-r{key[1]}-{uuid.uuid4().hex[:6]}"
+        trainer = Trainer(spec, name, self.workdir / "shared" / name / "services", self.config, base_bytes)
+        self.shared_trainers[key] = trainer
+        return trainer
 
     def _start_tenant(self, tenant: Tenant, then) -> str:
         """Start the tenant's trainer on its thread, then run `then` (its future's result)."""
@@ -201,6 +228,10 @@ class Gateway:
             except Exception:
                 with self._lock:
                     self.tenants.pop(model_id, None)
+                    if set(tenant.trainer.tenants) <= {tenant.adapter}:
+                        self.shared_trainers = {
+                            k: t for k, t in self.shared_trainers.items() if t is not tenant.trainer
+                        }
                 tenant.stop()
                 raise
 
@@ -249,6 +280,7 @@ class Gateway:
                 )
 
         def run(tenant: Tenant) -> bytes:
+            call.request.adapter = tenant.adapter
             reply = tenant.call(lambda t: t.ForwardBackward(call.request))
             return encode_forward_backward_output(reply)
 
@@ -259,6 +291,7 @@ class Gateway:
         request = trainer_pb2.OptimStepRequest(**adam)
 
         def run(tenant: Tenant) -> dict:
+            request.adapter = tenant.adapter
             reply = tenant.call(lambda t: t.OptimStep(request))
             return {"type": "optim_step", "metrics": dict(reply.metrics)}
 
@@ -348,6 +381,7 @@ class Gateway:
             model_id = body["model_id"]
 
             def run(tenant: Tenant) -> dict:
+                load.adapter = tenant.adapter
                 tenant.call(lambda t: t.LoadCheckpoint(load))
                 tenant.last_state = saved
                 return {"type": "load_weights", "path": tinker_path, "model_id": model_id}
@@ -359,6 +393,7 @@ class Gateway:
         tenant = self._new_tenant(body, body.get("base_model") or spec.base_model, spec.lora_rank)
 
         def loaded() -> dict:
+            load.adapter = tenant.adapter
             tenant.call(lambda t: t.LoadCheckpoint(load))
             tenant.last_state = saved
             return {"type": "load_weights", "path": tinker_path, "model_id": tenant.spec.model_id}

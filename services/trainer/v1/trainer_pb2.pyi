@@ -130,16 +130,18 @@ class TrainStepResponse(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., global_step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., already_applied: _Optional[bool] = ...) -> None: ...
 
 class SaveCheckpointRequest(_message.Message):
-    __slots__ = ("path", "hf_export", "extra_state", "async_save")
+    __slots__ = ("path", "hf_export", "extra_state", "async_save", "adapter")
     PATH_FIELD_NUMBER: _ClassVar[int]
     HF_EXPORT_FIELD_NUMBER: _ClassVar[int]
     EXTRA_STATE_FIELD_NUMBER: _ClassVar[int]
     ASYNC_SAVE_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     path: str
     hf_export: bool
     extra_state: _struct_pb2.Struct
     async_save: bool
-    def __init__(self, path: _Optional[str] = ..., hf_export: _Optional[bool] = ..., extra_state: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., async_save: _Optional[bool] = ...) -> None: ...
+    adapter: str
+    def __init__(self, path: _Optional[str] = ..., hf_export: _Optional[bool] = ..., extra_state: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., async_save: _Optional[bool] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class SaveCheckpointResponse(_message.Message):
     __slots__ = ("checkpoint_dir", "hf_dir", "global_step", "blocking_seconds")
@@ -184,10 +186,12 @@ class ExportHFResponse(_message.Message):
     def __init__(self, hf_dir: _Optional[str] = ..., global_step: _Optional[int] = ...) -> None: ...
 
 class LoadCheckpointRequest(_message.Message):
-    __slots__ = ("path",)
+    __slots__ = ("path", "adapter")
     PATH_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     path: str
-    def __init__(self, path: _Optional[str] = ...) -> None: ...
+    adapter: str
+    def __init__(self, path: _Optional[str] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class LoadCheckpointResponse(_message.Message):
     __slots__ = ("checkpoint_dir", "global_step", "extra_state", "skipped_checkpoints")
@@ -266,7 +270,7 @@ class Datum(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., target_token_ids: _Optional[_Iterable[int]] = ..., weights: _Optional[_Iterable[float]] = ..., sampling_log_probs: _Optional[_Iterable[float]] = ..., advantages: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ForwardBackwardRequest(_message.Message):
-    __slots__ = ("loss_fn", "forward_only", "data", "loss_fn_config")
+    __slots__ = ("loss_fn", "forward_only", "data", "loss_fn_config", "adapter")
     class LossFnConfigEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -278,11 +282,13 @@ class ForwardBackwardRequest(_message.Message):
     FORWARD_ONLY_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     LOSS_FN_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     loss_fn: str
     forward_only: bool
     data: _containers.RepeatedCompositeFieldContainer[Datum]
     loss_fn_config: _containers.ScalarMap[str, float]
-    def __init__(self, loss_fn: _Optional[str] = ..., forward_only: _Optional[bool] = ..., data: _Optional[_Iterable[_Union[Datum, _Mapping]]] = ..., loss_fn_config: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    adapter: str
+    def __init__(self, loss_fn: _Optional[str] = ..., forward_only: _Optional[bool] = ..., data: _Optional[_Iterable[_Union[Datum, _Mapping]]] = ..., loss_fn_config: _Optional[_Mapping[str, float]] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class DatumOutput(_message.Message):
     __slots__ = ("log_probs", "elementwise_loss")
@@ -308,20 +314,22 @@ class ForwardBackwardResponse(_message.Message):
     def __init__(self, outputs: _Optional[_Iterable[_Union[DatumOutput, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class OptimStepRequest(_message.Message):
-    __slots__ = ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
+    __slots__ = ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm", "adapter")
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
     BETA1_FIELD_NUMBER: _ClassVar[int]
     BETA2_FIELD_NUMBER: _ClassVar[int]
     EPS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
     GRAD_CLIP_NORM_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     learning_rate: float
     beta1: float
     beta2: float
     eps: float
     weight_decay: float
     grad_clip_norm: float
-    def __init__(self, learning_rate: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., weight_decay: _Optional[float] = ..., grad_clip_norm: _Optional[float] = ...) -> None: ...
+    adapter: str
+    def __init__(self, learning_rate: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., weight_decay: _Optional[float] = ..., grad_clip_norm: _Optional[float] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class OptimStepResponse(_message.Message):
     __slots__ = ("global_step", "metrics")
@@ -337,3 +345,17 @@ class OptimStepResponse(_message.Message):
     global_step: int
     metrics: _containers.ScalarMap[str, float]
     def __init__(self, global_step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class DropAdapterRequest(_message.Message):
+    __slots__ = ("adapter",)
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    adapter: str
+    def __init__(self, adapter: _Optional[str] = ...) -> None: ...
+
+class DropAdapterResponse(_message.Message):
+    __slots__ = ("was_held", "num_adapters")
+    WAS_HELD_FIELD_NUMBER: _ClassVar[int]
+    NUM_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    was_held: bool
+    num_adapters: int
+    def __init__(self, was_held: _Optional[bool] = ..., num_adapters: _Optional[int] = ...) -> None: ...

@@ -100,6 +100,11 @@ class TrainerServiceStub:
                 request_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.OptimStepRequest.SerializeToString,
                 response_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.OptimStepResponse.FromString,
                 _registered_method=True)
+        self.DropAdapter = channel.unary_unary(
+                '/rollway.trainer.v1.TrainerService/DropAdapter',
+                request_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.DropAdapterRequest.SerializeToString,
+                response_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.DropAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class TrainerServiceServicer:
@@ -230,6 +235,14 @@ class TrainerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DropAdapter(self, request, context):
+        """Forgets a LoRA tenant's adapters, optimizer state and gradients (its model was released);
+        the base model and the other tenants are untouched. Unknown names are not an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -297,6 +310,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.OptimStep,
                     request_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.OptimStepRequest.FromString,
                     response_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.OptimStepResponse.SerializeToString,
+            ),
+            'DropAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropAdapter,
+                    request_deserializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.DropAdapterRequest.FromString,
+                    response_serializer=rollway_dot_trainer_dot_v1_dot_trainer__pb2.DropAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -651,6 +669,33 @@ class TrainerService:
             '/rollway.trainer.v1.TrainerService/OptimStep',
             rollway_dot_trainer_dot_v1_dot_trainer__pb2.OptimStepRequest.SerializeToString,
             rollway_dot_trainer_dot_v1_dot_trainer__pb2.OptimStepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollway.trainer.v1.TrainerService/DropAdapter',
+            rollway_dot_trainer_dot_v1_dot_trainer__pb2.DropAdapterRequest.SerializeToString,
+            rollway_dot_trainer_dot_v1_dot_trainer__pb2.DropAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,7 +13,9 @@ import pytest
 
 from rollway.trainer import commands
 from rollway.trainer.commands import (
+    ActivateAdapter,
     Checksum,
+    DropAdapter,
     ExportHf,
     ForwardBackward,
     Init,
@@ -61,6 +63,8 @@ CASES = [
     (Save("/ckpt/tmp", False, async_save=True), ("save", ("/ckpt/tmp", False, True))),
     (ExportHf("/export/tmp"), ("export_hf", ("/export/tmp",))),
     (Load("/ckpt/iter_0000002", 2), ("load", ("/ckpt/iter_0000002", 2))),
+    (ActivateAdapter("s:train:1"), ("activate_adapter", ("s:train:1",))),
+    (DropAdapter("s:train:1"), ("drop_adapter", ("s:train:1",))),
     (Checksum("bfloat16"), ("checksum", ("bfloat16",))),
     (PlanWeights("bfloat16", 1 << 20), ("plan_weights", ("bfloat16", 1 << 20))),
     (
