@@ -6,8 +6,10 @@ order (tenants.py) and retrieve_future reads the result (futures.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 import grpc
 
 from rollway.common.log import get_logger
+from rollway.coordinator.tinker.base_rollouts import BaseRollout
 from rollway.coordinator.tinker.callers import caller, owns
 from rollway.coordinator.tinker.checkpoints import CheckpointStore, SavedCheckpoint, TenantSpec, expiry
 from rollway.coordinator.tinker.config import GatewayConfig
@@ -56,6 +59,9 @@ class Gateway:
         self.futures = FutureStore()
         self.tenants: dict[str, Tenant] = {}
         self.samplers: dict[str, Sampler] = {}
+        self.rollouts: dict[
+            Path, BaseRollout
+        ] = {}  # one rollout service per base model, shared by its samplers
         # Every checkpoint saved through the API (kept across gateway restarts on this workdir).
         self.saved = CheckpointStore(self.workdir)
         self._lock = threading.Lock()
@@ -96,6 +102,9 @@ class Gateway:
                 log.info("session timed out; releasing its models", session_id=session.session_id,
                             models=sorted(session.model_ids))  # fmt: skip
                 self._release(session.model_ids, session.sampling_session_ids)
+            for rollout in list(self.rollouts.values()):
+                with contextlib.suppress(RuntimeError):  # closed meanwhile
+                    rollout.stop_when_idle(self.config.sampler_idle_s)
             for tenant in list(self.tenants.values()):
                 try:
                     if tenant.heal():
@@ -107,18 +116,28 @@ class Gateway:
         with self._lock:
             tenants = [self.tenants.pop(m) for m in model_ids if m in self.tenants]
             samplers = [self.samplers.pop(s) for s in sampling_session_ids if s in self.samplers]
+            for sampler in samplers:
+                sampler.rollout.num_samplers -= 1
+            unused = [b for b, r in self.rollouts.items() if r.num_samplers == 0]
+            rollouts = [self.rollouts.pop(b) for b in unused]
         for tenant in tenants:
             tenant.stop()
             self.futures.forget_owner(tenant.spec.model_id)
         for sampler in samplers:
             sampler.stop()
+        for rollout in rollouts:  # after its samplers' clean-up, which runs on its thread
+            rollout.executor.submit(rollout.close)
 
     def close(self) -> None:
         self._stop.set()
         with self._lock:
             tenants, samplers = list(self.tenants.values()), list(self.samplers.values())
+            rollouts = list(self.rollouts.values())
             self.tenants.clear()
             self.samplers.clear()
+            self.rollouts.clear()
+        for rollout in rollouts:  # first: its samplers then clean up at once, not on its thread
+            rollout.close()
         for item in [*tenants, *samplers]:
             item.stop()
 
@@ -384,7 +403,13 @@ class Gateway:
     def _open_sampler(
         self, session, sampling_session_id: str, model_dir: Path, base_model, model_path
     ) -> Sampler:
-        sampler = Sampler(sampling_session_id, model_dir, self.workdir / sampling_session_id, self.config)
+        base = Path(base_model).resolve()
+        with self._lock:
+            rollout = self.rollouts.get(base)
+            if rollout is None:
+                rollout = self.rollouts[base] = BaseRollout(base, self.workdir / "rollouts", self.config)
+            rollout.num_samplers += 1
+        sampler = Sampler(sampling_session_id, Path(model_dir).resolve(), rollout)
         sampler.owner = session.owner
         sampler.describe = {
             "sampler_id": sampling_session_id,
@@ -409,8 +434,9 @@ class Gateway:
                 f"sampling_session_id: {body.get('sampling_session_id')!r} is not an open sampling session"
             )
         request = sampler.generate_request(body)  # validated now: a bad request is refused at once
+        sampler.rollout.last_used = time.monotonic()
         return self.futures.submit(
-            sampler.executor, sampler.sampling_session_id, lambda: sampler.sample(request)
+            sampler.rollout.executor, sampler.sampling_session_id, lambda: sampler.sample(request)
         )
 
     # --- listing ---------------------------------------------------------------------------

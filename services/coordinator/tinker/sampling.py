@@ -1,22 +1,19 @@
-"""A sampling session: a rollout service holding one saved set of weights (the Hugging Face
-export of save_weights_for_sampler, or a base model), and the SDK's sample calls translated to
-its Generate. Sampled tokens come back with the engine's log-probs (temperature-scaled, as the
-rollout service computes them)."""
+"""A sampling session: one saved set of weights (the Hugging Face export of
+save_weights_for_sampler, or a base model) served by its base model's rollout service, and the
+SDK's sample calls translated to its Generate. Sampled tokens come back with the engine's
+log-probs (temperature-scaled, as the rollout service computes them)."""
 
 from __future__ import annotations
 
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from rollway.common.client import open_channel
-from rollway.common.supervision.supervisor import LocalServiceGroup
 from rollway.common.v1 import common_pb2
-from rollway.coordinator.tinker.config import GatewayConfig
+from rollway.coordinator.tinker.base_rollouts import BaseRollout
 from rollway.coordinator.tinker.errors import bad_request
 from rollway.coordinator.tinker.wire import encode_sample_response
-from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from rollway.rollout.v1 import rollout_pb2
 
 MAX_SAMPLES = 64  # most sequences one sample call may ask for
 
@@ -33,29 +30,16 @@ def _prompt_tokens(prompt: dict) -> list[int]:
 
 
 class Sampler:
-    """A rollout service with one model; its calls run in order on its own thread."""
+    """A sampling session: the weights it samples (an export's directory, or the base model's)
+    on its base model's shared rollout service (base_rollouts.py)."""
 
-    def __init__(self, sampling_session_id: str, model_dir: Path, workdir: Path, config: GatewayConfig):
+    def __init__(self, sampling_session_id: str, weights: Path, rollout: BaseRollout):
         self.sampling_session_id = sampling_session_id
-        self.model_dir = model_dir
+        self.weights = weights
+        self.rollout = rollout
         self.describe: dict[str, Any] = {}  # GetSamplerResponse (set by the gateway)
         self.owner = ""  # the tenant (API key) whose session created it (set by the gateway)
         self.exported: Path | None = None  # weights exported for this sampler only (removed with it)
-        args = ["--hf-checkpoint", str(model_dir), "--dtype", config.dtype, "--reward", "none"]
-        self.group = LocalServiceGroup(
-            workdir, args={"rollout": args}, startup_timeout=config.startup_timeout_s
-        )
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"sampler-{sampling_session_id}")
-        self.stub: rollout_pb2_grpc.RolloutServiceStub | None = None
-        self._channel = None
-
-    def _ensure_started(self) -> rollout_pb2_grpc.RolloutServiceStub:
-        if self.stub is None:  # started by the first sample call, on this sampler's thread
-            self.group.start({"rollout": 1})
-            self._channel = open_channel(self.group.addresses["rollout"][0])
-            self.stub = rollout_pb2_grpc.RolloutServiceStub(self._channel)
-            self.stub.Init(rollout_pb2.InitRequest(run_id=self.sampling_session_id))
-        return self.stub
 
     def generate_request(self, body: dict[str, Any]) -> rollout_pb2.GenerateRequest:
         """The SDK's SampleRequest -> Generate (bad_request names an unsupported field)."""
@@ -89,8 +73,8 @@ class Sampler:
         )  # fmt: skip
 
     def sample(self, request: rollout_pb2.GenerateRequest) -> bytes:
-        stub = self._ensure_started()
-        samples = sorted((reply.sample for reply in stub.Generate(request)), key=lambda s: s.index)
+        """On the rollout's thread: generate on this sampler's weights."""
+        samples = self.rollout.generate(self.weights, request)
         return encode_sample_response(
             [
                 (
@@ -103,9 +87,16 @@ class Sampler:
         )
 
     def stop(self) -> None:
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        if self._channel is not None:
-            self._channel.close()
-        self.group.stop()
-        if self.exported is not None:
-            shutil.rmtree(self.exported, ignore_errors=True)
+        """Remove what only this sampler used, on the rollout's thread after its queued calls (the
+        gateway stops a rollout service left without samplers)."""
+        exported = self.exported
+
+        def remove() -> None:
+            self.rollout.forget(self.weights)  # another sampler of these weights prepares them again
+            if exported is not None:
+                shutil.rmtree(exported, ignore_errors=True)
+
+        try:
+            self.rollout.submit(remove)
+        except RuntimeError:  # the rollout is closed: nothing runs any more
+            remove()
