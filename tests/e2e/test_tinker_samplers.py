@@ -54,17 +54,26 @@ def train_step(training: tinker.TrainingClient, tokens: list[int]) -> None:
     training.optim_step(types.AdamParams(learning_rate=5e-2, eps=1e-8)).result()
 
 
-def trainer_logprobs(training: tinker.TrainingClient, tokens: list[int]) -> np.ndarray:
+def trainer_logprobs(
+    training: tinker.TrainingClient, tokens: list[int], start: int = len(PROMPT)
+) -> np.ndarray:
+    """The trainer's log-probs of tokens[start:] (each given the tokens before it)."""
     datum = types.Datum(
         model_input=types.ModelInput.from_ints(tokens[:-1]),
         loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
     )
     out = training.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
-    return out[len(PROMPT) - 1 :]
+    return out[start - 1 :]
 
 
-def test_exports_share_one_rollout_and_each_samples_its_own_weights(service, gateway, tiny_model_dir):
-    training = service.create_lora_training_client(base_model=str(tiny_model_dir), rank=0).result()
+@pytest.fixture(scope="module")
+def training(service, tiny_model_dir):
+    return service.create_lora_training_client(base_model=str(tiny_model_dir), rank=0).result()
+
+
+def test_exports_share_one_rollout_and_each_samples_its_own_weights(
+    service, training, gateway, tiny_model_dir
+):
     base = service.create_sampling_client(base_model=str(tiny_model_dir)).result()
     started = time.perf_counter()
     base_first = seeded(base)
@@ -110,6 +119,18 @@ def test_exports_share_one_rollout_and_each_samples_its_own_weights(service, gat
 
     # One rollout process served the base model and both exports.
     assert len(rollout_pids(gateway)) == 1
+
+
+def test_compute_logprobs_equal_the_trainers(service, training):
+    train_step(training, [1, 50, 51, 52, 53])
+    sampler = training.save_weights_and_get_sampling_client().result()  # the trainer holds these weights
+    tokens = [1, 40, 41, 42, 90, 91, 92, 93, 7]
+    scored = sampler.compute_logprobs(types.ModelInput.from_ints(tokens)).result()
+    assert len(scored) == len(tokens) and scored[0] is None  # the first token has no context
+    np.testing.assert_allclose(scored[1:], trainer_logprobs(training, tokens, start=1), atol=2e-3)
+    last = sampler.compute_logprobs(types.ModelInput.from_ints(tokens), prompt_logprobs_last_n=3).result()
+    assert last[:-3] == [None] * (len(tokens) - 3)
+    np.testing.assert_allclose(last[-3:], scored[-3:], atol=1e-5)
 
 
 def test_unused_rollout_stops_and_starts_again(service, gateway, tiny_model_dir):

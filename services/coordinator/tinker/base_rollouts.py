@@ -64,12 +64,14 @@ class BaseRollout:
         self.last_used = time.monotonic()
         return self.executor.submit(fn)
 
-    def generate(self, weights: Path, request: rollout_pb2.GenerateRequest) -> list[common_pb2.Sample]:
-        """Generate on `weights` (switching to them first); the samples in index order."""
+    def generate(
+        self, weights: Path, request: rollout_pb2.GenerateRequest
+    ) -> list[rollout_pb2.GenerateResponse]:
+        """Generate on `weights` (switching to them first); the replies in sample index order."""
         stub = self._serve(weights)
-        samples = sorted((reply.sample for reply in stub.Generate(request)), key=lambda s: s.index)
+        replies = sorted(stub.Generate(request), key=lambda reply: reply.sample.index)
         self.last_used = time.monotonic()
-        return samples
+        return replies
 
     def _serve(self, weights: Path) -> rollout_pb2_grpc.RolloutServiceStub:
         if self.group is None or self.group.dead() is not None:

@@ -436,7 +436,9 @@ class Gateway:
         request = sampler.generate_request(body)  # validated now: a bad request is refused at once
         sampler.rollout.last_used = time.monotonic()
         return self.futures.submit(
-            sampler.rollout.executor, sampler.sampling_session_id, lambda: sampler.sample(request)
+            sampler.rollout.executor,
+            sampler.sampling_session_id,
+            lambda: sampler.sample(request, body.get("prompt_logprobs_last_n")),
         )
 
     # --- listing ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ log-probs (temperature-scaled, as the rollout service computes them)."""
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -46,10 +47,16 @@ class Sampler:
         num_samples = int(body.get("num_samples", 1))
         if not 1 <= num_samples <= MAX_SAMPLES:
             raise bad_request(f"num_samples: must be in [1, {MAX_SAMPLES}] (got {num_samples})")
-        for name in ("prompt_logprobs", "topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k",
-                     "target_prompt_logprobs"):  # fmt: skip
+        for name in (
+            "topk_prompt_logprobs",
+            "topk_sample_logprobs",
+            "prompt_alt_tokens_k",
+            "target_prompt_logprobs",
+        ):
             if body.get(name):
-                raise bad_request(f"{name}: not supported by this gateway (sampled-token log-probs only)")
+                raise bad_request(
+                    f"{name}: not supported by this gateway (sampled-token and prompt log-probs only)"
+                )
         params = body.get("sampling_params") or {}
         max_tokens = params.get("max_tokens")
         if max_tokens is None or int(max_tokens) < 1:
@@ -67,14 +74,31 @@ class Sampler:
         if params.get("seed") is not None:
             sampling.seed = int(params["seed"])
         prompt = rollout_pb2.Prompt(token_ids=_prompt_tokens(body.get("prompt") or {}))
+        last_n = body.get("prompt_logprobs_last_n")
+        if last_n is not None and not 1 <= int(last_n) <= len(prompt.token_ids) - 1:
+            raise bad_request(
+                f"prompt_logprobs_last_n: must be in [1, len(prompt) - 1 = {len(prompt.token_ids) - 1}] "
+                f"(got {last_n})"
+            )
         return rollout_pb2.GenerateRequest(
             prompts=[prompt], n_samples_per_prompt=num_samples, sampling_params=sampling, reward="none",
-            environment="none",
+            environment="none", prompt_log_probs=bool(body.get("prompt_logprobs")),
         )  # fmt: skip
 
-    def sample(self, request: rollout_pb2.GenerateRequest) -> bytes:
-        """On the rollout's thread: generate on this sampler's weights."""
-        samples = self.rollout.generate(self.weights, request)
+    def sample(
+        self, request: rollout_pb2.GenerateRequest, prompt_logprobs_last_n: int | None = None
+    ) -> bytes:
+        """On the rollout's thread: generate on this sampler's weights (and score the prompt when
+        the request asks: compute_logprobs, `prompt_logprobs_last_n` of them)."""
+        replies = self.rollout.generate(self.weights, request)
+        samples = [reply.sample for reply in replies]
+        scores = None
+        if request.prompt_log_probs:
+            # The first token has no context: no log-prob (NaN, which the SDK reads as None).
+            scores = [math.nan, *replies[0].prompt_log_probs]
+            if prompt_logprobs_last_n:  # only the last n are asked for
+                skipped = len(scores) - int(prompt_logprobs_last_n)
+                scores[:skipped] = [math.nan] * skipped
         return encode_sample_response(
             [
                 (
@@ -83,7 +107,8 @@ class Sampler:
                     s.finish_reason == common_pb2.FINISH_REASON_STOP,
                 )
                 for s in samples
-            ]
+            ],
+            scores,
         )
 
     def stop(self) -> None:
