@@ -94,14 +94,21 @@ class BaseRollout:
         log.info("rollout service started", base_model=str(self.base_model),
                  seconds=round(time.perf_counter() - tick, 3))  # fmt: skip
 
-    def _switch(self, weights: Path) -> None:
-        tick = time.perf_counter()
+    def prepare(self, weights: Path) -> common_pb2.WeightManifest:
+        """The disk update of `weights`, written once (the gateway asks for it when a sampler
+        opens, so the first sample only loads it; the hard links keep an export's files readable
+        even if its checkpoint is deleted meanwhile)."""
         with self._lock:
             update = self._updates.get(weights)
         if update is None:
             update = prepare_update(weights, self.config.dtype, self.workdir / "updates" / _key(weights))
             with self._lock:
                 self._updates[weights] = update
+        return update
+
+    def _switch(self, weights: Path) -> None:
+        tick = time.perf_counter()
+        update = self.prepare(weights)
         manifest = common_pb2.WeightManifest()
         manifest.CopyFrom(update)
         manifest.weight_version = self._version + 1

@@ -410,6 +410,8 @@ class Gateway:
                 rollout = self.rollouts[base] = BaseRollout(base, self.workdir / "rollouts", self.config)
             rollout.num_samplers += 1
         sampler = Sampler(sampling_session_id, Path(model_dir).resolve(), rollout)
+        if sampler.weights != base:  # on the rollout's thread, ahead of the first sample
+            rollout.submit(lambda: rollout.prepare(sampler.weights))
         sampler.owner = session.owner
         sampler.describe = {
             "sampler_id": sampling_session_id,
