@@ -54,7 +54,7 @@ class BaseRollout:
         self.last_used = time.monotonic()
         self.stub: rollout_pb2_grpc.RolloutServiceStub | None = None
         self._channel = None
-        self._loaded: Path = base_model  # the weights the engine serves (a started service: the base)
+        self._loaded: Path | None = base_model  # the weights the engine serves (None: unknown)
         self._version = 0  # the engine's weight version: each switch commits the next one
         self._updates: dict[Path, common_pb2.WeightManifest] = {}  # prepared disk updates by weights dir
         self._lock = threading.Lock()
@@ -89,7 +89,7 @@ class BaseRollout:
         self.group.start({"rollout": 1})
         self._channel = open_channel(self.group.addresses["rollout"][0])
         self.stub = rollout_pb2_grpc.RolloutServiceStub(self._channel)
-        self.stub.Init(rollout_pb2.InitRequest(run_id=f"sampler-{_key(self.base_model)}"))
+        self.stub.Init(rollout_pb2.InitRequest(run_id=f"sampler-{_key(self.base_model)}"), timeout=60)
         self._loaded, self._version = self.base_model, 0
         log.info("rollout service started", base_model=str(self.base_model),
                  seconds=round(time.perf_counter() - tick, 3))  # fmt: skip
@@ -111,10 +111,14 @@ class BaseRollout:
         update = self.prepare(weights)
         manifest = common_pb2.WeightManifest()
         manifest.CopyFrom(update)
-        manifest.weight_version = self._version + 1
-        self._loaded = self.base_model  # until committed: a failed switch reloads from scratch
-        reply = self.stub.UpdateWeights(rollout_pb2.UpdateWeightsRequest(manifest=manifest))
-        self._loaded, self._version = weights, reply.weight_version
+        # A failed call may or may not have committed: the served weights are unknown until the next
+        # switch, whose version is new either way (a reused one would be dropped as already applied).
+        self._loaded = None
+        self._version += 1
+        manifest.weight_version = self._version
+        request = rollout_pb2.UpdateWeightsRequest(manifest=manifest)
+        self.stub.UpdateWeights(request, timeout=self.config.startup_timeout_s)  # at most a model load
+        self._loaded = weights
         log.info("sampler weights loaded", weights=str(weights), weight_version=self._version,
                  seconds=round(time.perf_counter() - tick, 3))  # fmt: skip
 
@@ -136,12 +140,6 @@ class BaseRollout:
             dropped = self._updates.pop(weights, None)
         if dropped is not None:
             shutil.rmtree(dropped.disk_path, ignore_errors=True)
-
-    def pid(self) -> int | None:
-        """The rollout service's process id while it runs."""
-        group = self.group
-        processes = group.processes.get("rollout") if group is not None else None
-        return processes[0].pid if processes else None
 
     def stop_when_idle(self, idle_s: float) -> Future:
         """Stop the service (on its thread, after the calls queued before) if unused for `idle_s`."""
