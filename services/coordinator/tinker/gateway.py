@@ -322,11 +322,13 @@ class Gateway:
         sampling_session_id = f"{session.session_id}-sampler-{uuid.uuid4().hex[:8]}"
 
         def run(tenant: Tenant) -> dict:
-            saved = tenant.save(self.workdir / sampling_session_id / "weights", "", "sampler_weights")
-            sampler = self._open_sampler(
-                session, sampling_session_id, saved.hf_dir, tenant.spec.base_model, None
-            )
-            sampler.exported = saved.root  # removed when the sampler is released
+            # The weights only (no optimizer state: nothing resumes from it), as the RL loop's
+            # per-step call wants it: smaller and faster than a checkpoint.
+            root = self.workdir / "sampler-exports" / sampling_session_id
+            export = trainer_pb2.ExportHFRequest(path=str(root))
+            hf_dir = Path(tenant.call(lambda t: t.ExportHF(export)).hf_dir)
+            sampler = self._open_sampler(session, sampling_session_id, hf_dir, tenant.spec.base_model, None)
+            sampler.exported = root  # removed when the sampler is released
             return {"sampling_session_id": sampling_session_id, "type": "save_weights_for_sampler"}
 
         return self._submit(model_id, run)
