@@ -141,15 +141,19 @@ class BaseRollout:
         if dropped is not None:
             shutil.rmtree(dropped.disk_path, ignore_errors=True)
 
-    def stop_when_idle(self, idle_s: float) -> Future:
+    def stop_when_idle(self, idle_s: float) -> None:
         """Stop the service (on its thread, after the calls queued before) if unused for `idle_s`."""
 
+        def idle() -> bool:
+            return self.group is not None and time.monotonic() - self.last_used >= idle_s
+
         def stop() -> None:
-            if self.group is not None and time.monotonic() - self.last_used >= idle_s:
+            if idle():  # still: no call came meanwhile
                 log.info("rollout service idle; stopping it", base_model=str(self.base_model))
                 self._shut()
 
-        return self.executor.submit(stop)
+        if idle():
+            self.executor.submit(stop)
 
     def close(self) -> None:
         """Stop the service and the thread (queued calls are dropped)."""
