@@ -59,9 +59,8 @@ class Gateway:
         self.futures = FutureStore()
         self.tenants: dict[str, Tenant] = {}
         self.samplers: dict[str, Sampler] = {}
-        self.rollouts: dict[
-            Path, BaseRollout
-        ] = {}  # one rollout service per base model, shared by its samplers
+        # One rollout service per base model, shared by its samplers (base_rollouts.py).
+        self.rollouts: dict[Path, BaseRollout] = {}
         # Every checkpoint saved through the API (kept across gateway restarts on this workdir).
         self.saved = CheckpointStore(self.workdir)
         self._lock = threading.Lock()
