@@ -104,16 +104,27 @@ def run(quick: bool) -> BenchResult:
                         "overhead_ms": round(sdk_ms - grpc_ms, 2),
                     }
                 )
-            # A sampling client starts its own rollout service on the saved export (sampling.py):
-            # the cost an RL loop pays once per step.
+            # The first sampling client starts its base model's rollout service (base_rollouts.py);
+            # every later export is loaded into that service: the cost an RL loop pays once per step.
+            prompt, params = sdk_data[0].model_input, types.SamplingParams(max_tokens=4)
             started = time.perf_counter()
             path = training.save_weights_for_sampler("bench").result().path
             sampler = service.create_sampling_client(model_path=path).result()
-            sampler.sample(sdk_data[0].model_input, 1, types.SamplingParams(max_tokens=4)).result()
+            sampler.sample(prompt, 1, params).result()
             first_sample_ms = (time.perf_counter() - started) * 1000
             started = time.perf_counter()
-            sampler.sample(sdk_data[0].model_input, 1, types.SamplingParams(max_tokens=4)).result()
+            sampler.sample(prompt, 1, params).result()
             next_sample_ms = (time.perf_counter() - started) * 1000
+            new_export_ms, save_ms = [], []
+            for k in range(3 if quick else 10):
+                training.forward_backward(sdk_data, "cross_entropy")
+                training.optim_step(adam).result()  # new weights for each export
+                started = time.perf_counter()
+                path = training.save_weights_for_sampler(f"bench-{k}").result().path
+                saved = time.perf_counter()
+                service.create_sampling_client(model_path=path).result().sample(prompt, 1, params).result()
+                save_ms.append((saved - started) * 1000)
+                new_export_ms.append((time.perf_counter() - saved) * 1000)
             service.close("success").result()
     return BenchResult(
         name="gateway",
@@ -124,5 +135,8 @@ def run(quick: bool) -> BenchResult:
         summary={
             "save_for_sampler_and_first_sample_ms": round(first_sample_ms, 1),
             "next_sample_ms": round(next_sample_ms, 1),
+            # create_sampling_client + first sample of a further export, and its save (median)
+            "new_export_first_sample_ms": round(statistics.median(new_export_ms), 1),
+            "new_export_save_ms": round(statistics.median(save_ms), 1),
         },
     )

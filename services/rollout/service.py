@@ -135,8 +135,22 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
             log.info(
                 "generate", request_id=request.request_id, num_samples=len(plan.samples), reward=plan.reward
             )
+            scores = self._prompt_scores(request, plan)
             stream = GenerateStream(self.ctx, request, plan)
-            yield from stream.run(context.is_active, context.add_callback)
+            for reply in stream.run(context.is_active, context.add_callback):
+                reply.prompt_log_probs.extend(scores.get(tuple(reply.sample.prompt_token_ids), ()))
+                yield reply
+
+    def _prompt_scores(self, request, plan) -> dict[tuple[int, ...], list[float]]:
+        """Each prompt's log-probs, when the request asks for them (before generating: with the
+        weights served when the call starts)."""
+        if not request.prompt_log_probs or not plan.samples:
+            return {}
+        temperature = plan.samples[0].params.temperature  # one call: one temperature
+        try:
+            return {p: self.engine.prompt_log_probs(list(p), temperature) for p in set(plan.prompt_token_ids)}
+        except EngineError as exc:
+            raise engine_error_status(exc) from None
 
     def generate_in_process(self, request: rollout_pb2.GenerateRequest) -> list:
         """Generate for the OpenAI-compatible endpoint's plain /v1 requests (a whole call's samples)."""

@@ -396,14 +396,16 @@ class TrainerController:
             return self.saved[directory]
         raise NotFound(f"checkpoint_dir: {checkpoint_dir} was not saved by this trainer since its start")
 
-    def export_hf(self, path: str) -> tuple[Path, int]:
-        """A Hugging Face export of the current weights into `path`/iter_XXXXXXX and nothing
-        else (no trainer checkpoint); written into a temporary directory, then renamed."""
+    def export_hf(self, path: str, adapter: str = "") -> tuple[Path, int]:
+        """A Hugging Face export of the current weights (a LoRA tenant's, merged, on a shared
+        trainer) into `path`/iter_XXXXXXX and nothing else (no trainer checkpoint); written into
+        a temporary directory, then renamed."""
         self._require_init("ExportHF")
         if not path:
             raise InvalidArgument("path", "must name a directory")
         root = Path(path)
         with self.lock:
+            self._activate(adapter)
             step = self.engine.global_step
             tmp = self._make_temp_dir(root, step)
             errors = self._broadcast(ExportHf(str(tmp)))

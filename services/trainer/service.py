@@ -204,7 +204,7 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
 
     def ExportHF(self, request, context):
         self.require_engine()
-        directory, step = self.controller.export_hf(request.path)
+        directory, step = self.controller.export_hf(request.path, request.adapter)
         return trainer_pb2.ExportHFResponse(hf_dir=str(directory), global_step=step)
 
     def LoadCheckpoint(self, request, context):

@@ -155,6 +155,23 @@ def test_a_tenants_save_is_its_own_peft_adapter_and_merged_export(gateway, inter
     np.testing.assert_allclose(transformers_log_probs(with_adapter, k), served, atol=1e-5)
 
 
+def test_a_tenants_sampling_client_samples_its_own_weights_whichever_tenant_ran_last(interleaved):
+    """save_weights_and_get_sampling_client exports the tenant that asks, merged, even when
+    another tenant's adapters were the live ones on the shared trainer."""
+    first, second = interleaved[0], interleaved[1]
+    own = logprobs(first, 0)
+    logprobs(second, 0)  # tenant 1's adapters are now the live ones
+    sampler = first.save_weights_and_get_sampling_client().result()
+    start = 0
+    for datum in tenant_data(0):
+        targets = datum.loss_fn_inputs["target_tokens"].tolist()
+        tokens = [*datum.model_input.to_ints(), targets[-1]]  # the row: its inputs and last target
+        scored = sampler.compute_logprobs(types.ModelInput.from_ints(tokens)).result()
+        np.testing.assert_allclose(scored[1:], own[start : start + len(targets)], atol=2e-3)
+        start += len(targets)
+    assert np.abs(logprobs(second, 0) - own).max() > 1e-3  # the two tenants' weights differ
+
+
 def test_the_base_model_is_loaded_once_for_every_lora_tenant(gateway, alone, interleaved):
     _, process, _ = gateway
     pids = trainer_pids(process.pid)

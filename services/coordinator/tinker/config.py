@@ -38,6 +38,11 @@ class GatewayConfig:
         "LoRA models of one base model (and rank) share one trainer: the base weights once in memory, each "
         "model its own adapters and optimizer state; false: a trainer per model, as full fine-tuning",
     )
+    sampler_idle_s: float = setting(
+        300.0,
+        "a base model's rollout service (shared by its samplers) that sampled nothing this long stops; the "
+        "next sample starts it again",
+    )
     dtype: str = setting("float32", "dtype the trainers train in", choices=("float32", "bfloat16"))
     startup_timeout_s: float = setting(300.0, "how long a trainer may take to load its model")
     launcher: str = setting(
@@ -54,6 +59,8 @@ class GatewayConfig:
             raise ConfigError("token", "must start with 'tml-' (the tinker SDK refuses other keys)")
         if self.session_timeout_s <= 0:
             raise ConfigError("session_timeout_s", "must be > 0")
+        if self.sampler_idle_s <= 0:
+            raise ConfigError("sampler_idle_s", "must be > 0")
         if self.memory_budget_gb < 0:
             raise ConfigError("memory_budget_gb", "must be >= 0")
         if self.ray_address and self.launcher != "ray":

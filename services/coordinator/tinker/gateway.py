@@ -6,8 +6,10 @@ order (tenants.py) and retrieve_future reads the result (futures.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 import grpc
 
 from rollway.common.log import get_logger
+from rollway.coordinator.tinker.base_rollouts import BaseRollout
 from rollway.coordinator.tinker.callers import caller, owns
 from rollway.coordinator.tinker.checkpoints import CheckpointStore, SavedCheckpoint, TenantSpec, expiry
 from rollway.coordinator.tinker.config import GatewayConfig
@@ -58,6 +61,8 @@ class Gateway:
         # The trainers LoRA models share, by (base model directory, LoRA rank).
         self.shared_trainers: dict[tuple[str, int], Trainer] = {}
         self.samplers: dict[str, Sampler] = {}
+        # One rollout service per base model, shared by its samplers (base_rollouts.py).
+        self.rollouts: dict[Path, BaseRollout] = {}
         # Every checkpoint saved through the API (kept across gateway restarts on this workdir).
         self.saved = CheckpointStore(self.workdir)
         self._lock = threading.Lock()
@@ -98,6 +103,9 @@ class Gateway:
                 log.info("session timed out; releasing its models", session_id=session.session_id,
                             models=sorted(session.model_ids))  # fmt: skip
                 self._release(session.model_ids, session.sampling_session_ids)
+            for rollout in list(self.rollouts.values()):
+                with contextlib.suppress(RuntimeError):  # closed meanwhile
+                    rollout.stop_when_idle(self.config.sampler_idle_s)
             for tenant in list(self.tenants.values()):
                 try:
                     if tenant.heal():
@@ -113,19 +121,29 @@ class Gateway:
             for key, trainer in list(self.shared_trainers.items()):
                 if {t.spec.model_id for t in trainer.tenants.values()} <= leaving:
                     del self.shared_trainers[key]  # no new model joins a trainer about to stop
+            for sampler in samplers:
+                sampler.rollout.num_samplers -= 1
+            unused = [b for b, r in self.rollouts.items() if r.num_samplers == 0]
+            rollouts = [self.rollouts.pop(b) for b in unused]
         for tenant in tenants:
             tenant.stop()
             self.futures.forget_owner(tenant.spec.model_id)
         for sampler in samplers:
             sampler.stop()
+        for rollout in rollouts:  # after its samplers' clean-up, which runs on its thread
+            rollout.executor.submit(rollout.close)
 
     def close(self) -> None:
         self._stop.set()
         with self._lock:
             tenants, samplers = list(self.tenants.values()), list(self.samplers.values())
+            rollouts = list(self.rollouts.values())
             self.tenants.clear()
             self.samplers.clear()
             self.shared_trainers.clear()
+            self.rollouts.clear()
+        for rollout in rollouts:  # first: its samplers then clean up at once, not on its thread
+            rollout.close()
         for item in [*tenants, *samplers]:
             item.stop()
 
@@ -336,11 +354,13 @@ class Gateway:
         sampling_session_id = f"{session.session_id}-sampler-{uuid.uuid4().hex[:8]}"
 
         def run(tenant: Tenant) -> dict:
-            saved = tenant.save(self.workdir / sampling_session_id / "weights", "", "sampler_weights")
-            sampler = self._open_sampler(
-                session, sampling_session_id, saved.hf_dir, tenant.spec.base_model, None
-            )
-            sampler.exported = saved.root  # removed when the sampler is released
+            # The weights only (no optimizer state: nothing resumes from it), as the RL loop's
+            # per-step call wants it: smaller and faster than a checkpoint.
+            root = self.workdir / "sampler-exports" / sampling_session_id
+            export = trainer_pb2.ExportHFRequest(path=str(root), adapter=tenant.adapter)
+            hf_dir = Path(tenant.call(lambda t: t.ExportHF(export)).hf_dir)
+            sampler = self._open_sampler(session, sampling_session_id, hf_dir, tenant.spec.base_model, None)
+            sampler.exported = root  # removed when the sampler is released
             return {"sampling_session_id": sampling_session_id, "type": "save_weights_for_sampler"}
 
         return self._submit(model_id, run)
@@ -419,7 +439,15 @@ class Gateway:
     def _open_sampler(
         self, session, sampling_session_id: str, model_dir: Path, base_model, model_path
     ) -> Sampler:
-        sampler = Sampler(sampling_session_id, model_dir, self.workdir / sampling_session_id, self.config)
+        base = Path(base_model).resolve()
+        with self._lock:
+            rollout = self.rollouts.get(base)
+            if rollout is None:
+                rollout = self.rollouts[base] = BaseRollout(base, self.workdir / "rollouts", self.config)
+            rollout.num_samplers += 1
+        sampler = Sampler(sampling_session_id, Path(model_dir).resolve(), rollout)
+        if sampler.weights != base:  # on the rollout's thread, ahead of the first sample
+            rollout.submit(lambda: rollout.prepare(sampler.weights))
         sampler.owner = session.owner
         sampler.describe = {
             "sampler_id": sampling_session_id,
@@ -444,8 +472,11 @@ class Gateway:
                 f"sampling_session_id: {body.get('sampling_session_id')!r} is not an open sampling session"
             )
         request = sampler.generate_request(body)  # validated now: a bad request is refused at once
+        sampler.rollout.last_used = time.monotonic()
         return self.futures.submit(
-            sampler.executor, sampler.sampling_session_id, lambda: sampler.sample(request)
+            sampler.rollout.executor,
+            sampler.sampling_session_id,
+            lambda: sampler.sample(request, body.get("prompt_logprobs_last_n")),
         )
 
     # --- listing ---------------------------------------------------------------------------

@@ -134,9 +134,14 @@ def encode_forward_backward_output(response: trainer_pb2.ForwardBackwardResponse
     return out.SerializeToString()
 
 
-def encode_sample_response(sequences: list[tuple[list[int], list[float], bool]]) -> bytes:
-    """(tokens, log-probs, stopped by a stop condition) per sequence -> the SDK's SampleResponse."""
+def encode_sample_response(
+    sequences: list[tuple[list[int], list[float], bool]], prompt_logprobs: list[float] | None = None
+) -> bytes:
+    """(tokens, log-probs, stopped by a stop condition) per sequence -> the SDK's SampleResponse;
+    `prompt_logprobs`: one per prompt token, NaN where none was computed (the SDK reads None)."""
     out = public_pb.SampleResponse()
+    if prompt_logprobs is not None:
+        out.prompt_logprobs = np.asarray(prompt_logprobs, dtype=np.float32).tobytes()
     for tokens, log_probs, stopped in sequences:
         out.sequences.add(
             stop_reason=public_pb.STOP_REASON_STOP if stopped else public_pb.STOP_REASON_LENGTH,

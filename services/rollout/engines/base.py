@@ -211,6 +211,11 @@ class Engine(ABC):
         for checking a manifest, not for writing."""
         raise EngineUnsupported(f"the {self.name} engine cannot list its weights")
 
+    def prompt_log_probs(self, token_ids: list[int], temperature: float) -> list[float]:
+        """log p(token_i | tokens before it) for i >= 1 with the served weights, logits divided by
+        `temperature` (0: greedy, unscaled) and log-softmaxed in fp32 as sampled tokens are."""
+        raise EngineUnsupported(f"the {self.name} engine cannot score prompt tokens")
+
     def scramble_weights(self, seed: int) -> int:
         """Debug hook (--check-weight-update-equal): overwrite every served weight with random
         values in place, keeping the weight version; return how many tensors changed."""

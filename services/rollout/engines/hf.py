@@ -191,6 +191,14 @@ class HFEngine(Engine):
     def weight_tensors(self) -> dict[str, torch.Tensor]:
         return loadable_tensors(self._model())
 
+    def prompt_log_probs(self, token_ids: list[int], temperature: float) -> list[float]:
+        ids = torch.tensor([token_ids], device=self.device)
+        with self.batcher.model_lock, torch.no_grad():
+            logits = self._model()(input_ids=ids).logits[0, :-1].float()
+        if temperature > 0:
+            logits = logits / temperature
+        return torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()
+
     def scramble_weights(self, seed: int) -> int:
         generator = torch.Generator(device=self.device).manual_seed(seed)
         with self.batcher.model_lock, torch.no_grad():

@@ -59,26 +59,30 @@ class ResponsePrefix(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., log_probs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., turns: _Optional[_Iterable[_Union[_common_pb2.Turn, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompts", "n_samples_per_prompt", "sampling_params", "reward", "request_id", "environment")
+    __slots__ = ("prompts", "n_samples_per_prompt", "sampling_params", "reward", "request_id", "environment", "prompt_log_probs")
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     N_SAMPLES_PER_PROMPT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
     prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
     n_samples_per_prompt: int
     sampling_params: _common_pb2.SamplingParams
     reward: str
     request_id: str
     environment: str
-    def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., n_samples_per_prompt: _Optional[int] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., reward: _Optional[str] = ..., request_id: _Optional[str] = ..., environment: _Optional[str] = ...) -> None: ...
+    prompt_log_probs: bool
+    def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., n_samples_per_prompt: _Optional[int] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., reward: _Optional[str] = ..., request_id: _Optional[str] = ..., environment: _Optional[str] = ..., prompt_log_probs: _Optional[bool] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("sample",)
+    __slots__ = ("sample", "prompt_log_probs")
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
     sample: _common_pb2.Sample
-    def __init__(self, sample: _Optional[_Union[_common_pb2.Sample, _Mapping]] = ...) -> None: ...
+    prompt_log_probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, sample: _Optional[_Union[_common_pb2.Sample, _Mapping]] = ..., prompt_log_probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class InitWeightGroupRequest(_message.Message):
     __slots__ = ("group",)

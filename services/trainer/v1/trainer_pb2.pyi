@@ -172,10 +172,12 @@ class WaitCheckpointResponse(_message.Message):
     def __init__(self, checkpoint_dir: _Optional[str] = ..., write_seconds: _Optional[float] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class ExportHFRequest(_message.Message):
-    __slots__ = ("path",)
+    __slots__ = ("path", "adapter")
     PATH_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     path: str
-    def __init__(self, path: _Optional[str] = ...) -> None: ...
+    adapter: str
+    def __init__(self, path: _Optional[str] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class ExportHFResponse(_message.Message):
     __slots__ = ("hf_dir", "global_step")

@@ -241,3 +241,20 @@ def test_load_weights_validates_then_copies_in_place(tiny_model_dir, reference):
         assert engine.weights_checksum() == (digest, count) and engine.weight_version == 0
     finally:
         engine.stop()
+
+
+def test_prompt_log_probs_score_what_sampling_would(tiny_model_dir):
+    # A sampled continuation scored as a prompt gets the log-probs it was sampled with: the prompt
+    # scoring (compute_logprobs in the Tinker gateway) and sampling see one distribution.
+    engine = _engine(tiny_model_dir)
+    try:
+        [result] = _run(engine, _requests(lambda i: SamplingParams(temperature=0.7, max_new_tokens=6, seed=3),
+                                          prompts=[PROMPTS[0]]))[0].values()  # fmt: skip
+        tokens = [*PROMPTS[0], *result.token_ids]
+        scored = engine.prompt_log_probs(tokens, temperature=0.7)
+    finally:
+        engine.stop()
+    assert len(scored) == len(tokens) - 1
+    torch.testing.assert_close(
+        torch.tensor(scored[len(PROMPTS[0]) - 1 :]), torch.tensor(result.log_probs), atol=1e-4, rtol=0
+    )
