@@ -95,7 +95,7 @@ def run(quick: bool) -> BenchResult:
         for preset in presets:
             model = make_tiny_model(work / preset, seed=0, preset=preset)
             rows += _measure(model, work / f"{preset}-shared", True, [1, 4, 8])
-            rows += _measure(model, work / f"{preset}-each", False, [1, 4])
+            rows += _measure(model, work / f"{preset}-each", False, [1, 4, 8])
     return BenchResult(
         name="lora_tenants",
         rows=rows,
