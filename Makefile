@@ -103,7 +103,8 @@ proto: setup
 proto-check: setup
 	$(PY) protos/generate.py --check
 
-bench: setup
+# The real model for bench_vs_trl_smollm2.py (rollway against TRL on SmolLM2).
+bench: setup $(REAL_MODEL)/config.json
 	$(PY) -m bench.run
 
 clean:

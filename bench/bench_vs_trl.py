@@ -89,7 +89,7 @@ def rollway_configs(
     return paths
 
 
-def run_rollway(config: Path, run_id: str, workdir: Path) -> dict:
+def run_rollway(config: Path, run_id: str, workdir: Path, warmup_steps: int = WARMUP_STEPS) -> dict:
     """`rollway run CONFIG`: per-step figures from metrics.jsonl and the whole-process time."""
     started, started_epoch = time.perf_counter(), time.time()
     subprocess.run(
@@ -112,7 +112,7 @@ def run_rollway(config: Path, run_id: str, workdir: Path) -> dict:
     steps = [r for r in records if "perf/step_time" in r]
     # Start-up: from `rollway run` to the end of the first step, less that step's own time.
     first_step_after_s = steps[0]["time"] - started_epoch - steps[0]["perf/step_time"]
-    steps = steps[WARMUP_STEPS:]
+    steps = steps[warmup_steps:]
     tokens = [r.get("sft/num_tokens", r.get("train/num_tokens", 0.0)) for r in steps]
     breakdown = {
         key: statistics.median(r.get(key, 0.0) for r in steps)
@@ -127,10 +127,20 @@ def run_rollway(config: Path, run_id: str, workdir: Path) -> dict:
     }
 
 
-def run_trl(python: Path, workload: str, model: Path, data: Path, steps: int, workdir: Path) -> dict:
+def run_trl(
+    python: Path,
+    workload: str,
+    model: Path,
+    data: Path,
+    steps: int,
+    workdir: Path,
+    warmup_steps: int = WARMUP_STEPS,
+    runner_args: tuple[str, ...] = (),
+) -> dict:
+    """One trl_runner.py run; `runner_args` are its batch flags (its defaults: this module's workload)."""
     out = workdir / f"trl-{workload}-{time.monotonic_ns()}.json"
     started = time.perf_counter()
-    subprocess.run(
+    done = subprocess.run(
         [
             str(python),
             str(RUNNER),
@@ -145,22 +155,26 @@ def run_trl(python: Path, workload: str, model: Path, data: Path, steps: int, wo
             str(out),
             "--workdir",
             str(workdir / f"trl-{workload}"),
+            *runner_args,
         ],
-        check=True,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
         env={
             **os.environ,
             "TOKENIZERS_PARALLELISM": "false",
             **({"OMP_NUM_THREADS": TRL_THREADS} if TRL_THREADS else {}),
         },
     )
+    if done.returncode != 0:  # TRL's own error, not only its exit status
+        raise RuntimeError(f"trl_runner.py {workload} exited {done.returncode}:\n{done.stderr[-3000:]}")
     result = json.loads(out.read_text())
     return {
-        "step_s": statistics.median(result["step_seconds"][WARMUP_STEPS:]),
+        "step_s": statistics.median(result["step_seconds"][warmup_steps:]),
         "process_s": time.perf_counter() - started,
         "first_step_after_s": result["first_step_after_s"],
         "num_threads": result["num_threads"],
+        "peak_rss_bytes": result["peak_rss_bytes"],
     }
 
 
