@@ -113,7 +113,9 @@ def _invalid(schema: dict):
             return st.one_of(other_types, st.just({"not_a_setting": 1}), st.just({"lr": -1.0}))
         return other_types
     same_type = from_schema({"allOf": [{"type": kind}, {"not": schema}]})
-    return st.one_of(same_type, other_types)
+    # A nullable setting (anyOf [..., null]) accepts None, which `others` would draw.
+    refused = jsonschema.Draft202012Validator(schema)
+    return st.one_of(same_type, other_types).filter(lambda value: not refused.is_valid(value))
 
 
 _values = {k: _valid(PROPERTIES[k]) for k in FUZZED}
