@@ -7,7 +7,8 @@ One seeded GRPO run and one short SFT run, each asserting every fact of its kind
   least 0.3; the trainer's log-probs of the sampled tokens equal the hf engine's
   (train/train_rollout_logprob_abs_diff); every sample that stops ends at <|im_end|>;
 - the SFT export loads in plain transformers, embeddings still tied, holds the trainer's final
-  weights bit for bit (its checkpoint's; so transformers computes the trainer's log-probs), and
+  weights bit for bit (the sha256 the run logs of them; so transformers computes the trainer's
+  log-probs), and
   gives the answers of the conversations it was trained on more probability than the base model.
 test_smollm2_sglang.py holds the converted model on a real SGLang server to the trainer's log-probs.
 """
@@ -15,7 +16,6 @@ test_smollm2_sglang.py holds the converted model on a real SGLang server to the 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,19 +53,6 @@ def launch(config: dict, workdir: Path, timeout: float) -> Path:
 
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def trainer_weights(checkpoints: Path, scratch: Path) -> dict:
-    """The trainer's model state in the run's newest checkpoint under `checkpoints` (a tied tensor
-    once): <checkpoints>/rollout_N/trainer/iter_N/model, DCP shards."""
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    from rollway.trainer.checkpoint import LATEST, resolve
-
-    run_checkpoint = checkpoints / (checkpoints / LATEST).read_text().strip()
-    dcp_to_torch_save(resolve(run_checkpoint / "trainer") / "model", scratch)
-    return torch.load(scratch, weights_only=True)["model"]
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +132,10 @@ def test_the_sft_export_loads_in_transformers_and_holds_the_trained_steps(real_m
         "use_dynamic_batch_size": True,
         "max_tokens_per_gpu": 2048,  # the memory plan fits it on 16 GiB machines
         "save_hf": str(tmp_path / "export"),
-        "save": str(tmp_path / "checkpoints"),  # the trainer's final weights, to hold the export to
+        # The trainer's weights after each step, as a sha256 (determinism.jsonl), to hold the export
+        # to: a run checkpoint (1.6 GB of weights and AdamW state, saved, converted and loaded back)
+        # cost the test more than its four steps.
+        "debug_determinism": True,
     }
     run_dir = launch(config, tmp_path, timeout=600)
     losses = [r["sft/loss"] for r in metrics(run_dir) if "sft/loss" in r]
@@ -157,16 +147,17 @@ def test_the_sft_export_loads_in_transformers_and_holds_the_trained_steps(real_m
     export = AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32).eval()
     base = AutoModelForCausalLM.from_pretrained(real_model_dir, dtype=torch.float32).eval()
     assert export.config.tie_word_embeddings and export.lm_head.weight is export.model.embed_tokens.weight
-    # The export is the trainer's final weights bit for bit (its checkpoint holds them), so plain
-    # transformers computes the trainer's log-probs from it.
-    trained = trainer_weights(tmp_path / "checkpoints", tmp_path / "trained.pt")
-    exported = export.state_dict()
-    assert trained.keys() <= exported.keys() and "model.embed_tokens.weight" in trained
-    for name, tensor in trained.items():
-        assert torch.equal(exported[name], tensor), name
-    del trained  # and its 1.6 GB on disk (weights and AdamW state): pytest keeps its last temp dirs
-    shutil.rmtree(tmp_path / "checkpoints")
-    (tmp_path / "trained.pt").unlink()
+    # The export is the trainer's final weights bit for bit (the sha256 of every parameter, tied
+    # once, by name, dtype, shape and bytes: common/weights_checksum.py), so plain transformers
+    # computes the trainer's log-probs from it.
+    from rollway.common.weights_checksum import weights_checksum
+
+    steps = [json.loads(line) for line in (run_dir / "determinism.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == list(range(SFT_STEPS)), steps
+    exported, num_tensors = weights_checksum(export.named_parameters(), torch.float32)
+    assert "model.embed_tokens.weight" in dict(export.named_parameters()) and num_tensors > 0
+    assert exported == steps[-1]["weights"], "the export is not the trainer's final weights"
+    assert steps[0]["weights"] != steps[-1]["weights"], "the trainer's weights did not change"
     messages = [{"role": "user", "content": question(23, 58)}, {"role": "assistant", "content": "81"}]
     ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="pt")[
         "input_ids"
