@@ -22,15 +22,18 @@ MAX_NEW_TOKENS = 32
 
 
 def test_sglang_serves_the_converted_model_with_the_trainers_log_probs(real_model_dir, tmp_path):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rollway.trainer.log_probs import token_log_probs
-
-    tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     server = SGLangServer(NEWEST, real_model_dir, tmp_path / "sglang.log").start()
     try:
+        # torch, the tokenizer and the trainer's model load while the server starts (30-40 s, in its
+        # own processes), not after it.
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from rollway.trainer.log_probs import token_log_probs
+
+        tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
+        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        model = AutoModelForCausalLM.from_pretrained(real_model_dir, dtype=torch.float32).eval()
         server.wait_healthy()
         samples = []
         for index, (a, b) in enumerate(PAIRS):
@@ -58,7 +61,6 @@ def test_sglang_serves_the_converted_model_with_the_trainers_log_probs(real_mode
     for _, response, _ in samples:
         assert im_end not in response[:-1], "generation went on past <|im_end|>"
 
-    model = AutoModelForCausalLM.from_pretrained(real_model_dir, dtype=torch.float32).eval()
     worst = 0.0
     for prompt, response, served in samples:
         ids = torch.tensor([prompt + response])
