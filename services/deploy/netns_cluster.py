@@ -44,9 +44,22 @@ HEAD_PORT = 6379
 NODE_START_TIMEOUT_S = 120.0
 COMMAND_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 30.0
-# A node silent this long may be declared dead by Ray even after its link is back (seen: 55-65 s
-# after it went quiet, for a 40 s partition; a 10 s one is not): its raylet then exits.
-LONG_PARTITION_S = 20.0
+# Ray's GCS declares a node dead after `health_check_failure_threshold` health checks in a row
+# fail, each sent `health_check_period_ms` after the last one's answer or `health_check_timeout_ms`.
+RAY_HEALTH_CHECK_DEFAULTS = {
+    "health_check_failure_threshold": 5,
+    "health_check_period_ms": 3000,
+    "health_check_timeout_ms": 10000,
+}
+# A killed node refuses at once: Ray's verdict takes threshold x period (15 s by default, 2.5 s
+# with these). A cut-off one fails by timeouts: threshold x (period + timeout) (65 s by default,
+# 27.5 s with these). What a user tunes for quicker verdicts on lost nodes; rollway's supervision
+# scales its windows on cut-off nodes to it (rollway.common.supervision.ray_nodes).
+HEALTH_CHECK_FAST = {"health_check_period_ms": 500, "health_check_timeout_ms": 5000}
+# A node cut off for this share of the silent verdict's time may be declared dead by Ray even
+# after its link is back (by default: seen 55-65 s after it went quiet for a 40 s partition, never
+# for 10 s; 20 s of 65 is taken as long): its raylet then exits.
+LONG_PARTITION_FRACTION = 20.0 / 65.0
 
 # Asks the GCS for its node table, one JSON line per request line; runs inside the head's namespace.
 _PROBE = r"""
@@ -96,7 +109,10 @@ class Node:
 class NetnsCluster:
     """A head (`head_cpus`, default 0, so no actor lands on it) and `num_workers` worker nodes of
     `worker_cpus` CPUs each; `worker_resources[i]` adds custom Ray resources to worker i (1-based
-    node index). `env`: variables every Ray node and every `run_in` process gets (PYTHONPATH ...)."""
+    node index). `env`: variables every Ray node and every `run_in` process gets (PYTHONPATH ...).
+    `ray_system_config`: Ray's system config, given to the head (`ray start --system-config`; the
+    other nodes and every driver take it from there), e.g. HEALTH_CHECK_FAST for a quicker verdict
+    on a killed node."""
 
     def __init__(
         self,
@@ -108,6 +124,7 @@ class NetnsCluster:
         env: dict[str, str] | None = None,
         object_store_bytes: int = 100_000_000,
         ray_bin: str = "",
+        ray_system_config: dict[str, object] | None = None,
     ):
         # rw<pid>.<n>-: the process's n-th cluster (a process may hold two at once: a test's own
         # network beside the shared cluster).
@@ -115,6 +132,7 @@ class NetnsCluster:
         self.bridge_ns = f"{self.prefix}br"
         self.ray_bin = ray_bin or str(Path(sys.executable).with_name("ray"))
         self.object_store_bytes = object_store_bytes
+        self.ray_system_config = dict(ray_system_config or {})
         # Short: Ray's unix sockets live under each node's temp dir (a path limit of 107 bytes).
         self.root = Path(tempfile.mkdtemp(prefix=self.prefix, dir="/tmp"))
         self.home = self.root / "home"
@@ -132,6 +150,18 @@ class NetnsCluster:
         self._closed = False
         remove_leftovers()
         atexit.register(self.close)
+
+    @property
+    def silent_verdict_s(self) -> float:
+        """The longest Ray takes to declare a cut-off node dead, with this cluster's health checks."""
+        config = {**RAY_HEALTH_CHECK_DEFAULTS, **self.ray_system_config}
+        period_ms, timeout_ms = config["health_check_period_ms"], config["health_check_timeout_ms"]
+        return config["health_check_failure_threshold"] * (period_ms + timeout_ms) / 1000.0
+
+    @property
+    def long_partition_s(self) -> float:
+        """A partition this long may end in Ray's verdict after it heals (see `long_partitioned`)."""
+        return LONG_PARTITION_FRACTION * self.silent_verdict_s
 
     @property
     def ray_address(self) -> str:
@@ -196,6 +226,8 @@ class NetnsCluster:
         ]
         if node.index == 0:
             argv += ["--head", "--port", str(HEAD_PORT), "--include-dashboard=false"]
+            if self.ray_system_config:
+                argv += ["--system-config", json.dumps(self.ray_system_config)]
         else:
             argv += ["--address", self.ray_address]
         if node.resources:
@@ -324,7 +356,7 @@ class NetnsCluster:
         that was silent for long (its raylet then exits): see `long_partitioned`."""
         _ip("-n", self.nodes[node].namespace, "link", "set", "eth0", "up")
         seconds = time.monotonic() - self._cut_since.pop(node, time.monotonic())
-        if seconds >= LONG_PARTITION_S:
+        if seconds >= self.long_partition_s:
             self.long_partitioned.add(node)
         return seconds
 

@@ -15,6 +15,15 @@ from support.cluster_runs import ClusterRun, grpo_settings, report
 
 NUM_STEPS = 12
 SERVICES = ("trainer-0", "rollout-0", "dataloader")
+# Partitions, sized to the cluster's health checks (HEALTH_CHECK_FAST: Ray declares a cut-off node
+# dead after 27.5 s of silence; rollway takes a spell of 8.5 s as long and waits for a late verdict
+# until 37.5 s after it began). Short: past the coordinator's 3 s "unreachable" and short of a
+# long spell, even with TCP's retransmission backoff after it heals (silent ~6 s in all).
+SHORT_PARTITION_S = 5.0
+HUNG_SERVICE_S = 8.0
+# Long: 3x hung_service_seconds and a long spell; the node may or may not be declared dead after
+# it heals (TCP's backoff keeps it silent until ~25 s, near Ray's 27.5 s), as on real clusters.
+LONG_PARTITION_S = 3 * HUNG_SERVICE_S
 
 
 @pytest.fixture(scope="module")
@@ -153,33 +162,36 @@ def test_a_short_partition_costs_no_restart(cluster, grpo_reference, settings, t
     run.wait_steps(2)
     cut = cluster.node_of(run.placement()["rollout-0"]["node"])
     fault = run.fault_now()
-    partition_for(cluster, run, cut, 10)
+    partition_for(cluster, run, cut, SHORT_PARTITION_S)
     seconds = run.next_step_seconds(fault)
-    report(f"(f) rollout-0's node {cut} partitioned 10s: next step {seconds:.1f}s after the cut")
+    report(
+        f"(f) rollout-0's node {cut} partitioned {SHORT_PARTITION_S:.0f}s: next step {seconds:.1f}s after the cut"
+    )
     assert run.wait_end() == 0, run.log_tail()
     assert run.result()["num_restarts"] == 0, run.describe()
     assert_completed_as_reference(run, grpo_reference)
 
 
 def test_a_long_partition_kills_no_service_on_a_healthy_node(cluster, grpo_reference, settings, tmp_path):
-    """With hung_service_seconds 8, a 40 s cut of the rollout's node makes it silent for 5x its
+    """With hung_service_seconds 8, a 24 s cut of the rollout's node makes it silent for 3x its
     bound: it is named unreachable, not killed as hung, and no healthy service is blamed. Ray may
-    still declare the node lost 55-65 s after the cut (after the link is back): the rollout then
-    moves off it; a run that ends before that verdict rode the partition out."""
+    still declare the node lost after the link is back (at most 37.5 s after the cut, with the
+    cluster's health checks): the rollout then moves off it; else the run rode the partition out."""
     # Ray's late verdict may kill the once-cut rollout while a redone attempt forms the weight
     # group, where trainer rank 0 waits out the group's timeout (a store rendezvous it cannot
     # leave early): 30 s keeps that wait inside the test's, not the 300 s default.
     run = ClusterRun.start(
-        cluster, tmp_path, settings("grpo-cut", hung_service_seconds=8, update_weight_timeout=30)
+        cluster, tmp_path, settings("grpo-cut", hung_service_seconds=HUNG_SERVICE_S, update_weight_timeout=30)
     )
     run.wait_steps(2)
     before = run.placement()
     cut = cluster.node_of(before["rollout-0"]["node"])
     fault = run.fault_now()
-    partition_for(cluster, run, cut, 40)
+    partition_for(cluster, run, cut, LONG_PARTITION_S)
     seconds = run.next_step_seconds(fault, timeout=180)
     report(
-        f"(g) rollout-0's node {cut} partitioned 40s (hung_service_seconds 8): next step {seconds:.1f}s after the cut"
+        f"(g) rollout-0's node {cut} partitioned {LONG_PARTITION_S:.0f}s (hung_service_seconds "
+        f"{HUNG_SERVICE_S:.0f}): next step {seconds:.1f}s after the cut"
     )
     assert run.wait_end() == 0, run.log_tail()
     after = run.placement()

@@ -24,14 +24,16 @@ from collections.abc import Callable
 from rollway.common.supervision.cluster_layout import Node
 from rollway.common.supervision.supervisor import CannotRestart
 
-# Ray declares a silent node dead 55-65 s after it went quiet (processes killed: ~15 s); past
-# this, no verdict is coming and the run fails naming the node.
+# Ray declares a silent node dead 55-65 s after it went quiet (processes killed: ~15 s), with its
+# default health checks; past this, no verdict is coming and the run fails naming the node.
 VERDICT_TIMEOUT_S = 120.0
-# A node silent this long may still be declared dead after its link is back (Ray's health checks
-# of it keep failing for a while): measured 55-65 s after it went quiet, for a 40 s cut; a 10 s
-# cut was never declared dead.
-LONG_SPELL_S = 20.0
-LATE_VERDICT_S = 75.0  # after the spell began: Ray has decided by then
+# A node silent for long may still be declared dead after its link is back (TCP's retransmission
+# backoff keeps it silent a while longer, so Ray's health checks of it keep failing): with Ray's
+# defaults, measured 55-65 s after it went quiet for a 40 s cut; a 10 s cut was never declared
+# dead. Both windows below are those measured figures scaled to the cluster's health checks.
+DEFAULT_SILENT_VERDICT_S = 65.0  # 5 checks x (10 s timeout + 3 s period): Ray's defaults
+LONG_SPELL_FRACTION = 20.0 / 65.0  # a spell this share of the silent verdict's time is long (20 s)
+LATE_VERDICT_MARGIN_S = 10.0  # after the spell began, silent verdict + this: Ray has decided (75 s)
 # A bundle that no live node can host is not waited for: Ray would keep it pending for ever.
 NO_ROOM_GRACE_S = 5.0
 POLL_S = 0.5
@@ -55,6 +57,30 @@ def live_nodes() -> list[Node]:
         for n in nodes().values()
         if n.get("Alive")
     ]
+
+
+def silent_verdict_s() -> float:
+    """The longest Ray's GCS takes to declare a silent node dead: `health_check_failure_threshold`
+    failed checks in a row, each after `health_check_timeout_ms` and `health_check_period_ms`
+    (65 s with Ray's defaults). Read from the cluster's system config, which a connected driver
+    takes from the head: a user who tunes Ray's health checks gets windows here that follow."""
+    try:
+        from ray._raylet import Config
+    except ImportError:  # pragma: no cover - Ray is installed wherever a Ray launcher runs
+        return DEFAULT_SILENT_VERDICT_S
+    period_ms, timeout_ms = Config.health_check_period_ms(), Config.health_check_timeout_ms()
+    return Config.health_check_failure_threshold() * (period_ms + timeout_ms) / 1000.0
+
+
+def long_spell_s() -> float:
+    """A silent spell this long may still end in Ray's verdict after the node answers again (20 s
+    with Ray's defaults)."""
+    return LONG_SPELL_FRACTION * silent_verdict_s()
+
+
+def late_verdict_s() -> float:
+    """Seconds after a spell began by which Ray has given its verdict, if any (75 s by default)."""
+    return silent_verdict_s() + LATE_VERDICT_MARGIN_S
 
 
 def node_alive(node_id: str) -> bool:

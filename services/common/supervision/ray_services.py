@@ -386,11 +386,12 @@ class RayServiceGroup(ServiceGroup):
             if actor.last_spell is None:
                 continue
             (start, end), actor.last_spell = actor.last_spell, None
-            if end - start < ray_nodes.LONG_SPELL_S:
+            if end - start < ray_nodes.long_spell_s():
                 continue
             log.warning("waiting for Ray's verdict on a node that was cut off", actor=actor.spec.name,
                         node=actor.node["ip"], silent_seconds=round(end - start, 1))  # fmt: skip
-            while time.monotonic() < start + ray_nodes.LATE_VERDICT_S and not self._stopped:
+            late_verdict_s = ray_nodes.late_verdict_s()
+            while time.monotonic() < start + late_verdict_s and not self._stopped:
                 if not ray_nodes.node_alive(actor.node["id"]):
                     return DeadService(*actor.service_index, f"({actor.where}) was lost: Ray declared its node "
                                        f"dead after it was cut off for {end - start:.0f}s")  # fmt: skip

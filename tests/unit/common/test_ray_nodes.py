@@ -39,3 +39,10 @@ def test_what_ray_says_is_cut_at_a_word_and_to_its_first_line():
     assert len(cut) <= 304 and cut.endswith(" ...") and "Traceback" not in cut
     assert cut[:-4] == said[: len(cut) - 4] and said[len(cut) - 4] == " "  # a whole word
     assert excerpt("short") == "short"
+
+
+def test_late_verdict_windows_are_the_measured_ones_with_rays_default_health_checks():
+    """Outside a tuned cluster (no system config), Ray's defaults give 5 x (10 s + 3 s)."""
+    assert ray_nodes.silent_verdict_s() == 65.0, "5 failed checks x (10 s timeout + 3 s period)"
+    assert ray_nodes.long_spell_s() == 20.0, "a 20 s spell is long (a 10 s cut never got a verdict)"
+    assert ray_nodes.late_verdict_s() == 75.0, "Ray decided 55-65 s after the cut: 75 s covers it"
