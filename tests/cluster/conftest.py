@@ -45,7 +45,7 @@ def netns_cluster(tmp_path_factory):
     # Every Ray worker (hence every actor and its service) inherits its raylet's environment.
     env = {"PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1"}
     # Ray's health checks as a user tunes them for quick verdicts: a killed node is declared dead
-    # after 2.5 s instead of 15 s, a cut-off one after 27.5 s instead of 65 s (HEALTH_CHECK_FAST);
+    # after 1.5 s instead of 15 s, a cut-off one after 31.5 s instead of 65 s (HEALTH_CHECK_FAST);
     # the partitions of the tests are sized to these figures.
     cluster = NetnsCluster(NUM_WORKERS, env=env, ray_system_config=HEALTH_CHECK_FAST)
     _CLUSTER.append(cluster)

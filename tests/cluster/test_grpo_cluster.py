@@ -16,13 +16,13 @@ from support.cluster_runs import ClusterRun, grpo_settings, report
 NUM_STEPS = 12
 SERVICES = ("trainer-0", "rollout-0", "dataloader")
 # Partitions, sized to the cluster's health checks (HEALTH_CHECK_FAST: Ray declares a cut-off node
-# dead after 27.5 s of silence; rollway takes a spell of 8.5 s as long and waits for a late verdict
-# until 37.5 s after it began). Short: past the coordinator's 3 s "unreachable" and short of a
+# dead after 31.5 s of silence; rollway takes a spell of 9.7 s as long and waits for a late verdict
+# until 41.5 s after it began). Short: past the coordinator's 3 s "unreachable" and short of a
 # long spell, even with TCP's retransmission backoff after it heals (silent ~6 s in all).
 SHORT_PARTITION_S = 5.0
 HUNG_SERVICE_S = 8.0
 # Long: 3x hung_service_seconds and a long spell; the node may or may not be declared dead after
-# it heals (TCP's backoff keeps it silent until ~25 s, near Ray's 27.5 s), as on real clusters.
+# it heals (TCP's backoff keeps it silent until ~25 s, short of Ray's 31.5 s), as on real clusters.
 LONG_PARTITION_S = 3 * HUNG_SERVICE_S
 
 
@@ -175,7 +175,7 @@ def test_a_short_partition_costs_no_restart(cluster, grpo_reference, settings, t
 def test_a_long_partition_kills_no_service_on_a_healthy_node(cluster, grpo_reference, settings, tmp_path):
     """With hung_service_seconds 8, a 24 s cut of the rollout's node makes it silent for 3x its
     bound: it is named unreachable, not killed as hung, and no healthy service is blamed. Ray may
-    still declare the node lost after the link is back (at most 37.5 s after the cut, with the
+    still declare the node lost after the link is back (at most 41.5 s after the cut, with the
     cluster's health checks): the rollout then moves off it; else the run rode the partition out."""
     # Ray's late verdict may kill the once-cut rollout while a redone attempt forms the weight
     # group, where trainer rank 0 waits out the group's timeout (a store rendezvous it cannot
