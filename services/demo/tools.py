@@ -11,7 +11,8 @@ assistant answers with it. GRPO runs each rollout as an episode against the buil
 environment (--environment calculator): the reward is 1 when the final turn equals the sum.
 With --agent openai the GRPO episodes are run instead by an agent written against the `openai`
 client (demo_openai_agent.py) through the rollout service's OpenAI-compatible endpoint
-(--environment agent): same task, same reward, the agent's own tool loop.
+(--environment agent): same task, same reward, the agent's own tool loop. --sft-from DEMO_DIR reuses
+an earlier demo's data, SFT models and their accuracies: only GRPO and its evaluation run.
 Evaluations are greedy, on held-out pairs, through a rollout service started for each model.
 Runs go through `rollway run` with configs in DEMO_DIR/configs/; summary.json holds the three
 accuracies.
@@ -207,6 +208,23 @@ def _sft(workdir: Path, model_dir: Path, data: Path, name: str, steps: int, seed
     return Path(json.loads((workdir / "runs" / f"sft-{name}" / "result.json").read_text())["hf_export_dir"])
 
 
+def _reuse_sft(earlier: Path, args: argparse.Namespace) -> tuple[Path, Path, Path, dict[str, float]] | None:
+    """An earlier demo's data, SFT exports and SFT accuracies; `args` take its SFT settings."""
+    summary_path = earlier / "summary.json"
+    if not summary_path.exists():
+        print(f"--sft-from {earlier}: no summary.json (not a finished tools demo)", flush=True)
+        return None
+    summary = json.loads(summary_path.read_text())
+    # The summary describes the models it reports on: the SFT steps, seed and held-out sums reused.
+    args.sft_steps, args.num_eval, args.seed = summary["sft_steps"], summary["num_eval"], summary["seed"]
+    direct, tools = (
+        Path(json.loads((earlier / "runs" / f"sft-{name}" / "result.json").read_text())["hf_export_dir"])
+        for name in ("direct", "tools")
+    )
+    reused = {key: summary[key] for key in ("accuracy_without_tools", "accuracy_after_sft")}
+    return earlier / "data", direct, tools, reused
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rollway demo --task tools", description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="runs/demo-tools", help="parent of the demo directory")
@@ -223,20 +241,34 @@ def main(argv: list[str] | None = None) -> int:
         help="who runs the GRPO episodes: the built-in calculator environment, or an agent written "
         "against the openai client through the OpenAI-compatible endpoint",
     )
+    parser.add_argument(
+        "--sft-from",
+        default=None,
+        metavar="DEMO_DIR",
+        help="an earlier tools demo's directory: reuse its data, its two SFT models and their "
+        "accuracies, and run only GRPO (e.g. with another --agent) and its evaluation",
+    )
     args = parser.parse_args(argv)
     start = time.monotonic()
     workdir = (Path(args.workdir) / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    if args.sft_from:
+        earlier = _reuse_sft(Path(args.sft_from).resolve(), args)
+        if earlier is None:
+            return 1
+        data_dir, direct, tools, reused = earlier
+        print(f"demo directory: {workdir} (SFT from {args.sft_from})", flush=True)
+    else:
+        from rollway.demo.tiny_model import make_tiny_model
 
-    from rollway.demo.tiny_model import make_tiny_model
-
-    model_dir = make_tiny_model(workdir / "tiny-model", seed=args.seed)
-    data_dir = workdir / "data"
-    make_tool_data(data_dir, args.seed, num_eval=args.num_eval)
-    print(f"demo directory: {workdir}", flush=True)
-    direct = _sft(workdir, model_dir, data_dir / "sft_direct.jsonl", "direct", args.sft_steps, args.seed)
-    tools = _sft(workdir, model_dir, data_dir / "sft_tools.jsonl", "tools", args.sft_steps, args.seed)
-    if direct is None or tools is None:
-        return 1
+        model_dir = make_tiny_model(workdir / "tiny-model", seed=args.seed)
+        data_dir = workdir / "data"
+        make_tool_data(data_dir, args.seed, num_eval=args.num_eval)
+        print(f"demo directory: {workdir}", flush=True)
+        direct = _sft(workdir, model_dir, data_dir / "sft_direct.jsonl", "direct", args.sft_steps, args.seed)
+        tools = _sft(workdir, model_dir, data_dir / "sft_tools.jsonl", "tools", args.sft_steps, args.seed)
+        if direct is None or tools is None:
+            return 1
+        reused = {}
     print(f"== GRPO with the calculator ({args.agent} agent): {args.rl_steps} rollouts", flush=True)
     grpo = _write(
         workdir / "configs" / "grpo-tools.yaml",
@@ -254,11 +286,14 @@ def main(argv: list[str] | None = None) -> int:
         "accuracy_after_sft": (tools, "calculator"),
         "accuracy_after_rl": (rl_model, "calculator"),
     }
+    for key in reused:  # the same models on the same held-out sums: their greedy answers are known
+        del evaluations[key]
     with ThreadPoolExecutor(len(evaluations)) as pool:
         futures = {
             k: pool.submit(evaluate, m, eval_path, env, workdir) for k, (m, env) in evaluations.items()
         }
     summary = {
+        **reused,
         **{key: future.result() for key, future in futures.items()},
         "sft_steps": args.sft_steps,
         "rl_steps": args.rl_steps,
