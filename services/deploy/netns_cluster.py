@@ -39,28 +39,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rollway.common.supervision import ray_health
+
 SUBNET_PREFIX = 15  # 198.18.0.0/15, the benchmarking range (RFC 2544): never anyone else's
 HEAD_PORT = 6379
 NODE_START_TIMEOUT_S = 120.0
 COMMAND_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 30.0
-# Ray's GCS declares a node dead after `health_check_failure_threshold` health checks in a row
-# fail, each sent `health_check_period_ms` after the last one's answer or `health_check_timeout_ms`.
-RAY_HEALTH_CHECK_DEFAULTS = {
-    "health_check_failure_threshold": 5,
-    "health_check_period_ms": 3000,
-    "health_check_timeout_ms": 10000,
-}
 # A killed node refuses at once: Ray's verdict takes threshold x period (15 s by default, 1.5 s
 # with these). A cut-off one fails by timeouts: threshold x (period + timeout) (65 s by default,
 # 31.5 s with these). What a user tunes for quicker verdicts on lost nodes; rollway's supervision
 # scales its windows on cut-off nodes to it (rollway.common.supervision.ray_nodes). Each check keeps
 # Ray's 10 s to answer: a raylet busy starting on a loaded machine must not be declared dead.
 HEALTH_CHECK_FAST = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
-# A node cut off for this share of the silent verdict's time may be declared dead by Ray even
-# after its link is back (by default: seen 55-65 s after it went quiet for a 40 s partition, never
-# for 10 s; 20 s of 65 is taken as long): its raylet then exits.
-LONG_PARTITION_FRACTION = 20.0 / 65.0
 
 # Asks the GCS for its node table, one JSON line per request line; runs inside the head's namespace.
 _PROBE = r"""
@@ -155,14 +146,13 @@ class NetnsCluster:
     @property
     def silent_verdict_s(self) -> float:
         """The longest Ray takes to declare a cut-off node dead, with this cluster's health checks."""
-        config = {**RAY_HEALTH_CHECK_DEFAULTS, **self.ray_system_config}
-        period_ms, timeout_ms = config["health_check_period_ms"], config["health_check_timeout_ms"]
-        return config["health_check_failure_threshold"] * (period_ms + timeout_ms) / 1000.0
+        return ray_health.silent_verdict_s(self.ray_system_config)
 
     @property
     def long_partition_s(self) -> float:
-        """A partition this long may end in Ray's verdict after it heals (see `long_partitioned`)."""
-        return LONG_PARTITION_FRACTION * self.silent_verdict_s
+        """A partition this long may end in Ray's verdict after it heals (see `long_partitioned`):
+        its raylet then exits."""
+        return ray_health.long_spell_s(self.silent_verdict_s)
 
     @property
     def ray_address(self) -> str:

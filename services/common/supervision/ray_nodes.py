@@ -21,19 +21,16 @@ import socket
 import time
 from collections.abc import Callable
 
+from rollway.common.supervision import ray_health
 from rollway.common.supervision.cluster_layout import Node
 from rollway.common.supervision.supervisor import CannotRestart
 
 # Ray declares a silent node dead 55-65 s after it went quiet (processes killed: ~15 s), with its
 # default health checks; past this, no verdict is coming and the run fails naming the node.
 VERDICT_TIMEOUT_S = 120.0
-# A node silent for long may still be declared dead after its link is back (TCP's retransmission
-# backoff keeps it silent a while longer, so Ray's health checks of it keep failing): with Ray's
-# defaults, measured 55-65 s after it went quiet for a 40 s cut; a 10 s cut was never declared
-# dead. Both windows below are those measured figures scaled to the cluster's health checks.
-DEFAULT_SILENT_VERDICT_S = 65.0  # 5 checks x (10 s timeout + 3 s period): Ray's defaults
-LONG_SPELL_FRACTION = 20.0 / 65.0  # a spell this share of the silent verdict's time is long (20 s)
-LATE_VERDICT_MARGIN_S = 10.0  # after the spell began, silent verdict + this: Ray has decided (75 s)
+# After a long silent spell began, Ray's silent verdict (ray_health) plus this: Ray has decided by
+# then (75 s with Ray's defaults).
+LATE_VERDICT_MARGIN_S = 10.0
 # A bundle that no live node can host is not waited for: Ray would keep it pending for ever.
 NO_ROOM_GRACE_S = 5.0
 POLL_S = 0.5
@@ -60,22 +57,23 @@ def live_nodes() -> list[Node]:
 
 
 def silent_verdict_s() -> float:
-    """The longest Ray's GCS takes to declare a silent node dead: `health_check_failure_threshold`
-    failed checks in a row, each after `health_check_timeout_ms` and `health_check_period_ms`
-    (65 s with Ray's defaults). Read from the cluster's system config, which a connected driver
-    takes from the head: a user who tunes Ray's health checks gets windows here that follow."""
+    """The longest Ray takes to declare a silent node dead, from the cluster's health checks, which
+    a connected driver takes from the head: a user who tunes them gets windows here that follow."""
     try:
         from ray._raylet import Config
     except ImportError:  # pragma: no cover - Ray is installed wherever a Ray launcher runs
-        return DEFAULT_SILENT_VERDICT_S
-    period_ms, timeout_ms = Config.health_check_period_ms(), Config.health_check_timeout_ms()
-    return Config.health_check_failure_threshold() * (period_ms + timeout_ms) / 1000.0
+        return ray_health.silent_verdict_s()
+    return ray_health.silent_verdict_s({
+        "health_check_failure_threshold": Config.health_check_failure_threshold(),
+        "health_check_period_ms": Config.health_check_period_ms(),
+        "health_check_timeout_ms": Config.health_check_timeout_ms(),
+    })  # fmt: skip
 
 
 def long_spell_s() -> float:
     """A silent spell this long may still end in Ray's verdict after the node answers again (20 s
     with Ray's defaults)."""
-    return LONG_SPELL_FRACTION * silent_verdict_s()
+    return ray_health.long_spell_s(silent_verdict_s())
 
 
 def late_verdict_s() -> float:

@@ -46,3 +46,13 @@ def test_late_verdict_windows_are_the_measured_ones_with_rays_default_health_che
     assert ray_nodes.silent_verdict_s() == 65.0, "5 failed checks x (10 s timeout + 3 s period)"
     assert ray_nodes.long_spell_s() == 20.0, "a 20 s spell is long (a 10 s cut never got a verdict)"
     assert ray_nodes.late_verdict_s() == 75.0, "Ray decided 55-65 s after the cut: 75 s covers it"
+
+
+def test_the_test_clusters_tuned_health_checks_give_quicker_verdicts():
+    """HEALTH_CHECK_FAST keeps Ray's 10 s answer time: 3 x (10 s + 0.5 s) for a cut-off node."""
+    from rollway.common.supervision import ray_health
+    from rollway.deploy.netns_cluster import HEALTH_CHECK_FAST
+
+    assert ray_health.silent_verdict_s(HEALTH_CHECK_FAST) == 31.5
+    assert round(ray_health.long_spell_s(31.5), 2) == 9.69
+    assert ray_health.silent_verdict_s() == 65.0
