@@ -198,6 +198,11 @@ def _write(path: Path, config: dict) -> Path:
     return path
 
 
+def _export_of(demo_dir: Path, run_id: str) -> Path:
+    """The HF export of a finished run of the demo (its result.json names it)."""
+    return Path(json.loads((demo_dir / "runs" / run_id / "result.json").read_text())["hf_export_dir"])
+
+
 def _sft(workdir: Path, model_dir: Path, data: Path, name: str, steps: int, seed: int) -> Path | None:
     print(f"== SFT ({name}): {steps} steps", flush=True)
     config = _write(
@@ -205,7 +210,7 @@ def _sft(workdir: Path, model_dir: Path, data: Path, name: str, steps: int, seed
     )
     if launch_run([str(config)]) != 0:
         return None
-    return Path(json.loads((workdir / "runs" / f"sft-{name}" / "result.json").read_text())["hf_export_dir"])
+    return _export_of(workdir, f"sft-{name}")
 
 
 def _reuse_sft(earlier: Path, args: argparse.Namespace) -> tuple[Path, Path, Path, dict[str, float]] | None:
@@ -217,10 +222,7 @@ def _reuse_sft(earlier: Path, args: argparse.Namespace) -> tuple[Path, Path, Pat
     summary = json.loads(summary_path.read_text())
     # The summary describes the models it reports on: the SFT steps, seed and held-out sums reused.
     args.sft_steps, args.num_eval, args.seed = summary["sft_steps"], summary["num_eval"], summary["seed"]
-    direct, tools = (
-        Path(json.loads((earlier / "runs" / f"sft-{name}" / "result.json").read_text())["hf_export_dir"])
-        for name in ("direct", "tools")
-    )
+    direct, tools = (_export_of(earlier, f"sft-{name}") for name in ("direct", "tools"))
     reused = {key: summary[key] for key in ("accuracy_without_tools", "accuracy_after_sft")}
     return earlier / "data", direct, tools, reused
 
@@ -276,9 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if launch_run([str(grpo)]) != 0:
         return 1
-    rl_model = Path(
-        json.loads((workdir / "runs" / "grpo-tools" / "result.json").read_text())["hf_export_dir"]
-    )
+    rl_model = _export_of(workdir, "grpo-tools")
     print("== evaluating on held-out sums", flush=True)
     eval_path = data_dir / "eval.jsonl"
     evaluations = {  # each through its own rollout service, at once
