@@ -14,7 +14,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from support.processes import ServiceProcess
+from support.processes import ServiceProcess, start_together
 from support.stack import coordinator_stub, start_run, wait_run
 
 from bench.bench_run_growth import grpo_config
@@ -64,13 +64,11 @@ def test_services_do_not_grow_across_runs_or_after_a_trainer_restart(
     small_model_dir, demo_data_dir, tmp_path
 ):
     with ExitStack() as stack:
-        services = {
-            name: stack.enter_context(ServiceProcess(name, [], tmp_path))
-            for name in ("dataloader", "trainer", "rollout")
-        }
-        services["coordinator"] = stack.enter_context(
-            ServiceProcess("coordinator", ["--runs-root", str(tmp_path / "runs")], tmp_path)
+        services = {name: ServiceProcess(name, [], tmp_path) for name in ("dataloader", "trainer", "rollout")}
+        services["coordinator"] = ServiceProcess(
+            "coordinator", ["--runs-root", str(tmp_path / "runs")], tmp_path
         )
+        start_together(stack, services)
         stub = coordinator_stub(services["coordinator"])
         config = grpo_config(small_model_dir, demo_data_dir, services)
         after = [run_and_measure(stub, f"run-{i}", config, services) for i in range(1, NUM_RUNS + 1)]

@@ -11,13 +11,14 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 import openai
 import pytest
 from openai import OpenAI
 from support.ports import free_port
-from support.processes import ServiceProcess
+from support.processes import ServiceProcess, start_together
 from support.tool_calling_model import ANSWER, QUESTION, make_tool_calling_model
 from support.waiting import wait_until
 
@@ -248,7 +249,8 @@ def test_an_episode_goes_on_across_a_weight_update(tiny_model_dir, tmp_path):
         "trainer", ["--hf-checkpoint", str(tiny_model_dir), "--dtype", "float32"], tmp_path
     )
     rollout = _agent_service(tiny_model_dir, tmp_path, "support.openai_agents:weight_update_agent")
-    with trainer, rollout:
+    with ExitStack() as stack:
+        start_together(stack, {"trainer": trainer, "rollout": rollout})
         services = Services.connect(trainer=trainer.address, rollouts=[rollout.address])
         settings = WeightSyncSettings(bucket_size_bytes=256 * 1024, timeout_seconds=30.0, max_attempts=1)
         init_weight_group(services, settings)

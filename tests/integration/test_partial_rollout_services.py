@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from contextlib import ExitStack
 
 import pytest
-from support.processes import ServiceProcess
+from support.processes import ServiceProcess, start_together
 
 from rollway.common.config import from_dict
 from rollway.common.v1 import common_pb2
@@ -57,12 +58,14 @@ def services(tiny_model_dir, demo_data_dir, tmp_path_factory):
                        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--num-epoch", "0"]  # fmt: skip
     rollout_args = ["--hf-checkpoint", str(tiny_model_dir), "--custom-rm-path", "alternate_reward:alternate",
                     "--max-running-requests", "1"]  # fmt: skip
-    with (
-        ServiceProcess("dataloader", dataloader_args, workdir, env=env) as dataloader,
-        ServiceProcess("rollout", rollout_args, workdir, env=env) as first,
-        ServiceProcess("rollout", rollout_args, workdir, env=env) as second,
-    ):
-        connected = Services.connect(dataloader=dataloader.address, rollouts=[first.address, second.address])
+    with ExitStack() as stack:
+        started = start_together(stack, {
+            "dataloader": ServiceProcess("dataloader", dataloader_args, workdir, env=env),
+            "first": ServiceProcess("rollout", rollout_args, workdir, env=env),
+            "second": ServiceProcess("rollout", rollout_args, workdir, env=env),
+        })  # fmt: skip
+        rollouts = [started["first"].address, started["second"].address]
+        connected = Services.connect(dataloader=started["dataloader"].address, rollouts=rollouts)
         yield connected
         connected.close()
 

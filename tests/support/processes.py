@@ -7,12 +7,28 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 from rollway.common.supervision.service_process import ServiceProcess
 from rollway.deploy.chaos import descendants
 
-__all__ = ["ServiceProcess", "alive", "descendants", "read_until", "wait_all_gone"]
+__all__ = ["ServiceProcess", "alive", "descendants", "read_until", "start_together", "wait_all_gone"]
+
+
+def start_together(stack: ExitStack, services: dict[str, ServiceProcess]) -> dict[str, ServiceProcess]:
+    """Start the services at once, as the launcher does (their imports overlap: a trainer alone
+    takes ~5 s), and wait for every health check; each is stopped when `stack` closes, whether
+    its start succeeded or not. The first start that failed is raised after all were awaited."""
+    for service in services.values():
+        stack.push(service)  # its __exit__ stops it (a no-op for one that never started)
+    with ThreadPoolExecutor(max(len(services), 1)) as pool:
+        futures = [pool.submit(service.start) for service in services.values()]
+    errors = [future.exception() for future in futures if future.exception() is not None]
+    if errors:
+        raise errors[0]
+    return services
 
 
 def alive(pid: int) -> bool:

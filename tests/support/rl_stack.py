@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from contextlib import ExitStack
 
-from support.processes import ServiceProcess
+from support.processes import ServiceProcess, start_together
 
 # A reward with variance on a random tiny model: 1 if the first response token id is even.
 REWARD_MODULE = """
@@ -60,13 +60,9 @@ def start_rl_stack(
             *rollout_args,
         ]
     env = {"PYTHONPATH": str(workdir / "rewards") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    services = {
-        name: stack.enter_context(ServiceProcess(name, a, workdir, env=env)) for name, a in args.items()
-    }
-    services["coordinator"] = stack.enter_context(
-        ServiceProcess("coordinator", ["--runs-root", str(workdir / "runs")], workdir)
-    )
-    return services
+    services = {name: ServiceProcess(name, a, workdir, env=env) for name, a in args.items()}
+    services["coordinator"] = ServiceProcess("coordinator", ["--runs-root", str(workdir / "runs")], workdir)
+    return start_together(stack, services)
 
 
 def rl_config(services, **extra) -> dict:

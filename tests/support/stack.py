@@ -8,7 +8,7 @@ from pathlib import Path
 from rollway.common.client import open_channel
 from rollway.common.structs import to_struct
 from rollway.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
-from support.processes import ServiceProcess
+from support.processes import ServiceProcess, start_together
 
 
 def sft_service_args(model_dir: Path, data_dir: Path, *, lr: float = 3e-3) -> dict[str, list[str]]:
@@ -43,10 +43,8 @@ def sft_service_args(model_dir: Path, data_dir: Path, *, lr: float = 3e-3) -> di
 
 def start_services(stack: ExitStack, workdir: Path, args: dict[str, list[str]]) -> dict[str, ServiceProcess]:
     """Start each named service (and a coordinator); every process is stopped when `stack` closes."""
-    started = {}
-    for name, service_args in {**args, "coordinator": ["--runs-root", str(workdir / "runs")]}.items():
-        started[name] = stack.enter_context(ServiceProcess(name, service_args, workdir))
-    return started
+    args = {**args, "coordinator": ["--runs-root", str(workdir / "runs")]}
+    return start_together(stack, {name: ServiceProcess(name, a, workdir) for name, a in args.items()})
 
 
 def coordinator_stub(service: ServiceProcess) -> coordinator_pb2_grpc.CoordinatorServiceStub:
