@@ -62,7 +62,6 @@ ENGINE_SETTINGS = frozenset(
         "sglang_server_concurrency",
     }
 )
-RESERVED_REWARDS = ("none",)
 # Environments of multi-turn episodes (environments/__init__.py builds them); "none": single turn.
 ENVIRONMENT_NAMES = ("none", "calculator", "remote", "custom", "verifiers", "openenv", "agent")
 TOOL_CALL_PARSERS = ("qwen3", "qwen25")  # both: <tool_call>{"name": ..., "arguments": {...}}</tool_call>

@@ -10,8 +10,6 @@ from pathlib import Path
 
 from rollway.coordinator.dashboard import run_files
 
-LIVE_STATES = ("STARTING", "RUNNING")
-
 
 class DashboardRuns:
     """Run ids to directories (and live records); `manager` is None for `rollway dashboard`."""
