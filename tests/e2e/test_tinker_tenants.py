@@ -71,7 +71,7 @@ def two_clients(service_clients, tiny_model_dir):
     ]
 
 
-def test_two_clients_have_their_own_weights_gradients_and_optimizer(gateway, two_clients):
+def test_two_clients_have_their_own_weights_gradients_and_optimizer(gateway, two_clients, silenced_session):
     a, b = two_clients
     assert a.model_id != b.model_id
     base_a, base_b = logprobs(a), logprobs(b)
@@ -137,7 +137,11 @@ time.sleep(600)
 """
 
 
-def test_a_session_without_heartbeats_releases_its_trainer(gateway, two_clients, tiny_model_dir):
+@pytest.fixture(scope="module")
+def silenced_session(gateway, tiny_model_dir):
+    """A client process that made a model, then was SIGKILLed (no goodbye, the heartbeats just
+    stop); (its model id, its trainer's pid). The first test asks for it, so that the session's
+    timeout runs out while the other tests run rather than on its own."""
     base_url, process = gateway
     client = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(CLIENT), base_url, TOKEN, str(tiny_model_dir)],
@@ -148,21 +152,21 @@ def test_a_session_without_heartbeats_releases_its_trainer(gateway, two_clients,
         model_id = client.stdout.readline().strip()
         assert model_id, "the client process printed no model id"
         pid = trainer_pid(process.pid, model_id)
-        client.kill()  # SIGKILL: no goodbye, the heartbeats just stop
-        client.wait(timeout=10)
-        wait_until(
-            lambda: not alive(pid),
-            timeout=SESSION_TIMEOUT_S + 15,
-            what="the silent session's trainer to stop",
-        )
-        rest = tinker.RestClient(base_url=base_url, api_key=TOKEN)
-        runs = {r.training_run_id for r in rest.list_training_runs().result().training_runs}
-        assert model_id not in runs
-        assert {m.model_id for m in two_clients} <= runs  # the live clients keep theirs
     finally:
-        if client.poll() is None:
-            client.kill()
-            client.wait(timeout=10)
+        client.kill()
+        client.wait(timeout=10)
+    return model_id, pid
+
+
+def test_a_session_without_heartbeats_releases_its_trainer(gateway, two_clients, silenced_session):
+    model_id, pid = silenced_session
+    wait_until(
+        lambda: not alive(pid), timeout=SESSION_TIMEOUT_S + 15, what="the silent session's trainer to stop"
+    )
+    rest = tinker.RestClient(base_url=gateway[0], api_key=TOKEN)
+    runs = {r.training_run_id for r in rest.list_training_runs().result().training_runs}
+    assert model_id not in runs
+    assert {m.model_id for m in two_clients} <= runs  # the live clients keep theirs
 
 
 def test_closing_a_client_releases_its_trainers(gateway, service_clients, two_clients):
