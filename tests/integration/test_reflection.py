@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import grpc
@@ -14,7 +15,7 @@ import pytest
 from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-from support.processes import ServiceProcess
+from support.processes import ServiceProcess, start_together
 
 from rollway.deploy.local_processes import demo_service_args
 
@@ -33,14 +34,9 @@ SERVICE_FIELD, METHOD_FIELD = 6, 2
 @pytest.fixture(scope="module")
 def services(tiny_model_dir, demo_data_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("reflection")
-    started = []
-    try:
-        for name, args in demo_service_args(tiny_model_dir, demo_data_dir, workdir).items():
-            started.append(ServiceProcess(name, args, workdir).start())
-        yield {svc.service: svc for svc in started}
-    finally:
-        for svc in reversed(started):
-            svc.stop()
+    args = demo_service_args(tiny_model_dir, demo_data_dir, workdir)
+    with ExitStack() as stack:
+        yield start_together(stack, {name: ServiceProcess(name, a, workdir) for name, a in args.items()})
 
 
 @pytest.mark.parametrize(("name", "service", "method"), SERVICES)
