@@ -8,6 +8,11 @@ With ratio = exp(logp - sampling_logp) and A the advantage:
     importance_sampling  -ratio * A
     ppo                  -min(ratio * A, clip(ratio, low, high) * A)
     cispo                -stopgrad(clip(ratio, low, high)) * logp * A
+
+ppo is `--loss-type policy_loss`'s clipped objective (policy_loss.clipped_policy_loss) with
+eps_clip = 1 - low and eps_clip_high = high - 1: one PPO clip in the trainer. That includes its
+clamp of the log-ratio to +-20, which the Tinker formula does not write: it changes nothing below
+a ratio of e^20 and keeps a stale token's exp() from overflowing into an infinite gradient.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from rollway.trainer.policy_loss import clipped_policy_loss
 
 DEFAULT_CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
 
@@ -33,10 +40,14 @@ def _ratio(logp: torch.Tensor, extras: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.exp(logp - extras["sampling_log_probs"])
 
 
-def _clipped(ratio: torch.Tensor, config: dict[str, float]) -> torch.Tensor:
+def _clip_range(config: dict[str, float]) -> tuple[float, float]:
     low = config.get("clip_low_threshold", DEFAULT_CLIP["clip_low_threshold"])
     high = config.get("clip_high_threshold", DEFAULT_CLIP["clip_high_threshold"])
-    return ratio.clamp(low, high)
+    return low, high
+
+
+def _clipped(ratio: torch.Tensor, config: dict[str, float]) -> torch.Tensor:
+    return ratio.clamp(*_clip_range(config))
 
 
 def cross_entropy(logp, extras, config):
@@ -48,8 +59,12 @@ def importance_sampling(logp, extras, config):
 
 
 def ppo(logp, extras, config):
-    ratio, advantages = _ratio(logp, extras), extras["advantages"]
-    return -torch.minimum(ratio * advantages, _clipped(ratio, config) * advantages)
+    low, high = _clip_range(config)
+    log_ratio = logp - extras["sampling_log_probs"]
+    loss, _ = clipped_policy_loss(
+        log_ratio, extras["advantages"], eps_clip=1.0 - low, eps_clip_high=high - 1.0
+    )
+    return loss
 
 
 def cispo(logp, extras, config):

@@ -38,6 +38,23 @@ def test_ppo_has_no_gradient_where_the_clipped_side_is_taken():
     assert logp.grad.tolist() == pytest.approx([0.0, -1.0])
 
 
+def test_ppo_is_the_tinker_formula_below_the_log_ratio_clamp_and_finite_beyond_it():
+    logp, extras = inputs([-1.0, -1.0, -1.3, -0.9], [-1.5, -0.7, -1.0, -1.0], [1.0, -2.0, 0.5, -1.0])
+    config = {"clip_low_threshold": 0.7, "clip_high_threshold": 1.3}
+    terms = DATUM_LOSSES["ppo"].fn(logp, extras, config)
+    ratio = torch.exp(logp.detach() - extras["sampling_log_probs"])
+    advantages = extras["advantages"]
+    documented = -torch.minimum(ratio * advantages, ratio.clamp(0.7, 1.3) * advantages)
+    torch.testing.assert_close(terms.detach(), documented)
+    # A token 30 nats more likely than when it was sampled, with a negative advantage: the
+    # unclipped side is taken; the clamp keeps its value e^20 * |A| and its gradient finite (0).
+    stale, extras = inputs([-0.5], [-30.5], [-1.0])
+    term = DATUM_LOSSES["ppo"].fn(stale, extras, {})
+    term.sum().backward()
+    assert term.item() == pytest.approx(float(torch.exp(torch.tensor(20.0))))
+    assert torch.isfinite(stale.grad).all()
+
+
 def test_cispo_weights_log_prob_gradients_by_the_clipped_ratio_without_differentiating_it():
     logp, extras = inputs([-1.0, -1.0], [-1.5, -0.5], [1.0, 1.0])
     terms = DATUM_LOSSES["cispo"].fn(logp, extras, {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2})
