@@ -7,7 +7,6 @@ order (tenants.py) and retrieve_future reads the result (futures.py).
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 import uuid
@@ -18,6 +17,7 @@ from typing import Any
 import grpc
 
 from rollway.common.log import get_logger
+from rollway.coordinator.memory_plan import available_memory
 from rollway.coordinator.tinker.base_rollouts import BaseRollout
 from rollway.coordinator.tinker.callers import caller, owns
 from rollway.coordinator.tinker.checkpoints import CheckpointStore, SavedCheckpoint, TenantSpec, expiry
@@ -54,8 +54,8 @@ class Gateway:
         self.config = config
         self.workdir = Path(config.workdir).resolve()
         self.sessions = SessionTable(config.session_timeout_s)
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        self.memory_budget = int(config.memory_budget_gb * 2**30) or available
+        # What `rollway run` reads too (MemAvailable: free pages leave out the reclaimable cache).
+        self.memory_budget = int(config.memory_budget_gb * 2**30) or available_memory()
         self.futures = FutureStore()
         self.tenants: dict[str, Tenant] = {}
         # The trainers LoRA models share, by (base model directory, LoRA rank).
@@ -188,7 +188,11 @@ class Gateway:
         model_id = f"{session.session_id}:train:{body['model_seq_id']}"
         model_dir = Path(base_model).resolve()
         shared_key = (str(model_dir), lora_rank) if lora_rank and self.config.share_lora_base else None
-        own_bytes = adapter_bytes(model_dir, lora_rank) if shared_key else trainer_bytes(model_dir, lora_rank)
+        own_bytes = (
+            adapter_bytes(model_dir, lora_rank)
+            if shared_key
+            else trainer_bytes(model_dir, lora_rank, self.config.dtype)
+        )
         spec = TenantSpec(model_id, session.session_id, str(model_dir), lora_rank, own_bytes,
                           session.owner, dict(body.get("user_metadata") or {}),
                           max_context_length(model_dir))  # fmt: skip
@@ -205,7 +209,7 @@ class Gateway:
                 )  # fmt: skip
             shared = self.shared_trainers.get(shared_key) if shared_key else None
             needed = spec.memory_bytes + (
-                trainer_bytes(model_dir, lora_rank) if shared_key and shared is None else 0
+                trainer_bytes(model_dir, lora_rank, self.config.dtype) if shared_key and shared is None else 0
             )
             in_use = sum(t.spec.memory_bytes for t in self.tenants.values()) + sum(
                 t.base_bytes for t in self.shared_trainers.values()

@@ -2,10 +2,10 @@
 a model that would not fit instead of letting a trainer die loading it), and how many positions it
 takes (a longer datum is refused before it reaches the trainer).
 
-Full fine-tuning holds, per parameter, the weight, its gradient and AdamW's two moments in the
-training dtype's master precision (fp32): 16 bytes. LoRA trains adapters only: the frozen weights
-(4 bytes each in fp32) plus a small share for the adapters and their optimizer state. LoRA models
-of one base share a trainer: the base is counted once, each model adds its adapters (weights,
+A trainer's memory is the run planner's (memory_plan.trainer_rank_memory, calibrated against
+measured peaks): the gateway's trainer is one rank, with the trainer's default micro-batch token
+budget, so it refuses no model that `rollway run` would accept with those settings. LoRA models of
+one base share a trainer: the base is counted once, each model adds its adapters (weights,
 gradients and AdamW's two moments, and the copy kept while another tenant's are live).
 """
 
@@ -14,44 +14,30 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-BYTES_PER_PARAMETER = {"full": 16, "lora": 5}
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+from rollway.coordinator.memory_plan import lora_params, trainer_rank_memory
+from rollway.coordinator.model_shape import read_model_shape
+from rollway.trainer.config import TrainerConfig
+
+ADAPTER_COPIES = 5  # fp32: weights, gradients, AdamW's two moments, the copy kept while swapped out
 
 
-def num_parameters(model_dir: Path) -> int:
-    """Parameters of a local Hugging Face model, from its safetensors files' sizes and dtype."""
-    config = json.loads((model_dir / "config.json").read_text())
-    stored_bytes = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
-    dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
-    return stored_bytes // DTYPE_BYTES.get(dtype, 4)
+def trainer_config(model_dir: Path, lora_rank: int, dtype: str) -> TrainerConfig:
+    """The settings the gateway starts a model's trainer with (tenants.trainer_group)."""
+    return TrainerConfig(hf_checkpoint=str(model_dir), world_size=1, dtype=dtype, lora_rank=lora_rank)
 
 
-def trainer_bytes(model_dir: Path, lora_rank: int) -> int:
-    """Estimated memory of one trainer training this model."""
-    return num_parameters(model_dir) * BYTES_PER_PARAMETER["lora" if lora_rank else "full"]
+def trainer_bytes(model_dir: Path, lora_rank: int, dtype: str = "float32") -> int:
+    """Estimated peak memory of one trainer training this model (host memory: the gateway's budget)."""
+    trainer = trainer_config(model_dir, lora_rank, dtype)
+    shape = read_model_shape(str(model_dir))
+    return trainer_rank_memory(shape, trainer, trainer.max_tokens_per_gpu, on_gpu=False).peak
 
 
 def adapter_bytes(model_dir: Path, lora_rank: int) -> int:
-    """Estimated memory one LoRA tenant adds to a shared trainer: rank x (in + out) parameters
-    for every linear layer of a decoder layer (peft's all-linear), 5 fp32 copies each."""
-    config = json.loads((model_dir / "config.json").read_text())
-    hidden = int(config.get("hidden_size", 0))
-    heads = int(config.get("num_attention_heads", 1))
-    head_dim = int(config.get("head_dim") or hidden // max(heads, 1))
-    kv = int(config.get("num_key_value_heads") or heads) * head_dim
-    inner = int(config.get("intermediate_size", 4 * hidden))
-    q = heads * head_dim
-    linears = [
-        (hidden, q),
-        (hidden, kv),
-        (hidden, kv),
-        (q, hidden),
-        (hidden, inner),
-        (hidden, inner),
-        (inner, hidden),
-    ]
-    per_layer = sum(lora_rank * (fan_in + fan_out) for fan_in, fan_out in linears)
-    return per_layer * int(config.get("num_hidden_layers", 1)) * 4 * 5
+    """Estimated memory one LoRA tenant adds to a shared trainer: its adapters (peft's all-linear,
+    as the planner counts them), ADAPTER_COPIES fp32 copies each."""
+    shape = read_model_shape(str(model_dir))
+    return lora_params(shape, lora_rank, ["all-linear"]) * 4 * ADAPTER_COPIES
 
 
 def max_context_length(model_dir: Path) -> int | None:
