@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import grpc
-from google.protobuf import struct_pb2
 
 from rollway.common.client import ClientConfig, RetryingStream, open_channel, wait_until_serving
 from rollway.common.structs import to_struct
@@ -27,24 +26,6 @@ SAMPLES_PER_CHUNK = 64
 # Generation and training calls may run for a long time; everything else uses the client default.
 LONG_CALL_SECONDS = 3600.0
 CONTROL_CALL_SECONDS = 30.0
-
-
-def from_struct(struct: struct_pb2.Struct) -> dict:
-    """A Struct as plain data, numbers as given: json_format would fail on NaN or an infinity,
-    which a client can send (protobuf's binary form carries them); the run config refuses them
-    with an error naming the setting instead."""
-    return {key: _plain(struct.fields[key]) for key in struct.fields}
-
-
-def _plain(value: struct_pb2.Value):
-    kind = value.WhichOneof("kind")
-    if kind == "struct_value":
-        return from_struct(value.struct_value)
-    if kind == "list_value":
-        return [_plain(v) for v in value.list_value.values]
-    if kind in (None, "null_value"):
-        return None
-    return getattr(value, kind)
 
 
 @dataclass

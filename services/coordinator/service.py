@@ -9,12 +9,12 @@ import os
 from rollway.common.config import to_dict
 from rollway.common.log import get_logger
 from rollway.common.server import RollwayServer, ServerConfig
+from rollway.common.structs import from_struct
 from rollway.coordinator.config import CoordinatorServiceConfig
 from rollway.coordinator.config_schema import run_config_schema
 from rollway.coordinator.dashboard import run_files
 from rollway.coordinator.dashboard.server import start_for_coordinator
 from rollway.coordinator.plan_text import plan
-from rollway.coordinator.remote import from_struct
 from rollway.coordinator.run_config import COMPONENTS
 from rollway.coordinator.runs import RunManager, RunRecord
 from rollway.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc

@@ -13,14 +13,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from google.protobuf import json_format, struct_pb2
-
 from rollway.common.config import ConfigError, from_dict, to_dict
 from rollway.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from rollway.common.log import get_logger
 from rollway.common.run_host import RunHost, run_scoped_servicer
 from rollway.common.server import RollwayServer, ServerConfig
-from rollway.common.structs import to_struct
+from rollway.common.structs import from_struct, to_struct
 from rollway.dataloader.config import DataloaderConfig
 from rollway.dataloader.datasets import DataError, OpenedSource, open_sources
 from rollway.dataloader.encoder import Encoder, TokenizerError, load_tokenizer
@@ -213,7 +211,7 @@ class DataloaderRuns:
 
     def Init(self, request, context):
         try:
-            settings = from_dict(DataloaderConfig, _dict(request.config), base=self.startup)
+            settings = from_dict(DataloaderConfig, from_struct(request.config), base=self.startup)
         except ConfigError as exc:
             raise InvalidArgument(f"config.{exc.setting}", exc.problem) from None
         servicer, already, _ = self.host.init(request.run_id, settings, rebuild=request.rebuild)
@@ -229,10 +227,6 @@ class DataloaderRuns:
 
     def EndRun(self, request, context):
         return dataloader_pb2.EndRunResponse(was_holding=self.host.end(request.run_id))
-
-
-def _dict(struct: struct_pb2.Struct) -> dict:
-    return json_format.MessageToDict(struct)
 
 
 def serve(server_config: ServerConfig, config: DataloaderConfig) -> None:

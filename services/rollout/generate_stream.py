@@ -22,10 +22,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from google.protobuf import json_format
-
 from rollway.common.errors import FailedPrecondition, Unavailable, Unimplemented
 from rollway.common.log import get_logger
+from rollway.common.structs import from_struct
 from rollway.common.v1 import common_pb2
 from rollway.rollout import episodes
 from rollway.rollout.engines.base import (
@@ -308,7 +307,7 @@ class GenerateStream:
             prompt=self.prompt_texts[p],
             response=sample.response_text,
             label=sample.label,
-            metadata=json_format.MessageToDict(sample.metadata) if sample.HasField("metadata") else {},
+            metadata=from_struct(sample.metadata),
             prompt_token_ids=tuple(sample.prompt_token_ids),
             response_token_ids=tuple(sample.response_token_ids),
             finish_reason=finish,

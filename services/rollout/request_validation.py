@@ -24,9 +24,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from google.protobuf import json_format
-
 from rollway.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from rollway.common.structs import from_struct
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines.base import ModelInfo, SampleRequest
 from rollway.rollout.episodes import EpisodeSpec, TurnRecord
@@ -167,7 +166,7 @@ def _episode_spec(field: str, prompt: rollout_pb2.Prompt, new_environment, info:
         if turn.role not in ("model", "environment") or turn.num_tokens < 0:
             raise InvalidArgument(f"{field}.turns[{i}]", "role must be model or environment, num_tokens >= 0")
     _check_token_ids(f"{field}.token_ids", prefix.token_ids, info.vocab_size)
-    metadata = json_format.MessageToDict(prompt.metadata) if prompt.HasField("metadata") else {}
+    metadata = from_struct(prompt.metadata)
     return EpisodeSpec(
         new_environment=new_environment,
         label=prompt.label,

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from google.protobuf import json_format
-
 from rollway.common.config import ConfigError, from_dict, to_dict
 from rollway.common.errors import FailedPrecondition, InvalidArgument
 from rollway.common.log import bind_run_context, get_logger
 from rollway.common.run_host import RunHost
-from rollway.common.structs import to_struct
+from rollway.common.structs import from_struct, to_struct
 from rollway.rollout.config import ENGINE_SETTINGS, PROCESS_SETTINGS, RolloutConfig, process_setting_problem
 from rollway.rollout.engines.base import Engine, EngineError
 from rollway.rollout.v1 import rollout_pb2
@@ -95,7 +93,7 @@ class RolloutRuns:
     def Init(self, request, context):
         if request.run_id:
             bind_run_context(run_id=request.run_id)
-        given = json_format.MessageToDict(request.config)
+        given = from_struct(request.config)
         try:
             settings = from_dict(RolloutConfig, given, base=self.startup)
         except ConfigError as exc:

@@ -14,14 +14,12 @@ import functools
 import sys
 from collections.abc import Callable
 
-from google.protobuf import json_format, struct_pb2
-
 from rollway.common.config import ConfigError, from_dict, to_dict
 from rollway.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from rollway.common.log import bind_run_context, get_logger
 from rollway.common.run_host import RunHost, run_scoped_servicer
 from rollway.common.server import RollwayServer, ServerConfig
-from rollway.common.structs import to_struct
+from rollway.common.structs import from_struct, to_struct
 from rollway.common.v1 import common_pb2
 from rollway.trainer.batch import to_items
 from rollway.trainer.broken_ranks import BrokenRanks
@@ -41,10 +39,6 @@ log = get_logger("rollway.trainer.service")
 
 
 RESULTS_PER_MESSAGE = 64
-
-
-def struct_to_dict(struct: struct_pb2.Struct) -> dict:
-    return json_format.MessageToDict(struct) if struct is not None else {}
 
 
 def read_stream(request_iterator, header_type: str) -> tuple[object, list]:
@@ -105,7 +99,7 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
             raise InvalidArgument("header.step_id", f"must not be negative (got {header.step_id})")
         stored = self.controller.stored_result(header.step_id)
         if stored is None:
-            settings = self.controller.step_settings(struct_to_dict(header.overrides))
+            settings = self.controller.step_settings(from_struct(header.overrides))
             if header.num_samples != len(samples):
                 raise InvalidArgument(
                     "header.num_samples", f"announced {header.num_samples} samples but {len(samples)} arrived"
@@ -182,7 +176,7 @@ class TrainerService(trainer_pb2_grpc.TrainerServiceServicer):
         directory, hf_dir, step, blocking_seconds = self.controller.save_checkpoint(
             request.path,
             request.hf_export,
-            struct_to_dict(request.extra_state),
+            from_struct(request.extra_state),
             request.async_save,
             request.adapter,
         )
@@ -257,7 +251,7 @@ class TrainerRuns:
     def Init(self, request, context):
         if request.run_id:
             bind_run_context(run_id=request.run_id)
-        settings = run_settings(self.startup, struct_to_dict(request.config))
+        settings = run_settings(self.startup, from_struct(request.config))
         # Broken ranks are never handed to a run: its Init builds new ones (a trainer that nothing
         # restarts heals here; a supervised one has exited instead: broken_ranks.py).
         current = self.host.current()

@@ -9,8 +9,7 @@ import pytest
 from support.processes import ServiceProcess
 from support.stack import coordinator_stub, start_run
 
-from rollway.common.structs import to_struct
-from rollway.coordinator.remote import from_struct
+from rollway.common.structs import from_struct, to_struct
 from rollway.coordinator.v1 import coordinator_pb2
 
 pytestmark = pytest.mark.slow

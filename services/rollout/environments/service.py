@@ -13,12 +13,12 @@ import threading
 from dataclasses import dataclass
 
 import grpc
-from google.protobuf import json_format
 
 from rollway.common.config import ConfigError, setting
 from rollway.common.errors import InvalidArgument, ResourceExhausted
 from rollway.common.log import get_logger
 from rollway.common.server import RollwayServer, ServerConfig
+from rollway.common.structs import from_struct
 from rollway.rollout.config import TOOL_CALL_PARSERS, RolloutConfig
 from rollway.rollout.environments import environment_factory
 from rollway.rollout.environments.base import Environment, EpisodeStart, ModelTurn
@@ -78,7 +78,7 @@ class EnvironmentService(environment_pb2_grpc.EnvironmentServiceServicer):
             ):
                 raise ResourceExhausted(f"{len(self._episodes)} episodes open (--max-open-episodes)")
             self._episodes[request.episode_id] = env
-        metadata = json_format.MessageToDict(request.metadata) if request.HasField("metadata") else {}
+        metadata = from_struct(request.metadata)
         try:
             env.reset(EpisodeStart(request.prompt, request.label, metadata, tuple(request.prompt_token_ids)))
         except Exception as exc:
