@@ -75,6 +75,9 @@ LAUNCHER = textwrap.dedent(
         started[name] = ServiceProcess(name, [], workdir, module="support.probe_service", env=env).start()
 
     start("main")
+    gateway = ["--token", "tml-orphan-test", "--workdir", str(workdir / "gateway")]
+    started["gateway"] = ServiceProcess("gateway", gateway, workdir, module="rollway.coordinator.tinker",
+                                        wait_serving=False, env=env).start()  # fmt: skip
     worker = threading.Thread(target=start, args=("thread",))
     worker.start()
     worker.join()  # the thread that forked "thread" has exited
@@ -88,7 +91,8 @@ LAUNCHER = textwrap.dedent(
 
 def test_a_service_outlives_the_thread_that_started_it_but_not_its_launcher(tmp_path):
     """PR_SET_PDEATHSIG fires when the forking *thread* exits: a launcher that starts a service from a
-    short-lived thread must not lose it then, and must still take it down when the launcher dies."""
+    short-lived thread must not lose it then, and must still take it down when the launcher dies.
+    The Tinker gateway, not a gRPC service, goes with its launcher too."""
     script = tmp_path / "launcher.py"
     script.write_text(LAUNCHER)
     env = {**os.environ, "PYTHONPATH": TESTS_DIR + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -107,7 +111,7 @@ def test_a_service_outlives_the_thread_that_started_it_but_not_its_launcher(tmp_
         for line in lines[:-1]:
             name, pid, address = line.split()
             pids[name], addresses[name] = int(pid), address
-        assert set(pids) == {"main", "thread"}, lines
+        assert set(pids) == {"main", "thread", "gateway"}, lines  # the Tinker gateway: an HTTP server
         # The starting thread is gone; the service keeps serving (checked for a while, not once).
         until = time.monotonic() + 1.5
         while time.monotonic() < until:

@@ -45,6 +45,7 @@ def main(argv=None) -> int:
     import uvicorn  # after the config: `--help` and config errors are instant
 
     from rollway.common.log import configure_logging
+    from rollway.common.parent_watch import watch_parent
     from rollway.coordinator.tinker.app import create_app
     from rollway.coordinator.tinker.gateway import Gateway
 
@@ -64,6 +65,9 @@ def main(argv=None) -> int:
         tmp.write_text(str(port))
         tmp.replace(config.port_file)  # atomic: a reader never sees a partial number
     print(f"rollway gateway: http://{config.host}:{port}", file=sys.stderr)
+    # Started by a launcher or a test (ROLLWAY_PARENT_PID): gone with it. The kernel's SIGTERM (or
+    # the watch's poll) ends the server as a SIGTERM from anyone does, and `close` stops the trainers.
+    watch_parent(lambda _pid: setattr(server, "should_exit", True))
     try:
         server.run(sockets=[sock])
     finally:
