@@ -142,10 +142,12 @@ def make_demo_data(
 def ensure_demo_assets(workdir: Path) -> tuple[Path, Path]:
     """The tiny model's directory and the demo data directory under `workdir` (built if missing):
     what `rollway up` serves."""
-    from rollway.demo.tiny_model import make_tiny_model
-
     model_dir = workdir / "tiny-model"
     if not (model_dir / "config.json").exists():
+        # Imported only to build it: torch and transformers cost seconds that `rollway up` over a
+        # model already in place (every run after the first) need not pay.
+        from rollway.demo.tiny_model import make_tiny_model
+
         make_tiny_model(model_dir, seed=0)
     make_demo_data(workdir / "data", seed=0)
     return model_dir, workdir / "data"
