@@ -56,23 +56,16 @@ def health(address: str) -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
-def test_sigterm_on_rank_0_stops_the_other_ranks(tiny_model_dir, tmp_path):
-    svc = start_trainer(tiny_model_dir, tmp_path)
-    try:
-        workers = children(svc.pid)
-        assert len(workers) == 1 and alive(workers[0])
-    finally:
-        code = svc.stop()
-    assert code == 0
-    assert wait_for(lambda: not alive(workers[0]), 10.0), "rank 1 outlived rank 0"
-
-
-@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
-def test_a_killed_rank_is_reported_health_goes_not_serving_and_the_next_init_rebuilds(
+def test_a_killed_rank_is_reported_health_goes_not_serving_the_next_init_rebuilds_and_sigterm_stops_all(
     tiny_model_dir, tmp_path
 ):
+    """A killed rank is reported and the next Init rebuilds the ranks; then SIGTERM on rank 0
+    stops the other ranks too (no orphans)."""
     svc = start_trainer(tiny_model_dir, tmp_path)
+    stopped = False
     try:
+        workers = children(svc.pid)
+        assert len(workers) == 1 and alive(workers[0]), f"rank 0 spawned one worker rank: {workers}"
         with open_channel(svc.address) as channel:
             stub = trainer_pb2_grpc.TrainerServiceStub(channel)
             stub.Init(pb.InitRequest())
@@ -91,8 +84,13 @@ def test_a_killed_rank_is_reported_health_goes_not_serving_and_the_next_init_reb
             (new_worker,) = descendants(svc.pid)  # spawned by a gRPC thread: not in the main task's children
             assert new_worker != worker and alive(new_worker)
             assert train_step(stub, 1).global_step == 1
+        # SIGTERM on rank 0: it exits cleanly and its rank 1 goes with it.
+        stopped = True
+        assert svc.stop() == 0, "rank 0's exit code after SIGTERM"
+        assert wait_for(lambda: not alive(new_worker), 10.0), "rank 1 outlived rank 0"
     finally:
-        assert svc.stop() == 0
+        if not stopped:
+            assert svc.stop() == 0
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
