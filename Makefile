@@ -72,13 +72,20 @@ run-smollm2: setup $(REAL_MODEL)/config.json
 # any prerequisite), and writes where the time went, per file and per test: $(SUITE_TIMES)/times.md
 # (bench/suite_times.py, from pytest's JUnit report).
 MAKE_STARTED := $(shell date +%s)
+# The suite on TEST_WORKERS parallel workers (pytest-xdist): a test mostly waits on the services it
+# started, so one worker leaves about half of 2 cores idle. Groups that must not overlap (the Ray
+# tests, the SGLang tests, each module's own fixtures) run on one worker each (tests/support/workers.py).
+# TEST_WORKERS=0 runs it in this process, one test after another.
+TEST_WORKERS ?= 2
+TEST_WORKERS_FLAGS := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --no-loadscope-reorder)
 SUITE_TIMES := bench/results/suite
 test: setup proto-check $(COMPOSE_V1)/bin/docker-compose $(SGLANG_CPU) $(REAL_MODEL)/config.json
 	@mkdir -p $(SUITE_TIMES)
 	set_up=$$(( $$(date +%s) - $(MAKE_STARTED) )); status=0; \
-	PATH="$(CURDIR)/$(COMPOSE_V1)/bin:$$PATH" $(PY) -m pytest -q --durations=25 \
+	PATH="$(CURDIR)/$(COMPOSE_V1)/bin:$$PATH" $(PY) -m pytest -q --durations=25 $(TEST_WORKERS_FLAGS) \
 		--junitxml=$(SUITE_TIMES)/junit.xml -o junit_family=xunit1 || status=$$?; \
-	$(PY) -m bench.suite_times $(SUITE_TIMES)/junit.xml --set-up-seconds $$set_up > $(SUITE_TIMES)/times.md; \
+	$(PY) -m bench.suite_times $(SUITE_TIMES)/junit.xml --set-up-seconds $$set_up \
+		--workers $(or $(filter-out 0,$(TEST_WORKERS)),1) > $(SUITE_TIMES)/times.md; \
 	echo "make test: $$(( $$(date +%s) - $(MAKE_STARTED) )) s in all, $$set_up s of it set-up" \
 		"(per file and test: $(SUITE_TIMES)/times.md)"; \
 	exit $$status

@@ -1,11 +1,12 @@
 """Where the test suite's minutes go: a markdown table per test file and the costliest tests.
 
-python -m bench.suite_times JUNIT_XML [--set-up-seconds N] [--top 20] > times.md
+python -m bench.suite_times JUNIT_XML [--set-up-seconds N] [--workers W] [--top 20] > times.md
 
 JUNIT_XML is pytest's `--junitxml` report with `-o junit_family=xunit1` (each test case names its
 file), as `make test` writes it. A test's seconds are its set-up, call and tear-down together, so a
-module's shared services are charged to the test that started them; the suite's seconds outside
-every test (collection, imports, the session's end) are a row of their own.
+module's shared services are charged to the test that started them. With W parallel workers the
+suite has W times its wall time to spend: shares are of that, and what no test spent (collection,
+imports, the session's end, a worker waiting for the last group of another) is a row of its own.
 """
 
 from __future__ import annotations
@@ -67,8 +68,11 @@ def per_file(tests: list[CaseTime]) -> list[tuple[str, float, int, int]]:
     )
 
 
-def format_report(times: SuiteTimes, set_up_seconds: float | None = None, top: int = 20) -> str:
+def format_report(
+    times: SuiteTimes, set_up_seconds: float | None = None, top: int = 20, workers: int = 1
+) -> str:
     in_tests = sum(t.seconds for t in times.tests)
+    capacity = times.suite_seconds * workers  # what the workers had to spend
     outcomes = defaultdict(int)
     for test in times.tests:
         outcomes[test.outcome] += 1
@@ -76,22 +80,25 @@ def format_report(times: SuiteTimes, set_up_seconds: float | None = None, top: i
     lines = [f"## Test suite times ({date})", ""]
     summary = f"pytest: {_minutes(times.suite_seconds)} for {len(times.tests)} tests"
     summary += " (" + ", ".join(f"{n} {outcome}" for outcome, n in sorted(outcomes.items())) + ")"
+    if workers > 1:
+        summary += f" on {workers} workers, {_minutes(in_tests)} of test time"
     if set_up_seconds is not None:
         total = set_up_seconds + times.suite_seconds
         summary += f"; set-up before it {_minutes(set_up_seconds)}; in all {_minutes(total)}"
     lines += [summary + ".", "", "| file | tests | skipped | seconds | share |", "|---|---:|---:|---:|---:|"]
     for file, seconds, count, skipped in per_file(times.tests):
-        lines.append(f"| {file} | {count} | {skipped} | {seconds:.1f} | {_share(seconds, times)} |")
-    outside = max(times.suite_seconds - in_tests, 0.0)
-    lines.append(f"| (outside tests: collection, imports) | | | {outside:.1f} | {_share(outside, times)} |")
+        lines.append(f"| {file} | {count} | {skipped} | {seconds:.1f} | {_share(seconds, capacity)} |")
+    outside = max(capacity - in_tests, 0.0)
+    what = "collection, imports" + (", a worker idle" if workers > 1 else "")
+    lines.append(f"| (outside tests: {what}) | | | {outside:.1f} | {_share(outside, capacity)} |")
     lines += ["", f"Top {top} tests:", "", "| test | seconds | outcome |", "|---|---:|---|"]
     for test in sorted(times.tests, key=lambda t: -t.seconds)[:top]:
         lines.append(f"| {test.file}::{test.name} | {test.seconds:.1f} | {test.outcome} |")
     return "\n".join(lines) + "\n"
 
 
-def _share(seconds: float, times: SuiteTimes) -> str:
-    return f"{100 * seconds / times.suite_seconds:.1f}%" if times.suite_seconds else "-"
+def _share(seconds: float, capacity: float) -> str:
+    return f"{100 * seconds / capacity:.1f}%" if capacity else "-"
 
 
 def _minutes(seconds: float) -> str:
@@ -102,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("junit_xml", help="pytest --junitxml report (junit_family=xunit1)")
     parser.add_argument("--set-up-seconds", type=float, help="seconds of set-up before pytest started")
+    parser.add_argument("--workers", type=int, default=1, help="how many parallel workers ran the tests")
     parser.add_argument("--top", type=int, default=20, help="how many of the costliest tests to list")
     args = parser.parse_args(argv)
     try:
@@ -109,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ElementTree.ParseError, ValueError) as exc:
         print(f"suite_times: {exc}", file=sys.stderr)
         return 1
-    sys.stdout.write(format_report(times, args.set_up_seconds, args.top))
+    sys.stdout.write(format_report(times, args.set_up_seconds, args.top, args.workers))
     return 0
 
 

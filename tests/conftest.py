@@ -33,6 +33,7 @@ def pytest_collection_modifyitems(config, items):
         if UNIT not in item.path.parents:
             item.add_marker(pytest.mark.slow)
     _run_sglang_pair_users_together(items)
+    _group_for_workers(items)
     if _has_cuda():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
@@ -53,6 +54,30 @@ def _run_sglang_pair_users_together(items) -> None:
         users.sort(key=pair_release_order)
         others = [item for item in items if SGLANG_PAIR not in item.fixturenames]
         items[:] = others[:first] + users + others[first:]
+
+
+def _group_for_workers(items) -> None:
+    # `make test` runs the suite on parallel workers, a group of tests on one worker
+    # (tests/support/workers.py). The longest groups go first, so that the workers end together.
+    from support.workers import RAY, SGLANG, worker_group
+
+    for item in items:
+        group = worker_group(item.nodeid)
+        if (item.get_closest_marker("ray") and group != RAY) or (
+            SGLANG_PAIR in item.fixturenames and group != SGLANG
+        ):
+            raise pytest.UsageError(
+                f"{item.nodeid}: a test that starts Ray, or uses the shared SGLang pair, must be in a "
+                "module named for it, so that it runs on the one worker of its group (tests/support/workers.py)"
+            )
+    first = {RAY, SGLANG, "tests/realmodel/test_smollm2.py"}
+    items.sort(key=lambda item: worker_group(item.nodeid) not in first)  # stable: each order within stays
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from support.workers import make_scheduler
+
+    return make_scheduler(config, log)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -32,6 +32,8 @@ from rollway.deploy.launcher import run
 
 ray = pytest.importorskip("ray")
 
+pytestmark = pytest.mark.ray
+
 REWARD_MODULE = '''
 def odd_index(sample):
     """Half of every group scores 1: every group has reward variance, so GRPO has a gradient."""

@@ -20,7 +20,7 @@ from tinker import types
 
 ray = pytest.importorskip("ray")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 ADAM = types.AdamParams(learning_rate=1e-2, eps=1e-8)
 TOKENS = [[1, 40, 41, 50, 51, 52, 2], [1, 60, 61, 62, 63]]
 

@@ -60,6 +60,7 @@ def test_a_cpu_cluster_runs_the_hf_engine_without_gpu_requests():
     ]
 
 
+@pytest.mark.ray
 def test_an_unreachable_ray_address_is_refused_at_once(tmp_path, tiny_model_dir):
     import subprocess
     import sys
@@ -106,6 +107,7 @@ ray.shutdown()
 """
 
 
+@pytest.mark.ray
 def test_a_head_with_token_auth_that_answers_is_named_as_the_likely_cause(tmp_path, tiny_model_dir):
     """A Ray head with RAY_AUTH_MODE=token answers on its port, and a coordinator without the token
     cannot join: the run fails naming Ray's token auth and what to set, not only 'cannot reach'."""

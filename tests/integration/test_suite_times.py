@@ -90,3 +90,14 @@ def test_files_and_tests_are_ordered_by_their_cost():
     assert "| (outside tests: collection, imports) | | | 7.0 | 14.0% |" in table
     top = table.split("Top 2 tests:")[1]
     assert re.findall(r"^\| (\S+::\S+) \|", top, re.M) == ["tests/b.py::test_long", "tests/a.py::test_middle"]
+
+
+def test_the_report_of_parallel_workers_shares_out_their_time_together():
+    tests = [
+        CaseTime("tests/a.py", "test_a", 30.0, "passed"),
+        CaseTime("tests/b.py", "test_b", 40.0, "passed"),
+    ]
+    table = format_report(SuiteTimes(tests, suite_seconds=50.0, timestamp=""), workers=2)
+    assert "on 2 workers, 1.2 min (70 s) of test time" in table
+    assert "| tests/b.py | 1 | 0 | 40.0 | 40.0% |" in table  # of the 100 s the two workers had
+    assert "| (outside tests: collection, imports, a worker idle) | | | 30.0 | 30.0% |" in table

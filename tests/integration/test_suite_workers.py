@@ -1,0 +1,56 @@
+"""make test's parallel workers (pytest-xdist with tests/support/workers.py's scheduler) on a small
+suite of their own: each group's tests run on one worker, in order."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).parents[1]
+RECORD = """
+import os
+from pathlib import Path
+
+def record(name):
+    with open(Path(__file__).parent / "ran.txt", "a") as f:
+        f.write(f"{name} {os.environ['PYTEST_XDIST_WORKER']}\\n")
+"""
+CONFTEST = """
+from support.workers import make_scheduler
+
+def pytest_xdist_make_scheduler(config, log):
+    return make_scheduler(config, log)
+"""
+
+
+def module(*names: str) -> str:
+    return "from record import record\n" + "".join(f"\ndef test_{n}():\n    record('{n}')\n" for n in names)
+
+
+def test_each_group_runs_on_one_worker_in_order(tmp_path):
+    (tmp_path / "record.py").write_text(RECORD)
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_alpha.py").write_text(module("a1", "a2", "a3"))
+    (tmp_path / "test_beta.py").write_text(module("b1", "b2", "b3"))
+    (tmp_path / "test_ray_gamma.py").write_text(module("r1", "r2"))
+    (tmp_path / "test_delta_ray.py").write_text(module("r3", "r4"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(TESTS)])
+    # The flags `make test` passes (the Makefile's TEST_WORKERS_FLAGS).
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--no-loadscope-reorder",
+         "test_alpha.py", "test_beta.py", "test_delta_ray.py", "test_ray_gamma.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    ran = [line.split() for line in (tmp_path / "ran.txt").read_text().splitlines()]
+    assert sorted(name for name, _ in ran) == ["a1", "a2", "a3", "b1", "b2", "b3", "r1", "r2", "r3", "r4"]
+    worker = dict(ran)
+    assert {worker["a1"], worker["a2"], worker["a3"]} == {worker["a1"]}
+    assert {worker["b1"], worker["b2"], worker["b3"]} == {worker["b1"]}
+    assert {worker[f"r{i}"] for i in range(1, 5)} == {worker["r1"]}  # both Ray modules: one worker
+    assert {worker["a1"], worker["b1"], worker["r1"]} == {"gw0", "gw1"}  # both workers had work
+    for group in (["a1", "a2", "a3"], ["r3", "r4", "r1", "r2"]):  # collection order within a group
+        assert [name for name, _ in ran if name in group] == group
