@@ -74,6 +74,12 @@ def _group_for_workers(items) -> None:
     items.sort(key=lambda item: worker_group(item.nodeid) not in first)  # stable: each order within stays
 
 
+def pytest_configure(config):
+    from support.workers import pin_to_own_cores
+
+    pin_to_own_cores()
+
+
 def pytest_xdist_make_scheduler(config, log):
     from support.workers import make_scheduler
 

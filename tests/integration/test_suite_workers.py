@@ -11,14 +11,21 @@ from pathlib import Path
 TESTS = Path(__file__).parents[1]
 RECORD = """
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 def record(name):
+    child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                           capture_output=True, text=True, check=True).stdout.replace(" ", "")
     with open(Path(__file__).parent / "ran.txt", "a") as f:
-        f.write(f"{name} {os.environ['PYTEST_XDIST_WORKER']}\\n")
+        f.write(f"{name} {os.environ['PYTEST_XDIST_WORKER']} {child}")
 """
 CONFTEST = """
-from support.workers import make_scheduler
+from support.workers import make_scheduler, pin_to_own_cores
+
+def pytest_configure(config):
+    pin_to_own_cores()
 
 def pytest_xdist_make_scheduler(config, log):
     return make_scheduler(config, log)
@@ -29,7 +36,7 @@ def module(*names: str) -> str:
     return "from record import record\n" + "".join(f"\ndef test_{n}():\n    record('{n}')\n" for n in names)
 
 
-def test_each_group_runs_on_one_worker_in_order(tmp_path):
+def test_each_group_runs_on_one_worker_in_order_on_its_own_cores(tmp_path):
     (tmp_path / "record.py").write_text(RECORD)
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_alpha.py").write_text(module("a1", "a2", "a3"))
@@ -46,11 +53,19 @@ def test_each_group_runs_on_one_worker_in_order(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     ran = [line.split() for line in (tmp_path / "ran.txt").read_text().splitlines()]
-    assert sorted(name for name, _ in ran) == ["a1", "a2", "a3", "b1", "b2", "b3", "r1", "r2", "r3", "r4"]
-    worker = dict(ran)
+    assert sorted(name for name, _, _ in ran) == ["a1", "a2", "a3", "b1", "b2", "b3", "r1", "r2", "r3", "r4"]
+    worker = {name: gw for name, gw, _ in ran}
     assert {worker["a1"], worker["a2"], worker["a3"]} == {worker["a1"]}
     assert {worker["b1"], worker["b2"], worker["b3"]} == {worker["b1"]}
     assert {worker[f"r{i}"] for i in range(1, 5)} == {worker["r1"]}  # both Ray modules: one worker
     assert {worker["a1"], worker["b1"], worker["r1"]} == {"gw0", "gw1"}  # both workers had work
     for group in (["a1", "a2", "a3"], ["r3", "r4", "r1", "r2"]):  # collection order within a group
-        assert [name for name, _ in ran if name in group] == group
+        assert [name for name, _, _ in ran if name in group] == group
+    # Each worker's processes (a child of the test here) run on its own half of the cores.
+    cores = {gw: {cpus for _, g, cpus in ran if g == gw} for gw in ("gw0", "gw1")}
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) >= 2:
+        assert cores == {
+            "gw0": {str(usable[0::2]).replace(" ", "")},
+            "gw1": {str(usable[1::2]).replace(" ", "")},
+        }

@@ -10,10 +10,16 @@ span modules, found by the module's file name, since the scheduler sees only tes
   users one after another, and each server start costs ~1 core for 30-40 s.
 tests/conftest.py refuses a test marked `ray`, or on the shared SGLang pair, in a module whose name
 puts it elsewhere.
+
+Each worker computes on its own share of the cores (`pin_to_own_cores`), and so does every process
+its tests start (they inherit it, and rollway sizes torch's threads by it: common/cpu_threads.py).
+Unpinned, two workers' tests each sized their threads for the whole machine and fought over it:
+the cluster and SGLang tests side by side took 2-4x their time alone.
 """
 
 from __future__ import annotations
 
+import os
 import re
 
 RAY = "ray"
@@ -30,6 +36,22 @@ def worker_group(nodeid: str) -> str:
     if "sglang" in name:
         return SGLANG
     return path
+
+
+def pin_to_own_cores() -> None:
+    """On pytest-xdist worker k of n, run on every n-th usable core from the k-th (worker 0 of 2 on
+    a 2-core machine: core 0), with the threads already started; nothing outside a worker, or with
+    more workers than cores."""
+    worker, count = (
+        os.environ.get("PYTEST_XDIST_WORKER"),
+        int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")),
+    )
+    cores = sorted(os.sched_getaffinity(0))
+    if not worker or count < 2 or len(cores) < count:
+        return
+    own = set(cores[int(worker.removeprefix("gw")) % count :: count])
+    for thread in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(thread), own)
 
 
 def make_scheduler(config, log):
