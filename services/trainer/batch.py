@@ -7,11 +7,15 @@ for 6 response tokens`. A batch that passes here cannot make a rank fail on its 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rollway.common.errors import InvalidArgument
 from rollway.trainer.micro_batch import SequenceItem
+
+if TYPE_CHECKING:
+    from rollway.trainer.config import TrainerConfig
 
 
 def _check_ids(field: str, ids: np.ndarray, vocab_size: int) -> None:
@@ -69,6 +73,25 @@ def to_item(
         extras=extras,
         source=sample.source,
     )
+
+
+def sample_fields(samples: Sequence, settings: TrainerConfig) -> tuple[str, ...]:
+    """Per-token Sample fields policy_loss reads: advantages, and rollout_log_probs when the
+    samples carry them (all or none; required by --use-tis and --use-rollout-logprobs)."""
+    present = [len(sample.rollout_log_probs) > 0 for sample in samples]
+    needing = ("use_tis", "use_mis", "use_geo_mask", "use_rollout_logprobs")
+    required = next((name for name in needing if getattr(settings, name)), "")
+    if not any(present):
+        if required and samples:
+            raise InvalidArgument("samples[0].rollout_log_probs", f"required with {required}")
+        return ("advantages",)
+    if not all(present):
+        missing = present.index(False)
+        raise InvalidArgument(
+            f"samples[{missing}].rollout_log_probs",
+            "missing while other samples carry them: send all or none",
+        )
+    return ("advantages", "rollout_log_probs")
 
 
 def to_items(samples, **kwargs) -> list[SequenceItem]:

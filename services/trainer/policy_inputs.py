@@ -16,11 +16,8 @@ build_micro_batch lays them out at target positions like the Sample fields.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from rollway.common.errors import InvalidArgument
 from rollway.trainer.config import TOKEN_LEVEL_ESTIMATORS, TrainerConfig
 from rollway.trainer.kl import approx_kl
 from rollway.trainer.log_probs import response_values, token_log_probs
@@ -46,25 +43,6 @@ def needs_old_pass(settings: TrainerConfig, num_steps: int) -> bool:
     if settings.use_rollout_logprobs:
         return False
     return num_steps > 1 or kl_shaping(settings)
-
-
-def sample_fields(samples: Sequence, settings: TrainerConfig) -> tuple[str, ...]:
-    """Per-token Sample fields policy_loss reads: advantages, and rollout_log_probs when the
-    samples carry them (all or none; required by --use-tis and --use-rollout-logprobs)."""
-    present = [len(sample.rollout_log_probs) > 0 for sample in samples]
-    needing = ("use_tis", "use_mis", "use_geo_mask", "use_rollout_logprobs")
-    required = next((name for name in needing if getattr(settings, name)), "")
-    if not any(present):
-        if required and samples:
-            raise InvalidArgument("samples[0].rollout_log_probs", f"required with {required}")
-        return ("advantages",)
-    if not all(present):
-        missing = present.index(False)
-        raise InvalidArgument(
-            f"samples[{missing}].rollout_log_probs",
-            "missing while other samples carry them: send all or none",
-        )
-    return ("advantages", "rollout_log_probs")
 
 
 def _forward_log_probs(engine, mb, settings: TrainerConfig, reference: bool) -> dict[int, list[float]]:

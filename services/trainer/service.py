@@ -21,7 +21,7 @@ from rollway.common.run_host import RunHost, run_scoped_servicer
 from rollway.common.server import RollwayServer, ServerConfig
 from rollway.common.structs import from_struct, to_struct
 from rollway.common.v1 import common_pb2
-from rollway.trainer.batch import to_items
+from rollway.trainer.batch import sample_fields, to_items
 from rollway.trainer.broken_ranks import BrokenRanks
 from rollway.trainer.config import TRAINING_SETTINGS, TrainerConfig
 from rollway.trainer.controller import TrainerController
@@ -29,7 +29,6 @@ from rollway.trainer.datums import datum_loss, to_datum_items
 from rollway.trainer.losses import get_loss
 from rollway.trainer.model_loading import ModelLoadError, read_hf_config
 from rollway.trainer.optim_request import adam_settings
-from rollway.trainer.policy_inputs import sample_fields
 from rollway.trainer.reference import check_reference
 from rollway.trainer.runtime import RankRuntime
 from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
