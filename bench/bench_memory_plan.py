@@ -1,4 +1,4 @@
-"""Memory plan: the trainer's predicted peak (coordinator/memory_plan.py) against the measured one.
+"""Memory plan: the trainer's predicted peak (coordinator/plan/memory.py) against the measured one.
 
 Each configuration starts the real trainer service (`python -m rollway.trainer`, one rank, as the
 launcher starts it), calls Init and sends TrainSteps of exactly `tokens` tokens (one micro-batch)
@@ -42,8 +42,9 @@ from bench.harness import BenchResult
 from rollway.common.client import open_channel
 from rollway.common.supervision.service_process import ServiceProcess
 from rollway.common.v1 import common_pb2
-from rollway.coordinator.memory_plan import GIB, rollout_memory, trainer_rank_memory
-from rollway.coordinator.model_shape import read_model_shape
+from rollway.coordinator.plan.coefficients import GIB
+from rollway.coordinator.plan.memory import rollout_memory, trainer_rank_memory
+from rollway.coordinator.plan.shape import read_model_shape
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from rollway.trainer.config import TrainerConfig
@@ -473,7 +474,7 @@ def free_port() -> int:
 
 
 def sglang_predicted(directory: Path) -> int:
-    from rollway.coordinator.memory_plan import sglang_server_memory
+    from rollway.coordinator.plan.memory import sglang_server_memory
 
     return sglang_server_memory(read_model_shape(str(directory)), sglang_config(directory)).peak
 

@@ -21,8 +21,14 @@ from typing import Any
 from rollway.common.config import ConfigError, coerce_setting, from_dict
 from rollway.common.run_components import run_components
 from rollway.common.shared_settings import REWARD_NAMES
-from rollway.coordinator import run_plan
 from rollway.coordinator.config import CoordinatorConfig
+from rollway.coordinator.plan.steps import (
+    DataShape,
+    check_data,
+    end_of_data_problems,
+    end_of_data_text,
+    num_steps,
+)
 from rollway.dataloader.config import DataloaderConfig
 from rollway.rollout.config import PROCESS_SETTINGS, RolloutConfig, process_setting_problem
 from rollway.trainer.config import TrainerConfig
@@ -60,7 +66,7 @@ class RunConfig:
     rollout: RolloutConfig
     trainer: TrainerConfig
     given: dict[str, Any]
-    # How the number of steps (coordinator.num_rollout, resolved) was settled (run_plan.py).
+    # How the number of steps (coordinator.num_rollout, resolved) was settled (plan/steps.py).
     end_of_data: str = "num_rollout: the data loops over epochs until then"
     num_rows: int | None = None  # rows of the training data, where the coordinator can read it
 
@@ -71,7 +77,7 @@ class RunConfig:
         """The settings a run pushes to service `name` at its Init: the given keys it declares."""
         fields = _field_names(COMPONENTS[name])
         settings = {k: v for k, v in self.given.items() if k in fields}
-        if name == "dataloader":  # the run's step count ends it, never the data (run_plan.py)
+        if name == "dataloader":  # the run's step count ends it, never the data (plan/steps.py)
             settings["num_epoch"] = 0
         if name == "trainer":  # the trainer's share of the coordinator's batch arithmetic
             c = self.coordinator
@@ -242,28 +248,26 @@ def parse_run_config(
 
 def _plan_steps(run: RunConfig, problems: list[tuple[str, str]], check_files: bool) -> set[str]:
     """Check the training data (files, columns) and settle the run's number of steps up front
-    (run_plan.py: num_rollout wins and the data loops; num_rollout 0 runs num_epoch epochs).
+    (plan/steps.py: num_rollout wins and the data loops; num_rollout 0 runs num_epoch epochs).
     Appends to `problems`; returns the settings whose problems are preconditions (a missing file)."""
     c, d = run.coordinator, run.dataloader
     uses_data = "dataloader" in run.services_used()
     # Only a dataloader the coordinator starts here reads the files here (Ray: on the cluster's nodes).
     started = uses_data and not run.addresses()["dataloader"] and c.launcher == "local"
-    shape = run_plan.check_data(d)
+    shape = check_data(d)
     if not started:  # an attached dataloader reads its files where it runs, with its own keys
-        shape = run_plan.DataShape(shape.num_rows, [])
+        shape = DataShape(shape.num_rows, [])
     elif not check_files:  # a config written for another machine: only the files here are checked
-        shape = run_plan.DataShape(shape.num_rows, [p for p in shape.problems if not p[2]])
+        shape = DataShape(shape.num_rows, [p for p in shape.problems if not p[2]])
     found = shape.problems if uses_data else []
     if uses_data and (check_files or shape.num_rows is not None or d.num_epoch <= 0):
-        found += run_plan.end_of_data_problems(c.num_rollout, d.num_epoch, c.rollout_batch_size, shape)
+        found += end_of_data_problems(c.num_rollout, d.num_epoch, c.rollout_batch_size, shape)
     problems += [(setting, problem) for setting, problem, _ in found]
     run.num_rows = shape.num_rows
     if uses_data and not found:
         # Worded before num_rollout is settled: a num_epoch run reads "num_epoch E x R rows / ...".
-        run.end_of_data = run_plan.end_of_data_text(
-            c.num_rollout, d.num_epoch, c.rollout_batch_size, shape.num_rows
-        )
-        c.num_rollout = run_plan.num_steps(c.num_rollout, d.num_epoch, c.rollout_batch_size, shape.num_rows)
+        run.end_of_data = end_of_data_text(c.num_rollout, d.num_epoch, c.rollout_batch_size, shape.num_rows)
+        c.num_rollout = num_steps(c.num_rollout, d.num_epoch, c.rollout_batch_size, shape.num_rows)
     return {setting for setting, _, precondition in found if precondition}
 
 

@@ -36,12 +36,13 @@ from rollway.common.supervision.supervisor import (
     ServiceGroup,
 )
 from rollway.common.v1 import common_pb2
-from rollway.coordinator import memory_plan
 from rollway.coordinator.config import CoordinatorConfig
 from rollway.coordinator.dashboard import run_files
 from rollway.coordinator.evaluation import Evaluator
 from rollway.coordinator.hang_watch import HangWatch
 from rollway.coordinator.metrics import MetricsSink
+from rollway.coordinator.plan.host import gpu_present
+from rollway.coordinator.plan.memory import resolve_dtype
 from rollway.coordinator.remote import Services
 from rollway.coordinator.run import Run, RunStopped
 from rollway.coordinator.run_config import COMPONENTS, RunConfig, RunConfigError, parse_run_config
@@ -279,16 +280,14 @@ def _attempt(record: RunRecord, *, progress: bool) -> dict[str, float]:
 def _model_loaders(record: RunRecord) -> dict[str, str]:
     """The services that load the model at Init, with the dtype each loads it in ("auto" resolved
     where this coordinator started them: on this machine)."""
-    on_gpu = memory_plan.gpu_present()
+    on_gpu = gpu_present()
     local = isinstance(record.group, LocalServiceGroup)
     loaders = {}
     if record.services.trainer is not None:
         loaders["trainer"] = record.run.component("trainer").dtype
     for i in range(len(record.services.rollouts)):
         loaders[f"rollout_{i}"] = record.run.component("rollout").dtype
-    return {
-        name: memory_plan.resolve_dtype(dtype, on_gpu) if local else dtype for name, dtype in loaders.items()
-    }
+    return {name: resolve_dtype(dtype, on_gpu) if local else dtype for name, dtype in loaders.items()}
 
 
 def _notice_resume(record: RunRecord, next_step: int, directory: Path | None) -> None:

@@ -14,7 +14,7 @@ from rollway.coordinator.config import CoordinatorServiceConfig
 from rollway.coordinator.config_schema import run_config_schema
 from rollway.coordinator.dashboard import run_files
 from rollway.coordinator.dashboard.server import start_for_coordinator
-from rollway.coordinator.plan_text import plan
+from rollway.coordinator.plan.text import plan
 from rollway.coordinator.run_config import COMPONENTS
 from rollway.coordinator.runs import RunManager, RunRecord
 from rollway.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc

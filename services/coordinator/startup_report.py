@@ -9,7 +9,7 @@ they come, and to the coordinator's log:
     loading /models/qwen3-0.6b (596.0M parameters, 2.38 GB float32) in trainer, rollout_0 ...
     services initialised in 13.4s (trainer 13.4s, rollout_0 0.3s, dataloader 0.1s)
 
-The sizes come from the model's config.json (model_shape.py), not its weights, so the line is
+The sizes come from the model's config.json (plan/shape.py), not its weights, so the line is
 there before the loading starts.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from rollway.coordinator.model_shape import ModelShapeError, read_model_shape
+from rollway.coordinator.plan.shape import ModelShapeError, read_model_shape
 
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 

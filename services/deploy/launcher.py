@@ -28,7 +28,7 @@ from pathlib import Path
 from rollway.common.client import wait_until_serving
 from rollway.common.config import parse_components
 from rollway.common.run_components import run_components
-from rollway.coordinator.plan_text import plan
+from rollway.coordinator.plan.text import plan
 
 TAIL_LINES = 30
 
@@ -84,7 +84,7 @@ def parse_launcher_options(argv: list[str]) -> tuple[argparse.Namespace, list[st
     group.add_argument(
         "--ignore-memory-plan",
         action="store_true",
-        help="start the run even where its memory plan does not fit (coordinator/memory_plan.py)",
+        help="start the run even where its memory plan does not fit (coordinator/plan/memory.py)",
     )
     if "-h" in argv or "--help" in argv:  # the run settings' help follows
         print(parser.format_help().split("\n\n", 1)[1])
@@ -300,12 +300,12 @@ def _quiet(stream):
 
 def warn_no_op_settings(configs: dict[str, object]) -> None:
     """Say so where a setting does nothing on this machine (a trainer started here, no GPU)."""
-    from rollway.coordinator import memory_plan
+    from rollway.coordinator.plan.host import gpu_present, services_started_here
 
     if (
         configs["trainer"].fsdp_cpu_offload
-        and "trainer" in memory_plan.services_started_here(configs)
-        and not memory_plan.gpu_present()
+        and "trainer" in services_started_here(configs)
+        and not gpu_present()
     ):
         print(
             "warning: fsdp_cpu_offload does nothing on CPU (no GPU here): the trainer's parameters, "
@@ -321,43 +321,49 @@ def memory_allows(configs: dict[str, object], options: argparse.Namespace, given
     whose default does not fit is lowered to the largest that does (in `given` and `configs`)."""
     import dataclasses
 
-    from rollway.coordinator import memory_plan
-    from rollway.coordinator.model_shape import ModelShapeError
+    from rollway.coordinator.plan.coefficients import GIB
+    from rollway.coordinator.plan.host import available_memory, gpu_present, services_started_here
+    from rollway.coordinator.plan.memory import default_micro_batch, plan_memory
+    from rollway.coordinator.plan.shape import ModelShapeError
+    from rollway.coordinator.plan.text import memory_text, refusal
 
-    started = memory_plan.services_started_here(configs)
-    budget = int(options.memory_budget * memory_plan.GIB) or memory_plan.available_memory()
+    started = services_started_here(configs)
+    budget = int(options.memory_budget * GIB) or available_memory()
     if not started or not budget:
         return True
-    on_gpu = memory_plan.gpu_present()
+    on_gpu = gpu_present()
     try:
-        found = memory_plan.plan_memory(configs, budget, started, on_gpu)
+        found = plan_memory(configs, budget, started, on_gpu)
     except ModelShapeError as exc:  # a missing model is refused by StartRun's checks
         print(f"memory plan: not checked: {exc}", file=sys.stderr)
         return True
-    chosen = memory_plan.default_micro_batch(found, configs, given or {})
+    chosen = default_micro_batch(found, configs, given or {})
     if chosen and given is not None:
         print(
             f"memory plan: max_tokens_per_gpu {chosen}, the largest micro-batch that fits "
-            f"(the default {configs['trainer'].max_tokens_per_gpu} would need {found.total / memory_plan.GIB:.2f} "
-            f"GiB, {found.budget / memory_plan.GIB:.2f} usable)",
+            f"(the default {configs['trainer'].max_tokens_per_gpu} would need {found.total / GIB:.2f} "
+            f"GiB, {found.budget / GIB:.2f} usable)",
             file=sys.stderr,
         )
         given["max_tokens_per_gpu"] = chosen
         configs["trainer"] = dataclasses.replace(configs["trainer"], max_tokens_per_gpu=chosen)
-        found = memory_plan.plan_memory(configs, budget, started, on_gpu)
+        found = plan_memory(configs, budget, started, on_gpu)
     if found.fits:
         return True
     if options.ignore_memory_plan:
-        print(f"memory plan: {memory_plan.refusal(found, configs)} (ignored)", file=sys.stderr)
+        print(f"memory plan: {refusal(found, configs)} (ignored)", file=sys.stderr)
         return True
-    print(f"run refused: {memory_plan.refusal(found, configs)}", file=sys.stderr)
-    print(memory_plan.memory_text(found), file=sys.stderr)
+    print(f"run refused: {refusal(found, configs)}", file=sys.stderr)
+    print(memory_text(found), file=sys.stderr)
     return False
 
 
 def plan_main(argv: list[str]) -> int:
-    from rollway.coordinator import memory_plan
-    from rollway.coordinator.model_shape import ModelShapeError
+    from rollway.coordinator.plan.coefficients import GIB
+    from rollway.coordinator.plan.host import available_memory, gpu_present, services_started_here
+    from rollway.coordinator.plan.memory import default_micro_batch, plan_memory
+    from rollway.coordinator.plan.shape import ModelShapeError
+    from rollway.coordinator.plan.text import memory_text
 
     options, argv = parse_launcher_options(argv)
     given: dict = {}
@@ -365,19 +371,19 @@ def plan_main(argv: list[str]) -> int:
     print(plan(configs))
     if configs["coordinator"].launcher == "ray":
         from rollway.common.supervision.ray_cluster import read_cluster
-        from rollway.coordinator.plan_text import ray_placement_text
+        from rollway.coordinator.plan.text import ray_placement_text
 
         nodes, source = read_cluster(configs["coordinator"].ray_address)
         print(ray_placement_text(configs, nodes, source))
-    started = memory_plan.services_started_here(configs) or ["dataloader", "rollout", "trainer"]
-    budget = int(options.memory_budget * memory_plan.GIB) or memory_plan.available_memory()
+    started = services_started_here(configs) or ["dataloader", "rollout", "trainer"]
+    budget = int(options.memory_budget * GIB) or available_memory()
     try:
-        found = memory_plan.plan_memory(configs, budget, started, memory_plan.gpu_present())
+        found = plan_memory(configs, budget, started, gpu_present())
     except ModelShapeError as exc:
         print(f"memory plan: not available: {exc}")
         return 0
-    print(memory_plan.memory_text(found))
-    chosen = memory_plan.default_micro_batch(found, configs, given)
+    print(memory_text(found))
+    chosen = default_micro_batch(found, configs, given)
     if chosen:
         print(f"  max_tokens_per_gpu is unset: rollway run lowers it to {chosen}, the largest that fits")
     return 0

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 
 from rollway.common.log import get_logger
-from rollway.coordinator.memory_plan import available_memory
+from rollway.coordinator.plan.host import available_memory
 from rollway.coordinator.tinker.base_rollouts import BaseRollout
 from rollway.coordinator.tinker.callers import caller, owns
 from rollway.coordinator.tinker.checkpoints import CheckpointStore, SavedCheckpoint, TenantSpec, expiry

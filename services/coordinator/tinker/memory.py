@@ -2,7 +2,7 @@
 a model that would not fit instead of letting a trainer die loading it), and how many positions it
 takes (a longer datum is refused before it reaches the trainer).
 
-A trainer's memory is the run planner's (memory_plan.trainer_rank_memory, calibrated against
+A trainer's memory is the run planner's (plan.memory.trainer_rank_memory, calibrated against
 measured peaks): the gateway's trainer is one rank, with the trainer's default micro-batch token
 budget, so it refuses no model that `rollway run` would accept with those settings. LoRA models of
 one base share a trainer: the base is counted once, each model adds its adapters (weights,
@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rollway.coordinator.memory_plan import lora_params, trainer_rank_memory
-from rollway.coordinator.model_shape import read_model_shape
+from rollway.coordinator.plan.memory import lora_params, trainer_rank_memory
+from rollway.coordinator.plan.shape import read_model_shape
 from rollway.trainer.config import TrainerConfig
 
 ADAPTER_COPIES = 5  # fp32: weights, gradients, AdamW's two moments, the copy kept while swapped out

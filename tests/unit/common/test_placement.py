@@ -189,7 +189,7 @@ def test_layout_text_says_where_and_which_loss_the_run_does_not_survive():
 def test_plan_text_without_a_cluster_lists_the_actors_and_says_where_they_go_is_unknown():
     from pathlib import Path
 
-    from rollway.coordinator.plan_text import ray_placement_text
+    from rollway.coordinator.plan.text import ray_placement_text
     from rollway.deploy.launcher import parse_run_config
 
     example = Path(__file__).resolve().parents[3] / "deploy" / "ray" / "grpo-8gpu.yaml"

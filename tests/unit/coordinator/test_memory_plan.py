@@ -1,4 +1,4 @@
-"""The memory model (coordinator/memory_plan.py): parameters counted from config.json as
+"""The memory model (coordinator/plan/memory.py): parameters counted from config.json as
 transformers builds the model, components that scale as the settings say, and the refusal."""
 
 from __future__ import annotations
@@ -8,9 +8,24 @@ from dataclasses import replace
 
 import pytest
 
-from rollway.coordinator import memory_plan
-from rollway.coordinator.memory_plan import GIB, plan_memory
-from rollway.coordinator.model_shape import ModelShapeError, model_shape, read_model_shape
+from rollway.coordinator.plan.batch import step_micro_batch
+from rollway.coordinator.plan.coefficients import (
+    GIB,
+    LORA_ACTIVATION_FACTOR,
+    LORA_FROZEN_STEP_BYTES,
+    STEP_TRANSIENT_BYTES,
+)
+from rollway.coordinator.plan.host import services_started_here
+from rollway.coordinator.plan.memory import (
+    activation_bytes_per_token,
+    layer_elements_per_token,
+    load_peak_bytes,
+    plan_memory,
+    rollout_memory,
+    trainer_rank_memory,
+)
+from rollway.coordinator.plan.shape import ModelShapeError, model_shape, read_model_shape
+from rollway.coordinator.plan.text import memory_text, refusal
 from rollway.deploy.launcher import memory_allows, parse_launcher_options, parse_run_config
 
 QWEN3_06B = dict(
@@ -126,7 +141,7 @@ def _configs(model_dir, *flags: str) -> dict:
 def _trainer(model_dir, *flags: str, tokens: int = 1024) -> dict[str, int]:
     configs = _configs(model_dir, *flags)
     shape = read_model_shape(str(model_dir))
-    return memory_plan.trainer_rank_memory(shape, configs["trainer"], tokens, on_gpu=False).components
+    return trainer_rank_memory(shape, configs["trainer"], tokens, on_gpu=False).components
 
 
 def _part(components: dict[str, int], prefix: str) -> int:
@@ -141,16 +156,12 @@ def test_full_fine_tuning_in_fp32_keeps_16_bytes_per_parameter(qwen_dir):
 
 
 def test_bf16_halves_the_logits_and_layer_activations_and_adds_a_gathered_copy(qwen_dir):
-    fp32 = memory_plan.activation_bytes_per_token(model_shape(QWEN3_06B), "float32", False, False)
-    bf16 = memory_plan.activation_bytes_per_token(model_shape(QWEN3_06B), "bfloat16", False, False)
+    fp32 = activation_bytes_per_token(model_shape(QWEN3_06B), "float32", False, False)
+    bf16 = activation_bytes_per_token(model_shape(QWEN3_06B), "bfloat16", False, False)
     assert bf16 < fp32 and bf16 > fp32 / 2  # the fp32 log-softmax stays fp32
     shape = model_shape(QWEN3_06B)
-    rollout_fp32 = memory_plan.rollout_memory(
-        shape, _configs(qwen_dir, "--dtype", "float32")["rollout"], 8, 256, False
-    )
-    rollout_bf16 = memory_plan.rollout_memory(
-        shape, _configs(qwen_dir, "--dtype", "bfloat16")["rollout"], 8, 256, False
-    )
+    rollout_fp32 = rollout_memory(shape, _configs(qwen_dir, "--dtype", "float32")["rollout"], 8, 256, False)
+    rollout_bf16 = rollout_memory(shape, _configs(qwen_dir, "--dtype", "bfloat16")["rollout"], 8, 256, False)
     assert (
         2 * rollout_bf16.components["engine weights (bfloat16)"]
         == rollout_fp32.components["engine weights (float32)"]
@@ -178,7 +189,7 @@ def test_checkpointing_and_tiled_mlp_shrink_activations(qwen_dir):
     # cost 14 bytes per vocabulary entry in fp32 (logits, log-softmax, gradient, and what backward
     # measured beyond them)
     logits = shape.vocab_size * 14
-    assert memory_plan.activation_bytes_per_token(shape, "float32", True, False) == 28 * 1024 * 4 + logits
+    assert activation_bytes_per_token(shape, "float32", True, False) == 28 * 1024 * 4 + logits
 
 
 def test_the_reference_model_counts_only_when_it_is_built(qwen_dir):
@@ -193,7 +204,7 @@ def test_activations_match_the_issue_measurement_within_15_percent():
     """Issue #26: the 12-layer cut in fp32 kept ~2.8 MiB of activations per token (2.94 in the
     bench's slope from 512 to 1024 tokens; its samples are 3/4 response, the logits' targets)."""
     shape = model_shape({**QWEN3_06B, "num_hidden_layers": 12})
-    per_token = memory_plan.activation_bytes_per_token(shape, "float32", False, False, target_fraction=0.75)
+    per_token = activation_bytes_per_token(shape, "float32", False, False, target_fraction=0.75)
     assert abs(per_token / (2.8 * 1024**2) - 1) < 0.15
 
 
@@ -202,9 +213,9 @@ def test_layers_count_q_and_kv_at_their_own_widths():
     as hidden and its k and v a third of it: the same formula gives each its own count."""
     qwen3, smollm2 = model_shape(QWEN3_06B), model_shape(SMOLLM2_135M)
     h, q, kv, i = 1024, 2048, 1024, 3072
-    assert memory_plan.layer_elements_per_token(qwen3) == 7 * h + 3 * q + 2 * kv + 2 * (q + kv) + 4 * i
+    assert layer_elements_per_token(qwen3) == 7 * h + 3 * q + 2 * kv + 2 * (q + kv) + 4 * i
     h, q, kv, i = 576, 576, 192, 1536
-    assert memory_plan.layer_elements_per_token(smollm2) == 7 * h + 3 * q + 2 * kv + 4 * i
+    assert layer_elements_per_token(smollm2) == 7 * h + 3 * q + 2 * kv + 4 * i
 
 
 def test_logits_count_only_at_target_positions(tmp_path):
@@ -212,8 +223,8 @@ def test_logits_count_only_at_target_positions(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(SMOLLM2_135M))
     configs = _configs(tmp_path, "--dtype", "float32")
     shape = model_shape(SMOLLM2_135M)
-    all_targets = memory_plan.trainer_rank_memory(shape, configs["trainer"], 4096, False)
-    responses = memory_plan.trainer_rank_memory(shape, configs["trainer"], 4096, False, targets=1024)
+    all_targets = trainer_rank_memory(shape, configs["trainer"], 4096, False)
+    responses = trainer_rank_memory(shape, configs["trainer"], 4096, False, targets=1024)
     assert all_targets.peak - responses.peak == 3072 * 49152 * 14
 
 
@@ -225,13 +236,13 @@ def test_rl_targets_are_the_responses_with_a_groups_prompt_once(tmp_path):
     configs["coordinator"].global_batch_size = 64
     # 8 groups: 8 prompts of 64 tokens once each, 64 responses of 32 -> 2560 row tokens, 2048 targets;
     # the 4096-token budget is never filled by a step's samples: the plan counts the 2560
-    assert memory_plan.step_micro_batch(configs) == (2560, 2048)
+    assert step_micro_batch(configs) == (2560, 2048)
     configs["trainer"].max_tokens_per_gpu = 1024  # a budget below the step's share: full micro-batches
-    assert memory_plan.step_micro_batch(configs) == (1024, 1024 * 2048 // 2560)
-    plan = memory_plan.plan_memory(configs, 64 << 30, ["trainer"])
+    assert step_micro_batch(configs) == (1024, 1024 * 2048 // 2560)
+    plan = plan_memory(configs, 64 << 30, ["trainer"])
     assert plan.step_tokens == 2560 and plan.max_tokens == 2560  # any budget fits: a step's share is the most
     configs["trainer"].max_tokens_per_gpu = 4096
-    text = memory_plan.memory_text(memory_plan.plan_memory(configs, 64 << 30, ["trainer"]))
+    text = memory_text(plan_memory(configs, 64 << 30, ["trainer"]))
     assert "a step's samples fill at most 2560 tokens per rank" in text, text
 
 
@@ -302,7 +313,7 @@ def test_a_run_that_does_not_fit_is_refused_with_the_numbers(qwen_dir, capsys):
     options, _ = parse_launcher_options(["--memory-budget", "40"])
     assert not memory_allows(configs, options)
     err = capsys.readouterr().err
-    plan = plan_memory(configs, 40 * GIB, memory_plan.services_started_here(configs))
+    plan = plan_memory(configs, 40 * GIB, services_started_here(configs))
     assert f"needs {plan.total / GIB:.2f} GiB" in err and "36.00 GiB usable" in err
     assert 0 < plan.max_tokens < 8192
     for advice in (
@@ -314,7 +325,7 @@ def test_a_run_that_does_not_fit_is_refused_with_the_numbers(qwen_dir, capsys):
     # bf16 on this CPU is ~18x slower per step (docs/performance.md): not advised without a GPU
     assert "--dtype bfloat16" not in err
     fp32 = _configs(qwen_dir, "--max-tokens-per-gpu", "8192", "--dtype", "float32")
-    assert "--dtype bfloat16" in memory_plan.refusal(replace(plan, on_gpu=True), fp32)
+    assert "--dtype bfloat16" in refusal(replace(plan, on_gpu=True), fp32)
     options, _ = parse_launcher_options(["--memory-budget", "40", "--ignore-memory-plan"])
     assert memory_allows(configs, options)
     assert "(ignored)" in capsys.readouterr().err
@@ -328,9 +339,9 @@ def test_the_tiny_model_fits_a_small_machine(tmp_path):
     cfg = Qwen3Config(**PRESETS["tiny"], vocab_size=400, tie_word_embeddings=True)
     (tmp_path / "config.json").write_text(cfg.to_json_string())
     configs = _configs(tmp_path, "--world-size", "2")
-    plan = plan_memory(configs, 4 * GIB, memory_plan.services_started_here(configs))
+    plan = plan_memory(configs, 4 * GIB, services_started_here(configs))
     assert plan.fits  # 4 GiB: the e2e tests run the tiny model on small machines
-    assert "trainer rank x 2" in memory_plan.memory_text(plan)
+    assert "trainer rank x 2" in memory_text(plan)
 
 
 def test_rollway_plan_prints_the_table_or_why_it_has_none(qwen_dir, tmp_path, capsys):
@@ -375,22 +386,22 @@ def test_an_unset_micro_batch_budget_is_lowered_to_what_fits(qwen_dir, capsys):
 
 def test_step_transients_follow_what_trains(qwen_dir):
     full, lora = _trainer(qwen_dir), _trainer(qwen_dir, "--lora-rank", "16")
-    assert _part(full, "step transients") == memory_plan.STEP_TRANSIENT_BYTES * 596_049_920
+    assert _part(full, "step transients") == STEP_TRANSIENT_BYTES * 596_049_920
     adapters = _lora_adapters()
-    assert _part(lora, "step transients") == memory_plan.STEP_TRANSIENT_BYTES * adapters + int(
-        memory_plan.LORA_FROZEN_STEP_BYTES * 596_049_920
+    assert _part(lora, "step transients") == STEP_TRANSIENT_BYTES * adapters + int(
+        LORA_FROZEN_STEP_BYTES * 596_049_920
     )
     assert _part(lora, "step transients") < _part(full, "step transients") / 5
     # LoRA's adapter path keeps more per token than the full model's formula (measured, fitted)
-    assert _part(lora, "activations") == memory_plan.LORA_ACTIVATION_FACTOR * _part(full, "activations")
+    assert _part(lora, "activations") == LORA_ACTIVATION_FACTOR * _part(full, "activations")
 
 
 def test_a_lora_rank_peaks_at_load_when_the_two_copies_outweigh_the_step(qwen_dir):
     """Rank 0 holds the checkpoint's fp32 state dict beside its shard: 8 bytes a parameter."""
-    lora = memory_plan.trainer_rank_memory(
+    lora = trainer_rank_memory(
         read_model_shape(str(qwen_dir)), _configs(qwen_dir, "--lora-rank", "16")["trainer"], 16, False
     )
-    assert lora.peak == memory_plan.load_peak_bytes(596_049_920 + _lora_adapters(), 1)
+    assert lora.peak == load_peak_bytes(596_049_920 + _lora_adapters(), 1)
     assert _part(_trainer(qwen_dir, tokens=1024), "model load") == 0  # full fine-tuning: the step
 
 
@@ -401,12 +412,12 @@ def _lora_adapters() -> int:
 def test_async_save_counts_a_staged_copy_of_the_weights_and_adamw_state(qwen_dir):
     configs = _configs(qwen_dir, "--dtype", "float32")
     shape = read_model_shape(str(qwen_dir))
-    plain = memory_plan.trainer_rank_memory(shape, configs["trainer"], 1024, on_gpu=False)
-    staged = memory_plan.trainer_rank_memory(shape, configs["trainer"], 1024, on_gpu=False, async_save=True)
+    plain = trainer_rank_memory(shape, configs["trainer"], 1024, on_gpu=False)
+    staged = trainer_rank_memory(shape, configs["trainer"], 1024, on_gpu=False, async_save=True)
     assert staged.peak - plain.peak == _part(staged.components, "async_save") == 12 * 596_049_920
     lora = _configs(qwen_dir, "--lora-rank", "16")["trainer"]
     adapters = 28 * 16 * (2 * (1024 + 2048) + 2 * (1024 + 1024) + 3 * (1024 + 3072))
-    lora_staged = memory_plan.trainer_rank_memory(shape, lora, 1024, on_gpu=False, async_save=True)
+    lora_staged = trainer_rank_memory(shape, lora, 1024, on_gpu=False, async_save=True)
     assert _part(lora_staged.components, "async_save") == 4 * (596_049_920 + adapters) + 8 * adapters
     # The run's flag reaches the plan, and the largest micro-batch that fits shrinks with it.
     flagged = _configs(qwen_dir, "--dtype", "float32", "--async-save")
@@ -424,8 +435,8 @@ def test_a_checkpoint_stored_in_another_dtype_counts_its_pages_at_load(qwen_dir)
     """bf16 on disk read into an fp32 engine: the file's pages sit beside the fp32 weights."""
     shape = read_model_shape(str(qwen_dir))
     rollout = _configs(qwen_dir, "--dtype", "float32")["rollout"]
-    same = memory_plan.rollout_memory(replace(shape, stored_dtype="float32"), rollout, 8, 128, False)
-    other = memory_plan.rollout_memory(replace(shape, stored_dtype="bfloat16"), rollout, 8, 128, False)
+    same = rollout_memory(replace(shape, stored_dtype="float32"), rollout, 8, 128, False)
+    other = rollout_memory(replace(shape, stored_dtype="bfloat16"), rollout, 8, 128, False)
     kv = _part(other.components, "KV cache")
     assert _part(same.components, "load") == 0
     assert _part(other.components, "load") == 2 * 596_049_920 - kv > 0

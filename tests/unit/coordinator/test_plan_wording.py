@@ -63,14 +63,14 @@ def test_an_sft_run_lists_no_rollout_engine_threads(run_files, capsys):
 def test_the_sglang_gpu_note_only_where_a_gpu_is_here(run_files, capsys):
     """On this CPU machine the plan of an sglang run says nothing of a GPU (#37); on a GPU
     machine it names sglang_mem_fraction_static."""
-    from rollway.coordinator import memory_plan
+    from rollway.coordinator.plan.memory import plan_memory
 
     out = _plan(capsys, [*run_files, "--rollout-engine", "sglang"])[""]
     assert "KV pool" in out or "sglang server" in out, out
     assert "of its GPU" not in out
     configs = parse_run_config([*run_files[:4], "--rollout-engine", "sglang"])
     for on_gpu in (False, True):
-        notes = memory_plan.plan_memory(configs, 8 << 30, ["rollout"], on_gpu=on_gpu).notes
+        notes = plan_memory(configs, 8 << 30, ["rollout"], on_gpu=on_gpu).notes
         gpu_note = "sglang takes sglang_mem_fraction_static 0.8 of its GPU"
         assert (gpu_note in notes) == on_gpu, (on_gpu, notes)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rollway.common.model_load_log import checkpoint_bytes, logged_model_load
-from rollway.coordinator import memory_plan
+from rollway.coordinator.plan.host import gpu_present
 from rollway.coordinator.startup_report import loading_line, model_size, timed_line
 from rollway.deploy.launcher import parse_run_config, warn_no_op_settings
 
@@ -88,7 +88,7 @@ def test_fsdp_cpu_offload_on_a_cpu_only_machine_is_said_to_do_nothing(qwen_dir, 
     flags = ["--hf-checkpoint", str(qwen_dir), "--prompt-data", "train.jsonl"]
     warn_no_op_settings(parse_run_config([*flags, "--fsdp-cpu-offload"]))
     err = capsys.readouterr().err
-    if memory_plan.gpu_present():  # with a GPU it does what it says
+    if gpu_present():  # with a GPU it does what it says
         assert err == ""
     else:
         assert "warning: fsdp_cpu_offload does nothing on CPU" in err

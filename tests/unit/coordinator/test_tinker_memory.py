@@ -8,8 +8,8 @@ from __future__ import annotations
 import transformers
 from peft import LoraConfig, inject_adapter_in_model
 
-from rollway.coordinator.memory_plan import trainer_rank_memory
-from rollway.coordinator.model_shape import read_model_shape
+from rollway.coordinator.plan.memory import trainer_rank_memory
+from rollway.coordinator.plan.shape import read_model_shape
 from rollway.coordinator.tinker.memory import adapter_bytes, trainer_bytes
 from rollway.trainer.config import TrainerConfig
 

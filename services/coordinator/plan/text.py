@@ -1,15 +1,18 @@
 """`rollway plan`'s text and ValidateRun's plan: the batch arithmetic of a run, its micro-batches,
-CPU threads and how its number of steps is settled (run_plan.py); with launcher ray, its actors and
-where they would go on the cluster (common/supervision/placement.py, cluster_layout.py)."""
+CPU threads and how its number of steps is settled (steps.py); with launcher ray, its actors and
+where they would go on the cluster (common/supervision/placement.py, cluster_layout.py); the memory
+plan's table, and why a run that does not fit is refused."""
 
 from __future__ import annotations
 
-from rollway.coordinator import run_plan
+from rollway.coordinator.plan import steps
+from rollway.coordinator.plan.coefficients import GIB
+from rollway.coordinator.plan.memory import MemoryPlan, ServiceMemory
 
 
 def plan(configs: dict[str, object], end_of_data: str = "") -> str:
     """The batch arithmetic of a run, as text; `end_of_data` says how its steps were settled
-    (run_plan.py: num_rollout wins and the data loops, or num_epoch epochs of the data's rows)."""
+    (steps.py: num_rollout wins and the data loops, or num_epoch epochs of the data's rows)."""
     c, t = configs["coordinator"], configs["trainer"]
     samples = c.samples_per_rollout
     steps_per_rollout = samples // c.global_batch_size
@@ -37,14 +40,14 @@ def plan(configs: dict[str, object], end_of_data: str = "") -> str:
 def _epoch_steps(configs: dict[str, object]) -> int | None:
     """Steps of a num_rollout 0 run: num_epoch epochs of the data, where it is readable here."""
     c, d = configs["coordinator"], configs["dataloader"]
-    return run_plan.num_steps(0, d.num_epoch, c.rollout_batch_size, run_plan.check_data(d).num_rows)
+    return steps.num_steps(0, d.num_epoch, c.rollout_batch_size, steps.check_data(d).num_rows)
 
 
 def _end_of_data(configs: dict[str, object]) -> str:
-    """How a run's number of steps is settled (run_plan.py), from the data where readable here."""
+    """How a run's number of steps is settled (steps.py), from the data where readable here."""
     c, d = configs["coordinator"], configs["dataloader"]
-    num_rows = run_plan.check_data(d).num_rows
-    return run_plan.end_of_data_text(c.num_rollout, d.num_epoch, c.rollout_batch_size, num_rows)
+    num_rows = steps.check_data(d).num_rows
+    return steps.end_of_data_text(c.num_rollout, d.num_epoch, c.rollout_batch_size, num_rows)
 
 
 def cpu_threads_line(configs: dict[str, object]) -> str:
@@ -135,3 +138,57 @@ def ray_placement_text(configs: dict[str, object], nodes: list | None, source: s
             f"each needs on a cluster with GPUs only, not where they would go\n{placement.describe(specs)}"
         )
     return f"Ray cluster: {source}\n" + cluster_layout.layout_text(specs, settings.strategy, nodes)
+
+
+def memory_text(plan: MemoryPlan) -> str:
+    """`rollway plan`'s memory table: each service's components in GiB, the total and the budget."""
+    lines = ["memory (predicted peak, GiB)"]
+    for s in plan.services:
+        count = f" x {s.count}" if s.count > 1 else ""
+        lines.append(f"  {s.name}{count}: {s.peak / GIB:.2f}")
+        lines.extend(f"    {name:<44} {size / GIB:8.2f}" for name, size in s.components.items())
+    verdict = "fits" if plan.fits else "DOES NOT FIT"
+    lines.append(f"  total {plan.total / GIB:.2f} of {plan.budget / GIB:.2f} usable: {verdict}")
+    if plan.max_tokens is not None:
+        lines.append(
+            f"  largest micro-batch that fits: {plan.max_tokens} tokens per rank "
+            f"(the plan's micro-batch: {plan.tokens} tokens)"
+        )
+        if plan.step_tokens is not None and plan.step_tokens < plan.tokens:
+            lines.append(
+                f"  a step's samples fill at most {plan.step_tokens} tokens per rank: the plan counts "
+                "those, a larger budget holds no more"
+            )
+    lines.extend(f"  note: {n}" for n in plan.notes)
+    return "\n".join(lines)
+
+
+def refusal(plan: MemoryPlan, configs: dict[str, object]) -> str:
+    """Why a run that does not fit is refused: the numbers, and what would make it fit."""
+    t = configs["trainer"]
+    biggest = max(plan.services, key=lambda s: s.peak * s.count)
+    advice = []
+    if plan.max_tokens is not None and 0 < plan.max_tokens < plan.tokens:
+        advice.append(f"--max-tokens-per-gpu {plan.max_tokens}")
+    rollout = next((s for s in plan.services if s.name == "rollout"), None)
+    if rollout and _part(rollout, "KV cache") > _part(rollout, "engine weights"):
+        advice.append("a smaller --max-running-requests or rollout_max_prompt_len")
+    if not t.gradient_checkpointing:
+        advice.append("--gradient-checkpointing")
+    if not t.lora_rank:
+        advice.append("LoRA (--lora-rank 16)")
+    # bf16 halves the weights everywhere, but on a CPU without native bf16 a step is ~18x slower
+    # (docs/performance.md, the bf16 study): worth suggesting only where a GPU trains.
+    if plan.on_gpu and t.dtype == "float32":
+        advice.append("--dtype bfloat16")
+    advice.append("--ignore-memory-plan to run anyway")
+    return (
+        f"the run needs {plan.total / GIB:.2f} GiB by the memory plan, {plan.budget / GIB:.2f} GiB usable here "
+        f"(the largest part: {biggest.name} {biggest.peak / GIB:.2f} GiB"
+        + (", even without activations)" if plan.max_tokens == 0 else ")")
+        + f"; try {', '.join(advice)}"
+    )
+
+
+def _part(service: ServiceMemory, prefix: str) -> int:
+    return sum(v for k, v in service.components.items() if k.startswith(prefix))

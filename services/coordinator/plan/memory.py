@@ -1,139 +1,58 @@
 """The memory a run will need, predicted before it starts, from the model's config.json (never its
 weights) and the run's settings: per service and trainer rank, the expected peak by component.
 
-    config.json -> ModelShape (model_shape.py: parameters counted from the decoder's shapes)
+    config.json -> ModelShape (shape.py: parameters counted from the decoder's shapes)
     run settings -> trainer rank: weights, grads, AdamW, reference, activations(tokens)
                     rollout:      engine weights, KV cache
                     every process: a fixed runtime overhead
 
-Every coefficient is a named constant below with where it comes from: calibrating the model
-against measured peaks (issue #26) edits the constants, not the formulas. No torch here, so
+Every coefficient is a named constant in coefficients.py with where it comes from: calibrating
+the model against measured peaks (issue #26) edits those, not the formulas. No torch here, so
 `rollway plan` and `rollway run`'s check stay instant.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from rollway.coordinator.config import EVAL_PAGES_IN_FLIGHT
-from rollway.coordinator.model_shape import ModelShape, read_model_shape
-
-GIB = 1024**3
-
-# --- coefficients (bytes, or elements per token) ---------------------------------------------
-# Trainer parameters are fp32 masters whatever --dtype is (trainer/sharding.py: MixedPrecisionPolicy
-# casts them for compute), and so are their gradients (reduce_dtype float32).
-MASTER_BYTES = 4
-GRAD_BYTES = 4
-# torch.optim.AdamW keeps exp_avg and exp_avg_sq, each like its fp32 parameter (trainer/optimizer.py).
-ADAMW_STATES = 2
-# The reference model is loaded fp32 (trainer/reference.py -> model_loading.load_model), frozen.
-REFERENCE_BYTES = 4
-# Activations kept for backward, per token and decoder layer, without gradient checkpointing, in
-# elements of the compute dtype. Counted tensor by tensor (autograd's saved tensors of the trainer's
-# forward, one- and three-layer Qwen3, Llama and Gemma models, 2026-11-28): the MLP keeps 4
-# intermediate-sized tensors (gate, up, act(gate), act*up); the attention keeps q after RoPE, the
-# attention output and o_proj's input (3 of the q width, heads x head_dim, which is 2x hidden in
-# Qwen3-0.6B but 1x in SmolLM2) and k and v (2 of the KV width); Qwen3's per-head q/k RMSNorm keeps
-# its input and output of each (2 more of each width); the rest are hidden-sized (the two RMSNorms'
-# inputs and outputs, the residual adds). Counting q and KV at their own widths is what carries
-# the formula from Qwen3 (q wider than hidden) to Llama and Gemma shapes: the old count, 10 hidden
-# + 4 intermediate, fitted on Qwen3 alone, put Qwen3's attention widths into "hidden".
-ACTIVATION_HIDDEN_TENSORS = 7
-ACTIVATION_Q_TENSORS = 3
-ACTIVATION_KV_TENSORS = 2
-ACTIVATION_QK_NORM_TENSORS = 2  # of each of q and k, where the model normalises them (Qwen3)
-ACTIVATION_INTERMEDIATE_TENSORS = 4
-# With gradient checkpointing a layer keeps only its input (one hidden-sized tensor); one layer's
-# full activations exist again while it is recomputed in backward.
-CHECKPOINTED_HIDDEN_TENSORS = 1
-# TiledMLP (trainer/tiled_mlp.py, as ALST) keeps only the MLP's input; its intermediates exist for
-# one tile at a time, recomputed in backward.
-TILED_MLP_HIDDEN_TENSORS = 1
-# The logits term, per target position (the trainer computes logits only where a response token
-# is predicted: micro_batch.py's logit_columns, so prompts cost no logits) and vocabulary entry:
-# the logits in the compute dtype and their fp32 log-softmax, kept for backward
-# (trainer/log_probs.py: chunked, but every chunk's output is kept), then in backward the logits'
-# gradient in the compute dtype: 2 x dtype + 4 bytes. LOGITS_EXTRA_BYTES is what the peaks measured
-# beyond that: backward's gather and log-softmax gradients ([chunk, vocab] each, fp32) overlap that
-# for part of the step (a one-layer model's forward+backward peaked 8 bytes per entry above its
-# forward's, 2026-11-28). 2 is the fit over the 21 fp32 rows of Qwen3, SmolLM2 and the Gemma-like
-# shape (bench memory_plan, 2026-11-28: 14 bytes in all; 12 left SmolLM2 at 4096 tokens -8%, 16
-# put the Gemma-like shape, a 256,000-entry vocabulary, +18% at 1024 tokens).
-LOGITS_DTYPE_COPIES = 2
-LOGITS_FP32_BYTES = 4
-LOGITS_EXTRA_BYTES = 2
-# Measured beyond weights + gradients + AdamW per trainable parameter at the step's peak: the
-# fused AdamW and foreach clip_grad_norm_ passes, FSDP's gradient copy, and the free blocks malloc
-# keeps (peak RSS counts them). Fitted (bench memory_plan, 2026-11-26) as the intercept of the peak
-# at two token counts, less 16 bytes per parameter and the runtime: 6.3 bytes on the 12-layer
-# Qwen3-0.6B cut (512 and 1024 tokens), 7.8 on the small preset (512 and 2048); refitted
-# (2026-11-28) with the wider Qwen3 layer count and the targets-only logits above, on the Qwen3,
-# SmolLM2 and Gemma-like rows together: 6 (7 put the 28-layer cut +10%).
-STEP_TRANSIENT_BYTES = 6
-# The same with bf16 compute (fp32 masters): 3.2 bytes less per parameter on the 12-layer cut and
-# 3.4 on the 28-layer one (full fine-tuning, 64 tokens, bench memory_plan 2026-11-26).
-STEP_TRANSIENT_BYTES_BF16 = 4
-# LoRA, fitted (bench memory_plan, 2026-11-26 and 2026-11-28) on the 12- and 28-layer Qwen3-0.6B
-# cuts, SmolLM2 and the Gemma-like shape, with and without gradient checkpointing (rank 16 on every
-# linear, 512-2048 tokens): the step's peak is LORA_ACTIVATION_FACTOR x the activations (layers and
-# logits) the formulas above give for full fine-tuning, LORA_CHECKPOINTED_FACTOR x with gradient
-# checkpointing, plus LORA_FROZEN_STEP_BYTES per frozen parameter. SmolLM2 with checkpointing grew
-# 1.55 GiB from 1024 to 2048 tokens, 2.3x the formula's slope: the cause is measured, not
-# established (peft's adapter path - A, B, the scaled add - keeps its own tensors per adapted
-# linear, and under checkpointing they are recomputed beside the logits' gradients).
-LORA_ACTIVATION_FACTOR = 1.75
-LORA_CHECKPOINTED_FACTOR = 2.5
-LORA_FROZEN_STEP_BYTES = 0.7
-# At load rank 0 holds the checkpoint's full fp32 state dict while its shards are filled.
-LOAD_FULL_COPY_BYTES = 4
-# async_save (trainer/async_save.py) copies each rank's model and optimizer state dicts before
-# writing them in the background, and the copy lives through the next step: every fp32 weight and
-# the AdamW state of the trainable ones once more (checkpoint.stage clones every tensor).
-ASYNC_SAVE_STAGED_COPIES = 1
-# Memory of a process before any model: Python, torch, transformers, gRPC (measured on this project's
-# services at start-up, ~0.5 GiB RSS for a torch service, ~0.3 GiB for the dataloader with its
-# tokenizer and the coordinator): a round guess until calibrated.
-TORCH_PROCESS_OVERHEAD = int(0.5 * GIB)
-# The trainer service's, measured: peak RSS 0.44 GiB training the ~1M tiny preset (512 tokens),
-# 0.38 GiB after loading it (bench memory_plan, 2026-11-26).
-TRAINER_PROCESS_OVERHEAD = int(0.4 * GIB)
-LIGHT_PROCESS_OVERHEAD = int(0.3 * GIB)
-# The rollout service (hf engine), measured (bench memory_plan's rollout rows, 2026-11-26): 0.38 GiB
-# with the tiny preset loaded and generating.
-ROLLOUT_PROCESS_OVERHEAD = int(0.38 * GIB)
-# A real SGLang CPU server (0.5.23, the CPU route: deploy/sglang-cpu) is three processes - the
-# launcher with its tokenizer, the scheduler that holds the model and the KV pool, the
-# detokenizer - each with Python, torch and SGLang imported: their summed peak RSS less the
-# model's weights and the KV pool (--max-total-tokens x the KV bytes of a token): 1.95 GiB with the
-# ~1M tiny preset (bench memory_plan's sglang rows, 2026-11-28). The servers peak while the model
-# loads (SmolLM2's 3.10 GiB was reached before the first request): the checkpoint's mapped pages
-# are resident beside the loaded weights then, one more copy of the weights at most
-# (SGLANG_LOAD_COPIES; SmolLM2's row is then +6.6%).
-SGLANG_CPU_RUNTIME = int(1.95 * GIB)
-SGLANG_LOAD_COPIES = 1
-# The hf engine prefills the prompts it admits together in forwards of at most this many tokens
-# (rollout/engines/hf_batcher.py MAX_PREFILL_TOKENS): an eval set of 200 64-token prompts is one
-# 12,800-token forward. Inference keeps one layer's tensors at a time: the MLP's gate, up,
-# act(gate) and product (intermediate-sized), the norm output and the residual (hidden), q, k and
-# v. SmolLM2's eval row peaked 0.62 GiB above weights + KV + runtime, the Gemma-like one 1.15
-# (bench memory_plan, 2026-11-28); this term and the sampling one below explain both within 10%.
-PREFILL_FORWARD_TOKENS = 16384
-PREFILL_INTERMEDIATE_TENSORS = 4
-PREFILL_HIDDEN_TENSORS = 2
-# Sampling a token for each running sample (rollout/sampling.py): the model's last-position
-# logits and their fp32 copies - scaled by the temperature, the log-softmax, and for sampled rows
-# the probabilities and their CDF - [running, vocabulary] each: 16 bytes per entry (4 copies).
-SAMPLING_BYTES_PER_ENTRY = 16
-# The rollout's KV cache when neither rollout_max_context_len nor rollout_max_prompt_len bounds a
-# sample: this many prompt tokens are assumed before the response (the plan says so).
-ASSUMED_PROMPT_TOKENS = 512
-# Fraction of the budget the plan lets a run use: the kernel, page cache and allocator slack need
-# the rest.
-USABLE_FRACTION = 0.9
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+from rollway.coordinator.plan.batch import micro_batch_tokens, step_micro_batch, step_share
+from rollway.coordinator.plan.coefficients import (
+    ACTIVATION_HIDDEN_TENSORS,
+    ACTIVATION_INTERMEDIATE_TENSORS,
+    ACTIVATION_KV_TENSORS,
+    ACTIVATION_Q_TENSORS,
+    ACTIVATION_QK_NORM_TENSORS,
+    ADAMW_STATES,
+    ASSUMED_PROMPT_TOKENS,
+    ASYNC_SAVE_STAGED_COPIES,
+    CHECKPOINTED_HIDDEN_TENSORS,
+    DTYPE_BYTES,
+    GRAD_BYTES,
+    LIGHT_PROCESS_OVERHEAD,
+    LOAD_FULL_COPY_BYTES,
+    LOGITS_DTYPE_COPIES,
+    LOGITS_EXTRA_BYTES,
+    LOGITS_FP32_BYTES,
+    LORA_ACTIVATION_FACTOR,
+    LORA_CHECKPOINTED_FACTOR,
+    LORA_FROZEN_STEP_BYTES,
+    MASTER_BYTES,
+    PREFILL_FORWARD_TOKENS,
+    PREFILL_HIDDEN_TENSORS,
+    PREFILL_INTERMEDIATE_TENSORS,
+    REFERENCE_BYTES,
+    ROLLOUT_PROCESS_OVERHEAD,
+    SAMPLING_BYTES_PER_ENTRY,
+    SGLANG_CPU_RUNTIME,
+    SGLANG_LOAD_COPIES,
+    STEP_TRANSIENT_BYTES,
+    STEP_TRANSIENT_BYTES_BF16,
+    TILED_MLP_HIDDEN_TENSORS,
+    TRAINER_PROCESS_OVERHEAD,
+    USABLE_FRACTION,
+)
+from rollway.coordinator.plan.shape import ModelShape, read_model_shape
 
 
 def resolve_dtype(name: str, on_gpu: bool) -> str:
@@ -483,46 +402,6 @@ def eval_samples(coordinator, rollout) -> int:
     return min(prompts, in_flight) * coordinator.n_samples_per_eval_prompt
 
 
-def micro_batch_tokens(configs: dict[str, object]) -> int:
-    """The most tokens one micro-batch of a rank holds: the token budget (dynamic batching), or
-    its fixed number of samples times the longest sample the data settings allow."""
-    c, d, t = configs["coordinator"], configs["dataloader"], configs["trainer"]
-    if t.dynamic_batching:
-        return t.max_tokens_per_gpu
-    prompt = d.rollout_max_prompt_len or ASSUMED_PROMPT_TOKENS
-    longest = prompt if c.is_sft else prompt + c.rollout_max_response_len
-    return t.samples_per_micro_batch * longest
-
-
-def step_micro_batch(configs: dict[str, object]) -> tuple[int, int]:
-    """The tokens of a rank's largest micro-batch and its target positions (the tokens whose
-    logits are computed). SFT: the token budget, every token a target (an upper bound: the plan
-    knows neither the rows' lengths nor the share of assistant tokens). RL: the budget, but never
-    more than one optimizer step's samples can fill (step_share: micro-batches are cut from one
-    step's samples), with the responses' share of targets."""
-    budget = micro_batch_tokens(configs)
-    if configs["coordinator"].is_sft:
-        return budget, budget
-    row_tokens, targets = step_share(configs)
-    tokens = min(budget, row_tokens)
-    return tokens, tokens * targets // max(row_tokens, 1)
-
-
-def step_share(configs: dict[str, object]) -> tuple[int, int]:
-    """RL: the most tokens one optimizer step's samples put in a rank's rows, and their target
-    positions: in a row a group's shared prompt is once (trainer: shared prefixes, sdpa and eager),
-    and only the responses are targets. SmolLM2's GRPO at 4,096 tokens: 64 samples fill 2,816, and
-    counting the whole budget predicted 10.7 GiB where 6.7 was measured (#37)."""
-    c, d, t = configs["coordinator"], configs["dataloader"], configs["trainer"]
-    prompt = d.rollout_max_prompt_len or ASSUMED_PROMPT_TOKENS
-    response = c.rollout_max_response_len
-    samples = -(-c.global_batch_size // max(t.world_size, 1))
-    if t.attn_implementation in ("sdpa", "eager"):  # the trainer's SHARED_PREFIX_KERNELS
-        groups = -(-samples // max(c.n_samples_per_prompt, 1))
-        return groups * prompt + samples * response, samples * response
-    return samples * (prompt + response), samples * response
-
-
 def largest_micro_batch(
     shape: ModelShape, configs, services: list[ServiceMemory], usable: int, on_gpu: bool
 ) -> int:
@@ -550,89 +429,6 @@ def largest_micro_batch(
         else:
             high = mid - 1
     return best
-
-
-def available_memory() -> int:
-    """Bytes of memory this machine can give a run now (MemAvailable; Linux), or 0 if unknown."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
-def gpu_present() -> bool:
-    """A CUDA GPU on this machine, seen without importing torch (the NVIDIA driver's /proc entry)."""
-    gpus = Path("/proc/driver/nvidia/gpus")
-    return gpus.is_dir() and any(gpus.iterdir())
-
-
-def memory_text(plan: MemoryPlan) -> str:
-    """`rollway plan`'s memory table: each service's components in GiB, the total and the budget."""
-    lines = ["memory (predicted peak, GiB)"]
-    for s in plan.services:
-        count = f" x {s.count}" if s.count > 1 else ""
-        lines.append(f"  {s.name}{count}: {s.peak / GIB:.2f}")
-        lines.extend(f"    {name:<44} {size / GIB:8.2f}" for name, size in s.components.items())
-    verdict = "fits" if plan.fits else "DOES NOT FIT"
-    lines.append(f"  total {plan.total / GIB:.2f} of {plan.budget / GIB:.2f} usable: {verdict}")
-    if plan.max_tokens is not None:
-        lines.append(
-            f"  largest micro-batch that fits: {plan.max_tokens} tokens per rank "
-            f"(the plan's micro-batch: {plan.tokens} tokens)"
-        )
-        if plan.step_tokens is not None and plan.step_tokens < plan.tokens:
-            lines.append(
-                f"  a step's samples fill at most {plan.step_tokens} tokens per rank: the plan counts "
-                "those, a larger budget holds no more"
-            )
-    lines.extend(f"  note: {n}" for n in plan.notes)
-    return "\n".join(lines)
-
-
-def refusal(plan: MemoryPlan, configs: dict[str, object]) -> str:
-    """Why a run that does not fit is refused: the numbers, and what would make it fit."""
-    t = configs["trainer"]
-    biggest = max(plan.services, key=lambda s: s.peak * s.count)
-    advice = []
-    if plan.max_tokens is not None and 0 < plan.max_tokens < plan.tokens:
-        advice.append(f"--max-tokens-per-gpu {plan.max_tokens}")
-    rollout = next((s for s in plan.services if s.name == "rollout"), None)
-    if rollout and _part(rollout, "KV cache") > _part(rollout, "engine weights"):
-        advice.append("a smaller --max-running-requests or rollout_max_prompt_len")
-    if not t.gradient_checkpointing:
-        advice.append("--gradient-checkpointing")
-    if not t.lora_rank:
-        advice.append("LoRA (--lora-rank 16)")
-    # bf16 halves the weights everywhere, but on a CPU without native bf16 a step is ~18x slower
-    # (docs/performance.md, the bf16 study): worth suggesting only where a GPU trains.
-    if plan.on_gpu and t.dtype == "float32":
-        advice.append("--dtype bfloat16")
-    advice.append("--ignore-memory-plan to run anyway")
-    return (
-        f"the run needs {plan.total / GIB:.2f} GiB by the memory plan, {plan.budget / GIB:.2f} GiB usable here "
-        f"(the largest part: {biggest.name} {biggest.peak / GIB:.2f} GiB"
-        + (", even without activations)" if plan.max_tokens == 0 else ")")
-        + f"; try {', '.join(advice)}"
-    )
-
-
-def _part(service: ServiceMemory, prefix: str) -> int:
-    return sum(v for k, v in service.components.items() if k.startswith(prefix))
-
-
-def services_started_here(configs: dict[str, object]) -> list[str]:
-    """The services a local run starts on this machine: those it uses and gives no address for
-    (launcher ray places them on its cluster: none here)."""
-    from rollway.coordinator.run_config import RunConfig
-
-    if configs["coordinator"].launcher != "local":
-        return []
-    run = RunConfig(**configs, given={})
-    addresses = run.addresses()
-    return [name for name in run.services_used() if not addresses.get(name)]
 
 
 def default_micro_batch(plan: MemoryPlan, configs: dict[str, object], given: dict) -> int | None:
