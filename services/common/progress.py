@@ -7,7 +7,7 @@
 
 A crash is seen by the process ending; a hang is not. A frozen process (SIGSTOP, a stuck kernel)
 answers nothing, and a deadlocked thread leaves the gRPC threads answering while its call goes
-quiet. The coordinator asks GetProgress (coordinator/hang_watch.py) and tells both apart from a
+quiet. The coordinator asks GetProgress (coordinator/watch.py) and tells both apart from a
 slow step: silence longer than the call's usual duration many times over.
 
 One clock per process: any progress counts for every call in flight (a step's micro-batches keep

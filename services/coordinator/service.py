@@ -16,7 +16,8 @@ from rollway.coordinator.dashboard import run_files
 from rollway.coordinator.dashboard.server import start_for_coordinator
 from rollway.coordinator.plan.text import plan
 from rollway.coordinator.run_config import COMPONENTS
-from rollway.coordinator.runs import RunManager, RunRecord
+from rollway.coordinator.run_record import RunRecord
+from rollway.coordinator.runs import RunManager
 from rollway.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 log = get_logger("rollway.coordinator.service")

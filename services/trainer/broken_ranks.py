@@ -28,7 +28,7 @@ log = get_logger("rollway.trainer.broken_ranks")
 # The failing call answers within this (it names the dead rank to the coordinator) ...
 DRAIN_SECONDS = 0.5
 # ... and the process is gone within this, whatever the drain is stuck on: the coordinator gives a
-# failed call's service 3 s (runs.DEAD_GRACE_SECONDS) to be seen dead before failing the run.
+# failed call's service 3 s (coordinator/watch.DEAD_GRACE_SECONDS) to be seen dead before failing the run.
 EXIT_SECONDS = 2.0
 
 

@@ -15,8 +15,8 @@ from support.processes import ServiceProcess, descendants
 from support.stack import coordinator_stub, start_run, wait_run
 
 from rollway.common.client import open_channel
-from rollway.coordinator.runs import DEAD_GRACE_SECONDS
 from rollway.coordinator.v1 import coordinator_pb2
+from rollway.coordinator.watch import DEAD_GRACE_SECONDS
 
 pytestmark = pytest.mark.slow
 

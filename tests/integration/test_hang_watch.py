@@ -18,7 +18,7 @@ from support.waiting import wait_until
 
 from rollway.common.client import open_channel
 from rollway.common.v1 import progress_pb2, progress_pb2_grpc
-from rollway.coordinator.hang_watch import FIRST_CALL_HUNG_SECONDS, MIN_HUNG_SECONDS, HangWatch
+from rollway.coordinator.watch import FIRST_CALL_HUNG_SECONDS, MIN_HUNG_SECONDS, HangWatch
 
 BOUND = 1.5  # hung_service_seconds of these tests
 # The probe's drain: its stuck Sleep would hold the fixture's stop for the default 30 s grace;

@@ -6,7 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from rollway.common.supervision.supervisor import DeadService
-from rollway.coordinator.runs import RunRecord, _recover
+from rollway.coordinator.run_loop import _recover
+from rollway.coordinator.run_record import RunRecord
 
 
 class FakeGroup:

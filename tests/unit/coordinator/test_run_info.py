@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rollway.coordinator.run_history import INTERRUPTED, PastRun, read_run
-from rollway.coordinator.runs import RunRecord
+from rollway.coordinator.run_record import RunRecord
 from rollway.coordinator.service import run_info
 from rollway.coordinator.v1 import coordinator_pb2
 

@@ -1,4 +1,12 @@
-"""Tells a hung service from a slow one, by asking every service of a run for its progress.
+"""What watches a run's services: exits, failed health checks and hangs (RunWatch), and how a hung
+service is told from a slow one (HangWatch). Health checks and exits are common/supervision's
+(HealthWatch, ServiceGroup.dead); this module decides what they mean for the run.
+
+RunWatch(record, restart_environment) ticks every WATCH_SECONDS: a dead service cancels the run's
+calls in flight, so that the run fails naming it (or recovers: run_loop.py) instead of waiting; a
+hung one the run started is killed first and then recovers like a dead one; an attached one is
+only named. A dead environment the run started is restarted on its port while the run goes on.
+Tells a hung service from a slow one, by asking every service of a run for its progress.
 
     watch = HangWatch(addresses, hung_service_seconds=0.0)   # 0: thresholds from call durations
     watch.poll()      each tick: a GetProgress to every service whose last one has come back
@@ -25,13 +33,24 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 
 from rollway.common.client import ClientConfig, open_channel
-from rollway.common.supervision.supervisor import DeadService
+from rollway.common.log import get_logger
+from rollway.common.supervision.supervisor import DeadService, HealthWatch
 from rollway.common.v1 import progress_pb2, progress_pb2_grpc
+
+if TYPE_CHECKING:
+    from rollway.coordinator.run_record import RunRecord
+
+log = get_logger("rollway.coordinator.watch")
+WATCH_SECONDS = 0.5
+# After a failed call, how long to wait for the watcher to name a service that is dying.
+DEAD_GRACE_SECONDS = 3.0
 
 MIN_HUNG_SECONDS = 60.0
 # A kind of call that never completed yet has no usual duration: its first one (a big model's
@@ -175,3 +194,105 @@ class HangWatch:
             if self._frozen_for(t, now) > 2 * PROBE_SECONDS
         ]
         return max([0.0, *waits])
+
+
+class RunWatch:
+    """Watches a run's services; a dead one cancels the run's calls so that it ends at once."""
+
+    def __init__(
+        self, record: RunRecord, restart_environment: Callable[[DeadService, HealthWatch | None], bool]
+    ):
+        self.record = record
+        # The run's own recovery (run_loop.py) restarts a dead environment it started.
+        self.restart_environment = restart_environment
+        # Attached services by their health checks; the environment the run started also (its
+        # process may live on, hung, while a dead one is seen at once by group.dead()).
+        watched = {
+            name: addresses
+            for name, addresses in record.addresses.items()
+            if record.group is None or name not in record.group.addresses or name == "environment"
+        }
+        # An OpenEnv server (openenv_app) answers HTTP: GET /health, and no GetProgress (its calls
+        # are bounded by the rollout's environment_step_timeout; a frozen one fails /health).
+        http = frozenset({"environment"}) if record.run.environment_module else frozenset()
+        self.health = HealthWatch(watched, http=http) if any(watched.values()) else None
+        # Every service, started or attached: a hung one is found by its progress (HangWatch above).
+        progress = {name: addresses for name, addresses in record.addresses.items() if name not in http}
+        self.hang = HangWatch(progress, record.config.hung_service_seconds)
+        self._unreachable_named: tuple[str, int] | None = None  # named once per spell
+        self.unreachable_seen: set[tuple[str, int]] = set()  # cut off at some time in this attempt
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"watch-{record.run_id}", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCH_SECONDS):
+            record = self.record
+            self.hang.poll()
+            self._note_unreachable()
+            dead = (
+                (record.group.dead() if record.group else None)
+                or (self.health.dead() if self.health else None)
+                or self._hung()
+            )
+            if dead is not None and not record.finished:
+                if dead.name == "environment" and self.restart_environment(dead, self.health):
+                    self.hang.restarted(dead.name, dead.index, record.addresses[dead.name][dead.index])
+                    continue
+                record.dead = dead
+                log.error("service died", service=str(dead).splitlines()[0])
+                if record.services is not None:
+                    record.services.cancel_all(dead=(dead.name, dead.index))
+                return
+
+    def _note_unreachable(self) -> None:
+        group = self.record.group
+        if group is None:
+            return
+        for name, addresses in group.addresses.items():
+            for index in range(len(addresses)):
+                if group.unreachable(name, index):
+                    self.unreachable_seen.add((name, index))
+
+    def _hung(self) -> DeadService | None:
+        """A hung service, killed (SIGKILL) when the run started it: then it is dead like any other
+        and recovers the same way. An attached one is only named: the run fails."""
+        hung = self.hang.hung()
+        group = self.record.group
+        if hung is None or group is None or hung.name not in group.addresses:
+            return hung
+        cut_off = group.unreachable(hung.name, hung.index)
+        if cut_off is not None:  # not frozen: its node is cut off; Ray's verdict decides
+            if self._unreachable_named != (hung.name, hung.index):
+                self._unreachable_named = (hung.name, hung.index)
+                log.warning("service unreachable: not killed", service=f"{hung.name}_{hung.index}",
+                            why=cut_off)  # fmt: skip
+                self.record.notice(f"{hung.name}_{hung.index} unreachable: {cut_off}")
+            return None
+        self._unreachable_named = None
+        log.error("service hung: killing it", service=str(hung))
+        group.kill(hung.name, hung.index)
+        return DeadService(hung.name, hung.index, f"{hung.detail}; killed (SIGKILL)")
+
+    def wait_for_dead(self) -> DeadService | None:
+        """A call failed: the service behind it may be dying, or frozen. Its name, once the watch
+        can tell: an exit is seen within DEAD_GRACE_SECONDS; a silent service (failing health
+        checks, answering no progress probe) is waited for until the watch judges it."""
+        deadline = time.monotonic() + DEAD_GRACE_SECONDS
+        while self.record.dead is None and self._thread.is_alive():
+            pending = max(
+                self.hang.suspect_seconds(),
+                self.health.suspect_seconds() if self.health else 0.0,
+                self.record.group.verdict_pending_seconds() if self.record.group else 0.0,
+            )
+            if time.monotonic() >= deadline and pending <= 0:
+                break
+            time.sleep(0.1)
+        return self.record.dead
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.hang.close()
+        if self.health is not None:
+            self.health.close()
