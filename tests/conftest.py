@@ -58,7 +58,7 @@ def _run_sglang_pair_users_together(items) -> None:
 
 def _group_for_workers(items) -> None:
     # `make test` runs the suite on parallel workers, a group of tests on one worker
-    # (tests/support/workers.py). The longest groups go first, so that the workers end together.
+    # (tests/support/workers.py). There the longest groups go first, so that the workers end together.
     from support.workers import RAY, SGLANG, worker_group
 
     for item in items:
@@ -70,8 +70,9 @@ def _group_for_workers(items) -> None:
                 f"{item.nodeid}: a test that starts Ray, or uses the shared SGLang pair, must be in a "
                 "module named for it, so that it runs on the one worker of its group (tests/support/workers.py)"
             )
-    first = {RAY, SGLANG, "tests/realmodel/test_smollm2.py"}
-    items.sort(key=lambda item: worker_group(item.nodeid) not in first)  # stable: each order within stays
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one test after another, the order stays the files'
+        first = {RAY, SGLANG, "tests/realmodel/test_smollm2.py"}
+        items.sort(key=lambda item: worker_group(item.nodeid) not in first)  # stable: each order within stays
 
 
 def pytest_configure(config):
