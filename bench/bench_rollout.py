@@ -186,6 +186,7 @@ def run(quick: bool) -> BenchResult:
             "samples_per_s": "samples/s",
             "update_s": "s",
             "update_s_per_mb": "s/MB",
+            "idle_cores": "cores",
         },  # fmt: skip
         config={
             "threads": 1,
@@ -195,5 +196,5 @@ def run(quick: bool) -> BenchResult:
             "sglang": sglang_server_bench.available() or "not installed (make sglang-cpu)",
         },  # fmt: skip
         notes="hf engine continuous vs static batching vs model.generate vs a real SGLang server; "
-        "same prompts and stop set; SGLang also: weight-update seconds per MB (disk, distributed)",
+        "same prompts and stop set; SGLang also: weight-update seconds per MB (disk, distributed) and the cores an idle server keeps busy",
     )

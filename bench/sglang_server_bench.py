@@ -9,11 +9,16 @@ install, OMP_NUM_THREADS=1, fp32), driven through the engine's own calls:
                              the session, one flattened bucket per <= 512 MiB, end of session:
                              the engine's calls of a real update (rollout/weight_sync/sglang.py)
 
+    idle                     the cores the started server's processes keep busy while it serves
+                             nothing, over IDLE_SECONDS (the CPU route's --sleep-on-idle: ~0.02;
+                             without it ~1.0, a whole core taken from the trainer beside it)
+
 Weight updates are timed UPDATES times each; the median is reported, with seconds per MB.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import socket
 import statistics
@@ -24,6 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 UPDATES = 5
+IDLE_SECONDS = 10.0
 BUCKET_BYTES = 512 * 1024 * 1024
 
 
@@ -52,6 +58,29 @@ def start_engine(model_dir: Path, log_dir: Path):
     engine = SGLangEngine(config)
     engine.start()
     return engine
+
+
+def _descendants_cpu_seconds() -> float:
+    """User + system CPU seconds of this process's descendants now running (the server's)."""
+    parent, ticks = {}, {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # exited while we looked
+            parent[int(entry)], ticks[int(entry)] = int(fields[1]), int(fields[11]) + int(fields[12])
+    mine = {os.getpid()}
+    for _ in range(16):  # the guard, the server, its scheduler and detokenizer: a few levels deep
+        mine |= {pid for pid, ppid in parent.items() if ppid in mine}
+    return sum(ticks[pid] for pid in mine - {os.getpid()}) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cores() -> float:
+    """The cores the server keeps busy while it serves nothing."""
+    start = _descendants_cpu_seconds()
+    time.sleep(IDLE_SECONDS)
+    return (_descendants_cpu_seconds() - start) / IDLE_SECONDS
 
 
 def generate(engine, requests) -> tuple[int, float, float]:
@@ -142,6 +171,7 @@ def rows(model_dir: Path, requests, num_samples: int) -> list[dict]:
     with tempfile.TemporaryDirectory() as logs:
         engine = start_engine(model_dir, Path(logs))
         try:
+            idle = idle_cores()
             num_tokens, first, total = generate(engine, requests)
             update_rows = weight_updates(engine, model_dir)
         finally:
@@ -155,4 +185,4 @@ def rows(model_dir: Path, requests, num_samples: int) -> list[dict]:
         "time_to_first_sample_s": round(first, 3),
         "total_s": round(total, 2),
     }
-    return [generation, *update_rows]
+    return [generation, {"variant": "sglang_idle", "idle_cores": round(idle, 3)}, *update_rows]
