@@ -72,13 +72,12 @@ run-smollm2: setup $(REAL_MODEL)/config.json
 # any prerequisite), and writes where the time went, per file and per test: $(SUITE_TIMES)/times.md
 # (bench/suite_times.py, from pytest's JUnit report).
 MAKE_STARTED := $(shell date +%s)
-# TEST_WORKERS=2 runs the suite on two parallel workers (pytest-xdist), each on its own share of the
-# cores with every process its tests start; groups that must not overlap (the Ray tests, the SGLang
-# tests, each module's own fixtures) run on one worker each (tests/support/workers.py). Measured
-# green in ~27 min instead of ~44, but not yet the default: on one core, the two idle SGLang servers
-# of the shared pair (~1 core of polling between them) starved a test's trainer start once in three
-# full runs (issue #36). TEST_WORKERS=0, the default, runs the tests one after another.
-TEST_WORKERS ?= 0
+# The suite runs on TEST_WORKERS parallel workers (pytest-xdist), each on its own share of the cores
+# with every process its tests start; groups that must not overlap (the Ray tests, the SGLang tests,
+# each module's own fixtures) run on one worker each (tests/support/workers.py). Two workers on this
+# project's 2-core machine kind: ~27 min of pytest, where one after another took ~44 (issue #36).
+# TEST_WORKERS=0 runs the tests one after another, in the files' order.
+TEST_WORKERS ?= 2
 TEST_WORKERS_FLAGS := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --no-loadscope-reorder)
 SUITE_TIMES := bench/results/suite
 test: setup proto-check $(COMPOSE_V1)/bin/docker-compose $(SGLANG_CPU) $(REAL_MODEL)/config.json
