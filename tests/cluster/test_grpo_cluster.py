@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from support.cluster_runs import ClusterRun, grpo_settings, report
+from support.cluster_runs import ClusterRun, Fault, grpo_settings, report
 
 NUM_STEPS = 12
 SERVICES = ("trainer-0", "rollout-0", "dataloader")
@@ -67,18 +67,24 @@ def test_grpo_on_three_nodes(cluster, grpo_reference):
 
 def lose_node_of(cluster, run: ClusterRun, actor: str, case: str) -> int:
     """kill -9 every process of `actor`'s node while the run is frozen at the step it reached;
-    wait for Ray's verdict, add the node again (so a free node remains), time the next step, and
-    freeze the run again at once (the next fault must find steps left to run)."""
-    lost = cluster.node_of(run.placement()[actor]["node"])
+    wait for Ray's verdict, add the node again (so a free node remains), wait for the actor's
+    restart, time the first step logged after it, and freeze the run again at once (the next fault
+    must find steps left to run). The restart is awaited first: a step the frozen coordinator had
+    nearly done when the node died may still be logged before the loss is noticed."""
+    placed = run.placement()[actor]
+    lost = cluster.node_of(placed["node"])
     fault = run.fault_now()
     cluster.kill_node(lost)
     run.thaw()
     verdict = cluster.wait_dead(lost)
     cluster.start_node(lost, wait=False)  # a node added: the free nodes stay two
     try:
-        seconds = run.next_step_seconds(fault)
+        run.wait_restarted(actor, placed["generation"] + 1)
+        seconds = run.next_step_seconds(Fault(fault.started, run.last_step()))
     except AssertionError:
-        report(f"{case} {actor}'s node {lost} killed: Ray's verdict after {verdict:.1f}s, no step after it")
+        report(
+            f"{case} {actor}'s node {lost} killed: Ray's verdict after {verdict:.1f}s, no restart and step after it"
+        )
         raise
     run.freeze()
     report(

@@ -212,6 +212,14 @@ class ClusterRun:
         self.wait_for(lambda: self.last_step() > fault.last_step, timeout, f"a step after {fault.last_step}")
         return time.monotonic() - fault.started
 
+    def wait_restarted(self, actor: str, generation: int, timeout: float = RUN_TIMEOUT_S) -> None:
+        """Until ray.json shows `actor` at `generation` (its restarts so far)."""
+        self.wait_for(
+            lambda: self.placement()[actor]["generation"] >= generation,
+            timeout,
+            f"{actor}'s restart {generation}",
+        )
+
     def wait_end(self, timeout: float = RUN_TIMEOUT_S) -> int:
         try:
             return self.process.wait(timeout)

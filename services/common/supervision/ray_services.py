@@ -39,6 +39,7 @@ from pathlib import Path
 from rollway.common.client import wait_until_serving
 from rollway.common.config import non_default_settings, to_dict
 from rollway.common.log import get_logger
+from rollway.common.manifest import atomic_write_text
 from rollway.common.process_exit import describe_exit
 from rollway.common.supervision import ray_nodes
 from rollway.common.supervision.cluster_layout import check_cluster, layout_text
@@ -491,8 +492,10 @@ class RayServiceGroup(ServiceGroup):
             for name, a in self.actors.items()
         }
         self.workdir.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "ray.json").write_text(
-            json.dumps({"actors": actors, "placement_settings": self._placement}, indent=1)
+        # Replaced whole: tools and tests polling it never read a file half written.
+        atomic_write_text(
+            self.workdir / "ray.json",
+            json.dumps({"actors": actors, "placement_settings": self._placement}, indent=1),
         )
 
     # --- stop ---
