@@ -6,8 +6,8 @@ gRPC (in a run the control hop carries only the manifest: a few ms):
     trainer ranks (1 or 2)  default gloo group; a Qwen3 model of the size with random fp32
                             weights, sharded by the trainer's shard_model (FSDP2); rank 0 forms
                             the weight group (rollway.common.weight_sync.group). Every rank runs
-                            rollway.trainer.weight_sync.registry.plan_weights then send_weights:
-                            exactly the PlanWeights and SendWeights commands as PushWeights runs them
+                            rollway.trainer.weight_sync.passes.weight_pass with the Checksums, then
+                            the Broadcast step: the WeightPass commands as PushWeights runs them
     rollout processes (1|2) rollway.rollout.weight_sync.receiver.WeightReceiver over an engine whose
                             weight hooks are the hf engine's (loadable_tensors, swap_named_tensors):
                             receive into staging, verify every bucket, acknowledge, swap, commit
@@ -163,9 +163,10 @@ def _trainer(rank: int, topology: dict, ports, queues, results, workdir) -> None
     from rollway.common.weight_sync.group import GroupSpec, WeightGroup
     from rollway.trainer.config import TrainerConfig
     from rollway.trainer.distributed import create_store, init_process_group
-    from rollway.trainer.weight_sync.disk import WriteArguments
-    from rollway.trainer.weight_sync.distributed import BroadcastArguments, SenderState
-    from rollway.trainer.weight_sync.registry import plan_weights, send_weights
+    from rollway.trainer.weight_sync.base import Checksums
+    from rollway.trainer.weight_sync.disk import WriteFiles
+    from rollway.trainer.weight_sync.distributed import Broadcast, DistributedSender
+    from rollway.trainer.weight_sync.passes import weight_pass
 
     num_ranks, with_disk = topology["trainer_ranks"], topology["with_disk"]
     config = TrainerConfig(hf_checkpoint="bench", dtype="float32", world_size=num_ranks)
@@ -177,26 +178,24 @@ def _trainer(rank: int, topology: dict, ports, queues, results, workdir) -> None
     phase = dict(dtype="float32", bucket_size_bytes=BUCKET_BYTES)
     if rank != 0:  # the gathers of the updates and of the disk write, in rank 0's order
         for _ in range(UPDATES):
-            plan_weights(engine, **phase)
-            send_weights(engine, "distributed", **phase, arguments=BroadcastArguments(False, 0))
+            weight_pass(engine, **phase, step=Checksums())
+            weight_pass(engine, **phase, step=Broadcast(False, 0))
         if with_disk:
-            send_weights(engine, "disk", **phase, arguments=WriteArguments(""))
+            weight_pass(engine, **phase, step=WriteFiles(""))
         return
     group = WeightGroup(
         GroupSpec.from_proto(_group_spec(ports["weights"], 1 + topology["rollout_services"])), 0
     )
-    sender = SenderState(group)
+    sender = DistributedSender(group)
     row = {"raw_seconds": _raw(group, sum(p.numel() * 4 for p in engine.model.parameters()))}
     for version in range(1, UPDATES + 1):
         group.exchange_status(0)  # start together
         row["started"] = time.monotonic()
-        plan = plan_weights(engine, **phase)
+        plan = weight_pass(engine, **phase, step=Checksums())
         manifest = to_manifest(plan.buckets, version, "distributed", broadcast_chunk_bytes=CHUNK_BYTES)
         for q in queues:
             q.put(manifest.SerializeToString())
-        sent = send_weights(
-            engine, "distributed", **phase, arguments=BroadcastArguments(True, CHUNK_BYTES, sender)
-        )
+        sent = weight_pass(engine, **phase, step=Broadcast(True, CHUNK_BYTES, sender))
         assert not sent.error and set(sent.receiver_status) == {0}, (sent.error, sent.receiver_status)
     row.update(num_bytes=sent.num_bytes, num_buckets=len(plan.buckets), plan_seconds=plan.gather_seconds
                + plan.checksum_seconds, send_seconds=sent.wire_seconds)  # fmt: skip
@@ -205,7 +204,7 @@ def _trainer(rank: int, topology: dict, ports, queues, results, workdir) -> None
         row["disk_started"] = time.monotonic()
         tmp, final = Path(workdir, ".weights.tmp"), Path(workdir, f"weights-v{UPDATES + 1:08d}")
         tmp.mkdir()
-        written = send_weights(engine, "disk", **phase, arguments=WriteArguments(str(tmp)))
+        written = weight_pass(engine, **phase, step=WriteFiles(str(tmp)))
         fsync_tree(tmp)
         os.replace(tmp, final)
         for q in queues:

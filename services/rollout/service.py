@@ -2,7 +2,7 @@
 
 The servicer validates requests, owns the pause gate and the reward runner, and delegates
 generation to the engine chosen by --rollout-engine. InitWeightGroup and UpdateWeights (the
-receive side of weight sync) go to the WeightReceiver (weight_sync/receiver.py).
+receive side of weight sync) go to the weight receiver of the engine's kind (weight_sync/receiver.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from rollway.rollout.request_validation import plan_generation
 from rollway.rollout.rewards import RewardRunner, build_rewards
 from rollway.rollout.runs import EngineKeeper, RolloutRuns, close_servicer
 from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
-from rollway.rollout.weight_sync.receiver import WeightReceiver
+from rollway.rollout.weight_sync.receiver import weight_receiver
 
 log = get_logger("rollway.rollout")
 
@@ -85,7 +85,7 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
         self.generate_queue = generate_queue
         self.prompts = PromptEncoder(tokenizer)
         self.engine = engine
-        self.weights = WeightReceiver(engine, auth_token)
+        self.weights = weight_receiver(engine, auth_token)
         self.gate = GenerationGate()
         self.runner = RewardRunner(config.num_reward_workers, config.reward_timeout)
         decode = lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)  # noqa: E731

@@ -17,7 +17,7 @@ from typing import Any
 
 from rollway.trainer.engine import OptimizerStepPlan, TrainerEngine
 from rollway.trainer.micro_batch import SequenceItem
-from rollway.trainer.weight_sync.registry import plan_weights, send_weights
+from rollway.trainer.weight_sync.passes import WeightStep, weight_pass
 
 
 @dataclass(frozen=True)
@@ -111,23 +111,13 @@ class Checksum:
 
 
 @dataclass(frozen=True)
-class PlanWeights:
-    """Lay the weights out in buckets and checksum them (the manifest of a push)."""
+class WeightPass:
+    """A step of a weight push on every rank, in the weights' bucket layout (weight_sync/passes.py:
+    the checksums, the broadcast or the files; which one is the step's type)."""
 
     dtype: str
     bucket_size_bytes: int
-
-
-@dataclass(frozen=True)
-class SendWeights:
-    """One transport's pass of a push on every rank (weight_sync/registry.py: the transport's
-    Sender.run_pass). `arguments` is that transport's own frozen dataclass (distributed.py:
-    BroadcastArguments, disk.py: WriteArguments), so a new transport needs no new command."""
-
-    transport: str
-    dtype: str
-    bucket_size_bytes: int
-    arguments: Any
+    step: WeightStep
 
 
 @dataclass(frozen=True)
@@ -137,7 +127,7 @@ class Shutdown:
 
 Command = (
     Init | Train | LogProbs | ForwardBackward | OptimStep | Save | ExportHf | Load | ActivateAdapter
-    | DropAdapter | Checksum | PlanWeights | SendWeights | Shutdown
+    | DropAdapter | Checksum | WeightPass | Shutdown
 )  # fmt: skip
 
 
@@ -171,10 +161,8 @@ def execute(engine: TrainerEngine, command: Command) -> Any:
             return engine.drop_adapter(adapter)
         case Checksum(dtype):
             return engine.checksum(dtype)
-        case PlanWeights(dtype, bucket_size_bytes):
-            return plan_weights(engine, dtype, bucket_size_bytes)
-        case SendWeights(transport, dtype, bucket_size_bytes, arguments):
-            return send_weights(engine, transport, dtype, bucket_size_bytes, arguments)
+        case WeightPass(dtype, bucket_size_bytes, step):
+            return weight_pass(engine, dtype, bucket_size_bytes, step)
         case Shutdown():
             return None
     raise TypeError(f"not a trainer command: {command!r}")

@@ -3,8 +3,8 @@
     python -m support.weight_faults [--slow-receive SECONDS] [--corrupt-receive] ROLLOUT_ARGS...
 
 runs the rollout service with the faulty receiver registered for the distributed transport (the
-production receive loop knows nothing of it). In process, `injected(FaultyReceiver(...))`
-registers it for the duration of a `with` block.
+production receive loop knows nothing of it). In process, `injected(faulty(...))` registers it
+for the duration of a `with` block.
 
     slow_seconds  sleep this long before posting each piece's receive (a slow receiver, so a
                   test can kill it mid-transfer)
@@ -15,6 +15,7 @@ registers it for the duration of a `with` block.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from contextlib import contextmanager
@@ -23,7 +24,8 @@ import torch
 
 from rollway.common.weight_sync.group import WeightGroup
 from rollway.rollout.weight_sync.distributed import DistributedReceiver
-from rollway.rollout.weight_sync.registry import register
+from rollway.rollout.weight_sync.registry import ReceiverKind, register
+from rollway.rollout.weight_sync.staging import StagingPool
 
 
 class FaultyGroup:
@@ -54,22 +56,25 @@ class FaultyGroup:
 
 
 class FaultyReceiver(DistributedReceiver):
-    """The distributed transport's receiver on a FaultyGroup."""
+    """The distributed transport's receiver on a FaultyGroup around the run's group."""
 
-    def __init__(self, slow_seconds: float = 0.0, corrupt: bool = False):
-        self.slow_seconds = slow_seconds
-        self.corrupt = corrupt
+    def __init__(
+        self, group: WeightGroup | None, pool: StagingPool, slow_seconds: float = 0.0, corrupt: bool = False
+    ):
+        super().__init__(group and FaultyGroup(group, slow_seconds, corrupt), pool)
 
-    def group(self, owner) -> FaultyGroup:
-        return FaultyGroup(super().group(owner), self.slow_seconds, self.corrupt)
+
+def faulty(slow_seconds: float = 0.0, corrupt: bool = False) -> ReceiverKind:
+    """What makes each update's FaultyReceiver (for `register` or `injected`)."""
+    return functools.partial(FaultyReceiver, slow_seconds=slow_seconds, corrupt=corrupt)
 
 
 @contextmanager
-def injected(receiver: DistributedReceiver, transport: str = "distributed"):
-    """Receive `transport` with `receiver` in this process inside the block."""
-    previous = register(transport, receiver)
+def injected(kind: ReceiverKind, transport: str = "distributed"):
+    """Receive `transport` with receivers `kind` makes, in this process, inside the block."""
+    previous = register(transport, kind)
     try:
-        yield receiver
+        yield kind
     finally:
         register(transport, previous)
 
@@ -79,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slow-receive", type=float, default=0.0)
     parser.add_argument("--corrupt-receive", action="store_true")
     faults, rollout_args = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    register("distributed", FaultyReceiver(faults.slow_receive, faults.corrupt_receive))
+    register("distributed", faulty(faults.slow_receive, faults.corrupt_receive))
     from rollway.rollout.__main__ import main as rollout_main
 
     rollout_main(rollout_args)

@@ -1,15 +1,15 @@
 """The interface of one weight transport's receive side, and what every transport shares.
 
 A Receiver fills the staged tensors of one update (receiver.py then verifies, acknowledges and
-swaps them in): `receive` gets the manifest's layout and whether the update will be applied
-(a refused or already-applied update still takes part in a broadcast, or the sender would hang),
-and returns the tensors by name with the per-bucket checksum outcome.
+swaps them in). It is made for the update with what its transport may use, the run's weight
+group and staging pool; `receive` gets the manifest's layout and whether the update will be
+applied (a refused or already-applied update still takes part in a broadcast, or the sender
+would hang), and returns the tensors by name with the per-bucket checksum outcome.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import grpc
 import torch
@@ -17,15 +17,18 @@ import torch
 from rollway.common.errors import RollwayError
 from rollway.common.v1 import common_pb2
 from rollway.common.weight_sync.buckets import Bucket
-
-if TYPE_CHECKING:
-    from rollway.rollout.weight_sync.receiver import WeightReceiver
+from rollway.common.weight_sync.group import WeightGroup
+from rollway.rollout.weight_sync.staging import StagingPool
 
 
 class WeightsCorrupt(RollwayError):
     """A received bucket does not match its checksum (the update is not committed)."""
 
     code = grpc.StatusCode.DATA_LOSS
+
+
+class TransferFailed(Exception):
+    """The bytes did not all arrive (a peer died, the group timed out): the group is broken."""
 
 
 @dataclass
@@ -52,11 +55,14 @@ class Receiver:
 
     acknowledges = False  # can answer the sender's acknowledgement collective (needs the group)
 
-    def receive(
-        self, owner: WeightReceiver, manifest: common_pb2.WeightManifest, buckets: list[Bucket], apply: bool
-    ) -> Received:
+    def __init__(self, group: WeightGroup | None, pool: StagingPool):
+        self.group = group  # the run's weight group (None before InitWeightGroup)
+        self.pool = pool  # the run's staging buffers
+
+    def receive(self, manifest: common_pb2.WeightManifest, buckets: list[Bucket], apply: bool) -> Received:
         """The update's tensors, verified against the manifest's checksums; `apply` False: take
-        part in the transfer only (the result is dropped). Raises a RollwayError on failure."""
+        part in the transfer only (the result is dropped). Raises a RollwayError on failure, or
+        TransferFailed when the group broke mid-transfer."""
         raise NotImplementedError
 
 

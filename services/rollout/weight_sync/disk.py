@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -20,16 +19,11 @@ from rollway.common.weight_sync.bucket_checksum import BucketChecksum, as_bytes
 from rollway.common.weight_sync.buckets import Bucket, bucket_file_name
 from rollway.rollout.weight_sync.base import Received, Receiver, ReceiveResult
 
-if TYPE_CHECKING:
-    from rollway.rollout.weight_sync.receiver import WeightReceiver
-
 
 class DiskReceiver(Receiver):
     """Read and verify the update's files (nothing to take part in when it is not applied)."""
 
-    def receive(
-        self, owner: WeightReceiver, manifest: common_pb2.WeightManifest, buckets: list[Bucket], apply: bool
-    ) -> Received:
+    def receive(self, manifest: common_pb2.WeightManifest, buckets: list[Bucket], apply: bool) -> Received:
         if not apply:
             return Received()
         try:

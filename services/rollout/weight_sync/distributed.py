@@ -5,11 +5,8 @@
 A piece is a bucket (manifest.broadcast_chunk_bytes 0) or a consecutive part of one
 (rollway.common.weight_sync.buckets.bucket_pieces, the same function the sender uses).
 
-Buckets land in staging buffers that the served model does not use, so the engine keeps serving
-the old weights until every checksum matched. The pool holds two sets of buffers: after a
-verified update the engine swaps its parameters onto views of the set just received (no copy),
-and the other set receives the next update. Memory: two copies of the weights, as with a
-separate staging copy.
+Buckets land in staging buffers that the served model does not use (staging.py), so the engine
+keeps serving the old weights until every checksum matched.
 
 Tests inject faults (a slow receiver, a flipped byte) by registering a receiver that wraps the
 group this one receives on (tests/support/weight_faults.py), never through this loop.
@@ -19,50 +16,19 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING
 
 import torch
 
-from rollway.common.errors import Unavailable
+from rollway.common.errors import FailedPrecondition
 from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
 from rollway.common.weight_sync.bucket_checksum import BucketChecksum
 from rollway.common.weight_sync.buckets import Bucket, bucket_pieces, bucket_views
 from rollway.common.weight_sync.group import WeightGroup, WeightGroupError
-from rollway.rollout.weight_sync.base import Received, Receiver, ReceiveResult
-
-if TYPE_CHECKING:
-    from rollway.rollout.weight_sync.receiver import WeightReceiver
+from rollway.rollout.weight_sync.base import Received, Receiver, ReceiveResult, TransferFailed
 
 log = get_logger("rollway.rollout.weights")
 PIECES_IN_FLIGHT = 4  # receives posted ahead, so the next pieces arrive while one is verified
-
-
-class StagingPool:
-    """Two sets of bucket buffers; the `live` one may back the served weights after a swap."""
-
-    def __init__(self) -> None:
-        self._sets: list[list[torch.Tensor]] = []
-        self.live: int | None = None
-
-    def take(self, buckets: list[Bucket], device: torch.device) -> tuple[int, list[torch.Tensor]]:
-        """A set of buffers for `buckets` (reused when the layout repeats) that the served model does not use."""
-        sizes = [b.padded_size for b in buckets]
-        for i, buffers in enumerate(self._sets):
-            if i != self.live and [b.numel() for b in buffers] == sizes and buffers[0].device == device:
-                return i, buffers
-        spare = [i for i in range(len(self._sets)) if i != self.live]
-        fresh = [torch.empty(size, dtype=torch.uint8, device=device) for size in sizes]
-        if len(self._sets) < 2:
-            self._sets.append(fresh)
-            return len(self._sets) - 1, fresh
-        self._sets[spare[0]] = []  # drop the old set before the new one counts
-        self._sets[spare[0]] = fresh
-        return spare[0], fresh
-
-    def clear(self) -> None:
-        """Free every buffer (ReleaseMemory: the engine's weights are gone as well)."""
-        self._sets, self.live = [], None
 
 
 def receive_buckets(
@@ -111,27 +77,27 @@ def receive_buckets(
 
 
 class DistributedReceiver(Receiver):
-    """Receive every bucket on the weight group into a staging set, verifying as they arrive."""
+    """Receive every bucket on the run's weight group into a staging set, verifying as they arrive."""
 
     acknowledges = True
 
-    def group(self, owner: WeightReceiver) -> WeightGroup:
-        """The group to receive on (a test's fault-injecting receiver wraps it)."""
-        return owner.require_group()
-
-    def receive(
-        self, owner: WeightReceiver, manifest: common_pb2.WeightManifest, buckets: list[Bucket], apply: bool
-    ) -> Received:
-        group = self.group(owner)
-        pool_index, buffers = owner.pool.take(buckets, group.device)
+    def receive(self, manifest: common_pb2.WeightManifest, buckets: list[Bucket], apply: bool) -> Received:
+        group = self.healthy_group()
+        pool_index, buffers = self.pool.take(buckets, group.device)
         log.info("receiving weights", weight_version=manifest.weight_version, num_buckets=len(buckets))
         try:
             result = receive_buckets(group, buckets, buffers, apply, manifest.broadcast_chunk_bytes)
         except WeightGroupError as exc:
-            owner.close()
-            raise Unavailable(
-                f"weight version {manifest.weight_version} was not received ({exc}); still serving version "
-                f"{owner.engine.weight_version}: call InitWeightGroup again"
-            ) from None
+            raise TransferFailed(str(exc)) from None
         named = [view for bucket in buckets for view in bucket_views(buffers[bucket.index], bucket)]
         return Received(named, result, pool_index)
+
+    def healthy_group(self) -> WeightGroup:
+        """The group to receive on; FailedPrecondition if there is none or it is broken."""
+        if self.group is None:
+            raise FailedPrecondition("no weight group: call InitWeightGroup first")
+        if self.group.broken:
+            raise FailedPrecondition(
+                f"the weight group is broken ({self.group.broken}); call InitWeightGroup again"
+            )
+        return self.group

@@ -9,24 +9,19 @@
 The engine serves the old version until the commit. Versions only move forward: a manifest for
 the served version still takes part in the transfer (the sender broadcasts to the whole group)
 and is dropped (already_applied); a lower one is received and refused. Engines whose own
-workers join the group (sglang) go through sglang.py instead.
+workers join the group (sglang) get an SGLangReceiver instead (sglang.py): `weight_receiver`
+chooses once, from the engine.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from contextlib import contextmanager
 
-from rollway.common.errors import (
-    DeadlineExceeded,
-    FailedPrecondition,
-    InvalidArgument,
-    RollwayError,
-)
+from rollway.common.errors import FailedPrecondition, InvalidArgument, RollwayError, Unavailable
 from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
-from rollway.common.weight_sync.buckets import Bucket, ManifestError, manifest_layout
+from rollway.common.weight_sync.buckets import Bucket
 from rollway.common.weight_sync.group import (
     STATUS_ALREADY_APPLIED,
     STATUS_CHECKSUM_MISMATCH,
@@ -38,37 +33,25 @@ from rollway.common.weight_sync.group import (
 )
 from rollway.rollout.engines.base import Engine, EngineError
 from rollway.rollout.v1 import rollout_pb2
-from rollway.rollout.weight_sync.base import WeightsCorrupt, check_against_model
-from rollway.rollout.weight_sync.distributed import StagingPool
-from rollway.rollout.weight_sync.registry import receiver_for
+from rollway.rollout.weight_sync.base import TransferFailed, WeightsCorrupt, check_against_model
+from rollway.rollout.weight_sync.registry import receiver_kind
+from rollway.rollout.weight_sync.requests import OneAtATime, group_error, parse_group_spec, parse_manifest
 from rollway.rollout.weight_sync.sglang import SGLangReceiver
+from rollway.rollout.weight_sync.staging import StagingPool
 
 log = get_logger("rollway.rollout.weights")
 
 
-def parse_group_spec(spec_pb: common_pb2.WeightGroupSpec, num_workers: int) -> GroupSpec:
-    try:
-        spec = GroupSpec.from_proto(spec_pb)
-    except ValueError as exc:
-        field, _, problem = str(exc).partition(": ")
-        raise InvalidArgument(field, problem) from None
-    if spec.rank_offset < 1:
-        raise InvalidArgument("group.rank_offset", "must be at least 1 (rank 0 is the trainer)")
-    if spec.rank_offset + num_workers > spec.world_size:
-        raise InvalidArgument(
-            "group.world_size",
-            f"{spec.world_size} has no room for {num_workers} worker(s) from rank {spec.rank_offset}",
-        )
-    return spec
-
-
-def group_error(exc: WeightGroupError) -> RollwayError:
-    # Not UNAVAILABLE: clients retry that, and a lone retry of a collective join cannot succeed.
-    return (DeadlineExceeded if "timeout" in str(exc).lower() else FailedPrecondition)(str(exc))
+def weight_receiver(engine: Engine, auth_token: str = "") -> WeightReceiver | SGLangReceiver:
+    """The receiver of `engine`'s kind: in process, or its SGLang servers'."""
+    if engine.receives_weights_in_process:
+        return WeightReceiver(engine, auth_token)
+    return SGLangReceiver(engine)
 
 
 class WeightReceiver:
-    """InitWeightGroup and UpdateWeights over one engine; one update or group change at a time."""
+    """InitWeightGroup and UpdateWeights over an engine that loads weights in this process; one
+    update or group change at a time."""
 
     def __init__(self, engine: Engine, auth_token: str = ""):
         self.engine = engine
@@ -76,18 +59,8 @@ class WeightReceiver:
         self.group: WeightGroup | None = None
         self.spec: GroupSpec | None = None
         self.pool = StagingPool()
-        self.sglang = None if engine.receives_weights_in_process else SGLangReceiver(engine)
-        self._lock = threading.Lock()
+        self._exclusive = OneAtATime()
         self._cancel_join = threading.Event()  # set by close(): the join in progress fails at once
-
-    @contextmanager
-    def _exclusive(self, timeout: float):
-        if not self._lock.acquire(timeout=timeout):
-            raise FailedPrecondition("another weight update or group change is in progress")
-        try:
-            yield
-        finally:
-            self._lock.release()
 
     # --- InitWeightGroup ------------------------------------------------------------------
     def init_group(self, spec_pb: common_pb2.WeightGroupSpec) -> tuple[list[int], bool]:
@@ -95,25 +68,16 @@ class WeightReceiver:
         spec = parse_group_spec(spec_pb, self.engine.num_workers)
         ranks = list(range(spec.rank_offset, spec.rank_offset + self.engine.num_workers))
         with self._exclusive(spec.timeout_seconds):
-            healthy = self.sglang is not None or (self.group is not None and not self.group.broken)
-            if spec == self.spec and healthy:
+            if spec == self.spec and self.group is not None and not self.group.broken:
                 return ranks, True
             self._cancel_join = cancel = threading.Event()
             self._leave()
-            if self.sglang is not None:
-                if spec.authenticate_members:  # the servers would never answer: the group would hang
-                    raise FailedPrecondition(
-                        "group.authenticate_members: SGLang servers join the group by themselves and "
-                        "cannot prove the run's secret (the coordinator sets it false for them)"
-                    )
-                self.sglang.init_group(spec)
-            else:
-                try:
-                    self.group = WeightGroup(
-                        spec, rank=spec.rank_offset, cancel=cancel, auth_token=self.auth_token
-                    )
-                except WeightGroupError as exc:
-                    raise group_error(exc) from None
+            try:
+                self.group = WeightGroup(
+                    spec, rank=spec.rank_offset, cancel=cancel, auth_token=self.auth_token
+                )
+            except WeightGroupError as exc:
+                raise group_error(exc) from None
             self.spec = spec
         log.info("joined weight group", group=spec.group_name, ranks=ranks, world_size=spec.world_size)
         return ranks, False
@@ -136,40 +100,21 @@ class WeightReceiver:
 
     def release_staging(self) -> None:
         """Free the staging buffers (ReleaseMemory)."""
-        with self._lock:
+        with self._exclusive:
             self.pool.clear()
 
     # --- UpdateWeights --------------------------------------------------------------------
     def update(self, request: rollout_pb2.UpdateWeightsRequest) -> rollout_pb2.UpdateWeightsResponse:
-        if not request.HasField("manifest"):
-            raise InvalidArgument("manifest", "is required")
-        manifest = request.manifest
-        try:
-            buckets = manifest_layout(manifest)
-        except ManifestError as exc:
-            raise InvalidArgument(exc.field, exc.problem) from None
-        if request.acknowledge and (
-            self.sglang is not None or not receiver_for(manifest.transport).acknowledges
-        ):
-            raise InvalidArgument(
-                "acknowledge",
-                f"needs the distributed transport and an in-process engine (not {self.engine.name})",
-            )
+        manifest, buckets = parse_manifest(request)
+        kind = receiver_kind(manifest.transport)
         timeout = self.spec.timeout_seconds if self.spec else 60.0
         with self._exclusive(timeout):
-            if self.sglang is not None:
-                return self.sglang.update(manifest, buckets, self.spec)
-            return self._update_in_process(manifest, buckets, request.acknowledge)
-
-    def require_group(self) -> WeightGroup:
-        """The live weight group; FailedPrecondition if there is none or it is broken."""
-        if self.group is None:
-            raise FailedPrecondition("no weight group: call InitWeightGroup first")
-        if self.group.broken:
-            raise FailedPrecondition(
-                f"the weight group is broken ({self.group.broken}); call InitWeightGroup again"
-            )
-        return self.group
+            receiver = kind(self.group, self.pool)  # this update's, on the run's group and buffers
+            if request.acknowledge and not receiver.acknowledges:
+                raise InvalidArgument(
+                    "acknowledge", f"needs the distributed transport (not {manifest.transport!r})"
+                )
+            return self._update(receiver, manifest, buckets, request.acknowledge)
 
     def _status(self, version: int, buckets: list[Bucket]) -> tuple[int, RollwayError | None]:
         """What this update will do, decided before any byte arrives: (status code, refusal)."""
@@ -189,17 +134,24 @@ class WeightReceiver:
             )
         return (STATUS_ALREADY_APPLIED if version == current else STATUS_OK), None
 
-    def _update_in_process(self, manifest, buckets: list[Bucket], acknowledge: bool):
+    def _update(self, receiver, manifest, buckets: list[Bucket], acknowledge: bool):
         started = time.perf_counter()
         version, current = manifest.weight_version, self.engine.weight_version
         status, refusal = self._status(version, buckets)
-        delivery = receiver_for(manifest.transport).receive(self, manifest, buckets, status == STATUS_OK)
+        try:
+            delivery = receiver.receive(manifest, buckets, status == STATUS_OK)
+        except TransferFailed as exc:
+            self.close()
+            raise Unavailable(
+                f"weight version {version} was not received ({exc}); still serving version "
+                f"{current}: call InitWeightGroup again"
+            ) from None
         received = delivery.result
         if status == STATUS_OK and received.bad_buckets:
             status = STATUS_CHECKSUM_MISMATCH
-        if acknowledge:
+        if acknowledge:  # the receiver received on the group: it is there and healthy
             try:
-                self.require_group().exchange_status(status)
+                self.group.exchange_status(status)
             except WeightGroupError as exc:
                 self.close()
                 raise group_error(exc) from None

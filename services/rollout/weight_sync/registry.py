@@ -1,4 +1,5 @@
-"""The transport named in a weight manifest -> the Receiver that takes its updates in process.
+"""The transport named in a weight manifest -> the kind of Receiver that takes its updates in
+process (made for each update with the run's weight group and staging pool).
 
 Adding a transport is a new module beside distributed.py and disk.py (and its twin on the
 trainer's side) plus one line here. Tests register fault-injecting receivers with `register`.
@@ -6,29 +7,35 @@ trainer's side) plus one line here. Tests register fault-injecting receivers wit
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rollway.common.errors import InvalidArgument
+from rollway.common.weight_sync.group import WeightGroup
 from rollway.rollout.weight_sync.base import Receiver
 from rollway.rollout.weight_sync.disk import DiskReceiver
 from rollway.rollout.weight_sync.distributed import DistributedReceiver
+from rollway.rollout.weight_sync.staging import StagingPool
 
-RECEIVERS: dict[str, Receiver] = {
-    "distributed": DistributedReceiver(),
-    "disk": DiskReceiver(),
+ReceiverKind = Callable[[WeightGroup | None, StagingPool], Receiver]
+
+RECEIVERS: dict[str, ReceiverKind] = {
+    "distributed": DistributedReceiver,
+    "disk": DiskReceiver,
 }
 
 
-def receiver_for(transport: str) -> Receiver:
-    """The Receiver of `transport`; InvalidArgument if none is registered."""
-    receiver = RECEIVERS.get(transport)
-    if receiver is None:
+def receiver_kind(transport: str) -> ReceiverKind:
+    """What makes the Receiver of `transport`; InvalidArgument if none is registered."""
+    kind = RECEIVERS.get(transport)
+    if kind is None:
         raise InvalidArgument(
             "manifest.transport", f"must be one of {', '.join(RECEIVERS)} (got {transport!r})"
         )
-    return receiver
+    return kind
 
 
-def register(transport: str, receiver: Receiver) -> Receiver | None:
-    """Receive `transport` with `receiver` from now on (in this process); the one it replaces."""
+def register(transport: str, kind: ReceiverKind) -> ReceiverKind | None:
+    """Receive `transport` with receivers `kind` makes from now on (in this process); the one it replaces."""
     previous = RECEIVERS.get(transport)
-    RECEIVERS[transport] = receiver
+    RECEIVERS[transport] = kind
     return previous

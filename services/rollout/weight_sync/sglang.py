@@ -34,18 +34,48 @@ from rollway.rollout.engines.base import EngineError
 from rollway.rollout.v1 import rollout_pb2
 from rollway.rollout.weight_sync.base import WeightsCorrupt
 from rollway.rollout.weight_sync.disk import read_disk_buckets
+from rollway.rollout.weight_sync.requests import OneAtATime, parse_group_spec, parse_manifest
 
 log = get_logger("rollway.rollout.weights")
 LOAD_FORMAT = "flattened_bucket"
 
 
 class SGLangReceiver:
-    """Drives an engine's weight endpoints (init_weights_update_group, update_weights_from_*)."""
+    """InitWeightGroup and UpdateWeights through an engine's weight endpoints
+    (init_weights_update_group, update_weights_from_*); one update or group change at a time."""
 
     def __init__(self, engine):
         self.engine = engine
+        self.spec: GroupSpec | None = None  # the group the servers joined
+        self._exclusive = OneAtATime()
 
-    def init_group(self, spec: GroupSpec) -> None:
+    def init_group(self, spec_pb: common_pb2.WeightGroupSpec) -> tuple[list[int], bool]:
+        """(ranks of this service's servers, already_initialized)."""
+        spec = parse_group_spec(spec_pb, self.engine.num_workers)
+        ranks = list(range(spec.rank_offset, spec.rank_offset + self.engine.num_workers))
+        with self._exclusive(spec.timeout_seconds):
+            if spec == self.spec:
+                return ranks, True
+            self.spec = None
+            if spec.authenticate_members:  # the servers would never answer: the group would hang
+                raise FailedPrecondition(
+                    "group.authenticate_members: SGLang servers join the group by themselves and "
+                    "cannot prove the run's secret (the coordinator sets it false for them)"
+                )
+            self._join(spec)
+            self.spec = spec
+        log.info("joined weight group", group=spec.group_name, ranks=ranks, world_size=spec.world_size)
+        return ranks, False
+
+    def close(self) -> None:
+        """Forget the group (the next update needs InitWeightGroup again); the servers leave it
+        when a broadcast on it fails."""
+        self.spec = None
+
+    def release_staging(self) -> None:
+        """Nothing is staged here: the servers load each bucket as it arrives."""
+
+    def _join(self, spec: GroupSpec) -> None:
         try:
             self.engine.init_weights_update_group(
                 spec.master_address,
@@ -58,7 +88,21 @@ class SGLangReceiver:
         except EngineError as exc:
             raise FailedPrecondition(f"{self.engine.name}: cannot join the weight group: {exc}") from None
 
-    def update(
+    def update(self, request: rollout_pb2.UpdateWeightsRequest) -> rollout_pb2.UpdateWeightsResponse:
+        manifest, buckets = parse_manifest(request)
+        if manifest.transport not in self._transports:
+            raise InvalidArgument(
+                "manifest.transport",
+                f"must be one of {', '.join(self._transports)} (got {manifest.transport!r})",
+            )
+        if request.acknowledge:
+            raise InvalidArgument(
+                "acknowledge", f"needs an engine that loads weights in process (not {self.engine.name})"
+            )
+        with self._exclusive(self.spec.timeout_seconds if self.spec else 60.0):
+            return self._update(manifest, buckets, self.spec)
+
+    def _update(
         self, manifest: common_pb2.WeightManifest, buckets: list[Bucket], spec: GroupSpec | None
     ) -> rollout_pb2.UpdateWeightsResponse:
         started = time.perf_counter()

@@ -4,8 +4,8 @@
     checksum_pass:  every rank casts its own FSDP2 shards to the serving dtype and sums them into
                     the buckets' checksums (linear in the bytes: no gather), one all-reduce adds
                     the ranks' sums -> the manifest (layout + checksums)
-    Sender:         a transport's PushWeights sequence on rank 0 (pusher.py runs it) and the
-                    pass it runs on every trainer rank (the SendWeights command)
+    Sender:         a transport's PushWeights sequence on rank 0 (pusher.py runs it); the
+                    passes every trainer rank runs are steps of the WeightPass command (passes.py)
 
 Two passes for the distributed transport because the receivers need the per-bucket checksums in
 the manifest before the first broadcast, and the alternative (holding the whole model in the
@@ -17,9 +17,8 @@ once with a vectorised sum, in parallel on all ranks, and gathers or copies noth
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -32,29 +31,29 @@ from rollway.trainer.v1 import trainer_pb2
 from rollway.trainer.weight_sync import gather as weight_gather
 from rollway.trainer.weights import weight_names
 
-if TYPE_CHECKING:
-    from rollway.trainer.weight_sync.pusher import WeightPusher
-
 
 class Sender:
-    """One transport's send side (registry.py maps the manifest's transport name to one)."""
+    """One transport's send side for one run (registry.py: the request's transport -> its kind)."""
 
-    def check(self, request: trainer_pb2.PushWeightsRequest) -> None:
+    transport = ""  # the name manifests carry (rollway.common.weight_sync.transports)
+
+    @staticmethod
+    def check(request: trainer_pb2.PushWeightsRequest) -> None:
         """Refuse (InvalidArgument) a request this transport cannot serve; before any work."""
 
     def send(
-        self, pusher: WeightPusher, request: trainer_pb2.PushWeightsRequest, transport: str, dtype: str,
-        bucket_size: int,
-    ) -> Generator[trainer_pb2.PushWeightsResponse, None, tuple[SendResult, SendResult]]:  # fmt: skip
+        self, on_ranks: OnRanks, request: trainer_pb2.PushWeightsRequest
+    ) -> Generator[trainer_pb2.PushWeightsResponse, None, tuple[SendResult, SendResult]]:
         """Rank 0, holding the pusher's locks: yield the manifest once the receivers can act on it,
         deliver the weights, and return (plan result, send result) for the timings. Raises a
-        RollwayError when the version was not delivered."""
+        RollwayError when the version was not delivered. `on_ranks(step, rank0_step)` runs a
+        step of the push on every trainer rank (rank 0 may get its own) and returns rank 0's result."""
         raise NotImplementedError
 
-    def run_pass(self, engine, buckets: list[Bucket], arguments) -> SendResult | None:
-        """This transport's pass on one trainer rank (every rank runs it, in step); `arguments` is
-        the transport's own frozen dataclass, carried by the SendWeights command."""
-        raise NotImplementedError
+
+@dataclass(frozen=True)
+class Checksums:
+    """The step every push starts with: the buckets' checksums (checksum_pass), for the manifest."""
 
 
 @dataclass
@@ -68,6 +67,9 @@ class SendResult:
     num_bytes: int = 0
     error: str = ""
     receiver_status: list[int] = field(default_factory=list)  # acknowledgements of ranks 1..N-1
+
+
+OnRanks = Callable[..., "SendResult"]  # (step, rank0_step=None) -> rank 0's SendResult
 
 
 def _tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:

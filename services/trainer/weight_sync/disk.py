@@ -21,7 +21,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
@@ -32,10 +31,7 @@ from rollway.common.weight_sync.bucket_checksum import BucketChecksum, as_bytes
 from rollway.common.weight_sync.buckets import Bucket, bucket_file_name, to_manifest
 from rollway.trainer.v1 import trainer_pb2
 from rollway.trainer.weight_sync import gather as weight_gather
-from rollway.trainer.weight_sync.base import Sender, SendResult, gathered_tensors
-
-if TYPE_CHECKING:
-    from rollway.trainer.weight_sync.pusher import WeightPusher
+from rollway.trainer.weight_sync.base import OnRanks, Sender, SendResult, gathered_tensors
 
 DISK_PREFIX = "weights-v"
 
@@ -43,30 +39,30 @@ DISK_PREFIX = "weights-v"
 class DiskSender(Sender):
     """Write the version's files, rename them into place, then the manifest names the directory."""
 
-    def check(self, request: trainer_pb2.PushWeightsRequest) -> None:
+    transport = "disk"
+
+    @staticmethod
+    def check(request: trainer_pb2.PushWeightsRequest) -> None:
         if not request.disk_path:
             raise InvalidArgument("disk_path", "is required for the disk transport")
 
-    def send(self, pusher: WeightPusher, request, transport: str, dtype: str, bucket_size: int):
+    def send(self, on_ranks: OnRanks, request):
         version = request.weight_version
-        sent, directory = _write(pusher, request.disk_path, version, transport, dtype, bucket_size)
+        sent, directory = _write(on_ranks, request.disk_path, version)
         yield trainer_pb2.PushWeightsResponse(
-            manifest=to_manifest(sent.buckets, version, transport, str(directory))
+            manifest=to_manifest(sent.buckets, version, self.transport, str(directory))
         )
         return SendResult(), sent
 
-    def run_pass(self, engine, buckets: list[Bucket], arguments: WriteArguments) -> SendResult | None:
-        return write_pass(engine.model, buckets, engine.info.rank, arguments.directory, engine.hf_config)
-
 
 @dataclass(frozen=True)
-class WriteArguments:
-    """The write pass's share of a SendWeights command: the directory rank 0 writes into."""
+class WriteFiles:
+    """The write step of a push on every trainer rank (write_pass): the directory rank 0 writes into."""
 
     directory: str
 
 
-def _write(pusher: WeightPusher, disk_path: str, version: int, transport: str, dtype: str, bucket_size: int):
+def _write(on_ranks: OnRanks, disk_path: str, version: int):
     """Write into a temporary directory, fsync, rename into place atomically."""
     root = Path(disk_path)
     try:
@@ -75,7 +71,7 @@ def _write(pusher: WeightPusher, disk_path: str, version: int, transport: str, d
         tmp.mkdir()
     except OSError as exc:
         raise InvalidArgument("disk_path", f"cannot write under {root}: {exc}") from None
-    sent = pusher.send_on_ranks(transport, dtype, bucket_size, WriteArguments(str(tmp)))
+    sent = on_ranks(WriteFiles(str(tmp)))
     if sent.error:
         shutil.rmtree(tmp, ignore_errors=True)
         raise Unavailable(f"weight version {version} was not written: {sent.error}")

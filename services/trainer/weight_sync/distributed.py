@@ -7,17 +7,18 @@
                 rank 0's buffer (gather.py). Otherwise tensor by tensor (full_tensor): small ones
                 packed into one of two buffers, large ones sent from their memory
 
+A DistributedSender is one run's: InitWeightGroup forms it with the group, and it keeps the group
+and its two bucket buffers until the next InitWeightGroup or a failed push destroys the group.
 Ranks other than 0 only take part in the gathers, in the same order. A failed broadcast (a
-receiver died, the group timed out) never raises here: rank 0 stops sending but keeps gathering
-to the end, so the trainer's ranks stay in step, and reports the error in its result, which
-DistributedSender turns into UNAVAILABLE (the coordinator rebuilds the group and retries).
+receiver died, the group timed out) never raises in the pass: rank 0 stops sending but keeps
+gathering to the end, so the trainer's ranks stay in step, and reports the error in its result,
+which DistributedSender turns into UNAVAILABLE (the coordinator rebuilds the group and retries).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 
@@ -33,18 +34,58 @@ from rollway.common.weight_sync.group import (
 )
 from rollway.trainer.v1 import trainer_pb2
 from rollway.trainer.weight_sync import gather as weight_gather
-from rollway.trainer.weight_sync.base import Sender, SendResult, gathered_tensors
-
-if TYPE_CHECKING:
-    from rollway.trainer.weight_sync.pusher import WeightPusher
+from rollway.trainer.weight_sync.base import Checksums, OnRanks, Sender, SendResult, gathered_tensors
 
 
-class SenderState:
-    """Rank 0's weight group and its two reusable bucket buffers (kept between pushes on CPU)."""
+class DistributedSender(Sender):
+    """Plan (checksums) -> the manifest -> broadcast on the weight group -> every receiver committed.
 
-    def __init__(self, group: WeightGroup | None):
+    Owns the run's weight group (rank 0) and its two reusable bucket buffers (kept between pushes
+    on the host)."""
+
+    transport = "distributed"
+
+    def __init__(self, group: WeightGroup):
         self.group = group
         self._buffers: list[torch.Tensor] = []
+
+    def require_healthy(self) -> None:
+        """FailedPrecondition if the group is broken (a failed collective, or destroyed)."""
+        if self.group.broken:
+            raise FailedPrecondition(
+                f"the weight group is broken ({self.group.broken}); call InitWeightGroup again"
+            )
+
+    def close(self) -> None:
+        """Destroy the group: members blocked in a collective on it fail at once."""
+        self.group.destroy()
+        self._buffers = []
+
+    def send(self, on_ranks: OnRanks, request):
+        version, chunk = request.weight_version, request.broadcast_chunk_bytes
+        self.require_healthy()
+        plan = on_ranks(Checksums())
+        manifest = to_manifest(plan.buckets, version, self.transport, broadcast_chunk_bytes=chunk)
+        yield trainer_pb2.PushWeightsResponse(manifest=manifest)
+        step = Broadcast(request.acknowledge, chunk)
+        sent = on_ranks(step, Broadcast(request.acknowledge, chunk, sender=self))
+        self._check_delivery(version, sent)
+        return plan, sent
+
+    def _check_delivery(self, version: int, sent: SendResult) -> None:
+        if sent.error:
+            self.close()
+            raise Unavailable(
+                f"weight version {version} was not delivered ({sent.error}); receivers keep their "
+                "version: call InitWeightGroup again, then retry"
+            )
+        refused = {rank: STATUS_NAMES.get(code, str(code)) for rank, code in enumerate(sent.receiver_status, 1)
+                   if code not in (STATUS_OK, STATUS_ALREADY_APPLIED)}  # fmt: skip
+        if refused:
+            ranks = ", ".join(f"rank {rank}: {name}" for rank, name in refused.items())
+            raise FailedPrecondition(
+                f"weight version {version} was not committed by every receiver ({ranks})"
+            )
 
     def buffers(self, size: int, device: torch.device) -> list[torch.Tensor]:
         if not self._buffers or self._buffers[0].numel() < size or self._buffers[0].device != device:
@@ -62,7 +103,7 @@ def broadcast_pass(
     model: torch.nn.Module,
     buckets: list[Bucket],
     rank: int,
-    sender: SenderState | None,
+    sender: DistributedSender | None,
     acknowledge: bool,
     chunk_bytes: int = 0,
 ) -> SendResult | None:
@@ -179,47 +220,11 @@ def _wait_all(works: list, group: WeightGroup) -> str:
     return error
 
 
-class DistributedSender(Sender):
-    """Plan (checksums) -> the manifest -> broadcast on the weight group -> every receiver committed."""
-
-    def send(self, pusher: WeightPusher, request, transport: str, dtype: str, bucket_size: int):
-        version, chunk = request.weight_version, request.broadcast_chunk_bytes
-        pusher.require_group()
-        plan = pusher.plan_on_ranks(dtype, bucket_size)
-        manifest = to_manifest(plan.buckets, version, transport, broadcast_chunk_bytes=chunk)
-        yield trainer_pb2.PushWeightsResponse(manifest=manifest)
-        arguments = BroadcastArguments(request.acknowledge, chunk)
-        rank0 = replace(arguments, sender=pusher.sender)
-        sent = pusher.send_on_ranks(transport, dtype, bucket_size, arguments, rank0)
-        _check_delivery(pusher, version, sent)
-        return plan, sent
-
-    def run_pass(self, engine, buckets: list[Bucket], arguments: BroadcastArguments) -> SendResult | None:
-        return broadcast_pass(
-            engine.model, buckets, engine.info.rank, arguments.sender, arguments.acknowledge,
-            arguments.chunk_bytes,
-        )  # fmt: skip
-
-
 @dataclass(frozen=True)
-class BroadcastArguments:
-    """The broadcast pass's share of a SendWeights command. `sender` is rank 0's group and buffers:
-    only rank 0's command carries it (it is handed over directly, never pickled)."""
+class Broadcast:
+    """The broadcast step of a push on every trainer rank (broadcast_pass). `sender` is rank 0's
+    group and buffers: only rank 0's step carries it (handed over directly, never pickled)."""
 
     acknowledge: bool
     chunk_bytes: int
-    sender: SenderState | None = None
-
-
-def _check_delivery(pusher: WeightPusher, version: int, sent: SendResult) -> None:
-    if sent.error:
-        pusher.close()
-        raise Unavailable(
-            f"weight version {version} was not delivered ({sent.error}); receivers keep their "
-            "version: call InitWeightGroup again, then retry"
-        )
-    refused = {rank: STATUS_NAMES.get(code, str(code)) for rank, code in enumerate(sent.receiver_status, 1)
-               if code not in (STATUS_OK, STATUS_ALREADY_APPLIED)}  # fmt: skip
-    if refused:
-        ranks = ", ".join(f"rank {rank}: {name}" for rank, name in refused.items())
-        raise FailedPrecondition(f"weight version {version} was not committed by every receiver ({ranks})")
+    sender: DistributedSender | None = None

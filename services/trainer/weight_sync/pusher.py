@@ -1,11 +1,12 @@
 """Rank 0's weight sync: the weight group, the pushed version, and the PushWeights sequence.
 
     InitWeightGroup(spec):  same spec as the live group -> no-op; otherwise destroy it, then form a
-                            new group as rank 0 (hosting its TCPStore at master_port)
+                            new group as rank 0 (hosting its TCPStore at master_port): the run's
+                            DistributedSender, which owns the group and its buffers
     PushWeights(v):         check v -> the request's transport (registry.py: distributed.py,
                             disk.py) yields the manifest (the coordinator forwards it to the
-                            receivers) and delivers the weights: PlanWeights and SendWeights
-                            commands on every rank -> record v as pushed -> yield the timings
+                            receivers) and delivers the weights, running its steps on every rank
+                            as WeightPass commands (passes.py) -> record v as pushed -> the timings
 
 Versions only move forward: v below the last pushed version is refused; v equal to it re-sends
 the same weights (a retry after some receiver failed) unless the model has trained since, in
@@ -19,21 +20,21 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
-from typing import Any
 
 from rollway.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
 from rollway.common.weight_sync.buckets import DEFAULT_BUCKET_SIZE_BYTES, check_chunk_bytes
 from rollway.common.weight_sync.group import GroupSpec, WeightGroup, WeightGroupError
+from rollway.common.weight_sync.transports import TRANSPORTS
 from rollway.common.weights_checksum import dtype_from_name
-from rollway.trainer.commands import Command, PlanWeights, SendWeights
+from rollway.trainer.commands import WeightPass
 from rollway.trainer.sharding import DTYPE_NAMES
 from rollway.trainer.v1 import trainer_pb2
-from rollway.trainer.weight_sync.base import SendResult
-from rollway.trainer.weight_sync.distributed import SenderState
-from rollway.trainer.weight_sync.registry import sender_for
+from rollway.trainer.weight_sync.base import OnRanks, Sender, SendResult
+from rollway.trainer.weight_sync.distributed import DistributedSender
+from rollway.trainer.weight_sync.passes import WeightStep
+from rollway.trainer.weight_sync.registry import sender_kind
 
 log = get_logger("rollway.trainer.weight_sync")
 
@@ -44,14 +45,14 @@ class WeightPusher:
     def __init__(self, controller, auth_token: str = ""):
         self.controller = controller
         self.auth_token = auth_token  # members of its weight groups prove a secret derived from it
-        self.sender = SenderState(None)
+        self.broadcaster: DistributedSender | None = None  # the run's, formed by InitWeightGroup
         self.pushed_at: tuple[int, int] | None = None  # (version, global_step) of the last push
         self._lock = threading.Lock()
         self._cancel_join = threading.Event()  # set by close(): the join in progress fails at once
 
     @property
     def group(self) -> WeightGroup | None:
-        return self.sender.group
+        return self.broadcaster.group if self.broadcaster is not None else None
 
     # --- InitWeightGroup ------------------------------------------------------------------
     def init_group(self, spec_pb: common_pb2.WeightGroupSpec) -> bool:
@@ -71,11 +72,12 @@ class WeightPusher:
             self._cancel_join = cancel = threading.Event()
             self._leave()
             try:
-                self.sender.group = WeightGroup(spec, rank=0, cancel=cancel, auth_token=self.auth_token)
+                group = WeightGroup(spec, rank=0, cancel=cancel, auth_token=self.auth_token)
             except WeightGroupError as exc:
                 # Not UNAVAILABLE: clients retry that, and a lone retry of a collective join cannot succeed.
                 error = DeadlineExceeded if "timeout" in str(exc).lower() else FailedPrecondition
                 raise error(str(exc)) from None
+            self.broadcaster = DistributedSender(group)
         log.info(
             "weight group formed", group=spec.group_name, world_size=spec.world_size, backend=spec.backend
         )
@@ -88,16 +90,16 @@ class WeightPusher:
         self._leave()
 
     def _leave(self) -> None:
-        group, self.sender.group = self.sender.group, None
-        if group is not None:
-            group.destroy()
+        broadcaster, self.broadcaster = self.broadcaster, None
+        if broadcaster is not None:
+            broadcaster.close()
 
     # --- PushWeights ----------------------------------------------------------------------
     def _check_request(self, request: trainer_pb2.PushWeightsRequest) -> tuple[str, str, int]:
         if request.weight_version <= 0:
             raise InvalidArgument("weight_version", f"must be positive (got {request.weight_version})")
         transport = request.transport or "distributed"
-        sender_for(transport).check(request)
+        sender_kind(transport).check(request)
         problem = check_chunk_bytes(request.broadcast_chunk_bytes)
         if problem:
             raise InvalidArgument("broadcast_chunk_bytes", problem)
@@ -131,8 +133,8 @@ class WeightPusher:
         started = time.perf_counter()
         with self._lock, self.controller.lock:
             self._check_version(version)
-            sender = sender_for(transport)
-            plan, sent = yield from sender.send(self, request, transport, dtype, bucket_size)
+            sender = self._sender(transport)
+            plan, sent = yield from sender.send(self._on_ranks(dtype, bucket_size), request)
             self.controller.weight_version = version
             self.pushed_at = (version, self.controller.engine.global_step)
         timings = common_pb2.WeightSyncTimings(
@@ -146,30 +148,23 @@ class WeightPusher:
                     seconds=round(timings.total_seconds, 3))  # fmt: skip
         yield trainer_pb2.PushWeightsResponse(timings=timings)
 
-    def require_group(self) -> None:
-        """FailedPrecondition unless a healthy weight group is formed."""
-        if self.group is None:
+    def _sender(self, transport: str) -> Sender:
+        """The run's sender of `transport`: the group's (formed by InitWeightGroup) for a transport
+        that moves bytes on the weight group, a new one otherwise."""
+        if not TRANSPORTS[transport].uses_group:
+            return sender_kind(transport)()
+        if self.broadcaster is None:
             raise FailedPrecondition("no weight group: call InitWeightGroup first")
-        if self.group.broken:
-            raise FailedPrecondition(
-                f"the weight group is broken ({self.group.broken}); call InitWeightGroup again"
-            )
+        return self.broadcaster
 
-    def plan_on_ranks(self, dtype: str, bucket_size: int) -> SendResult:
-        """PlanWeights on every trainer rank (the buckets and their checksums); rank 0's result."""
-        return self._run(PlanWeights(dtype, bucket_size))
-
-    def send_on_ranks(
-        self, transport: str, dtype: str, bucket_size: int, arguments: Any, rank0_arguments: Any = None
-    ) -> SendResult:
-        """SendWeights: the transport's pass on every trainer rank; rank 0's result. Rank 0 may get
-        its own arguments (the distributed transport's group): its command is handed to its engine
+    def _on_ranks(self, dtype: str, bucket_size: int) -> OnRanks:
+        """Runs a step of this push on every trainer rank and returns rank 0's result. Rank 0 may
+        get its own step (the broadcast's carries the group): its command is handed to its engine
         directly, never pickled."""
-        workers = SendWeights(transport, dtype, bucket_size, arguments)
-        own = workers if rank0_arguments is None else replace(workers, arguments=rank0_arguments)
-        return self._run(own, workers)
 
-    def _run(self, command: Command, workers: Command | None = None) -> SendResult:
-        """`command` on rank 0, `workers` (default: the same) on the others."""
-        others = [workers or command] * (self.controller.world_size - 1)
-        return self.controller.runtime.run([command, *others])
+        def run(step: WeightStep, rank0_step: WeightStep | None = None) -> SendResult:
+            workers = WeightPass(dtype, bucket_size, step)
+            own = workers if rank0_step is None else WeightPass(dtype, bucket_size, rank0_step)
+            return self.controller.runtime.run([own, *[workers] * (self.controller.world_size - 1)])
+
+        return run

@@ -25,9 +25,10 @@ WEIGHT_SYNC = [SERVICES / "trainer" / "weight_sync", SERVICES / "rollout" / "wei
 def test_every_transport_has_a_sender_and_a_receiver_in_a_module_of_its_name():
     assert set(SENDERS) == set(RECEIVERS) == set(TRANSPORTS)
     for name in TRANSPORTS:
-        assert isinstance(SENDERS[name], Sender) and isinstance(RECEIVERS[name], Receiver)
-        assert type(SENDERS[name]).__module__ == f"rollway.trainer.weight_sync.{name}"
-        assert type(RECEIVERS[name]).__module__ == f"rollway.rollout.weight_sync.{name}"
+        assert issubclass(SENDERS[name], Sender) and issubclass(RECEIVERS[name], Receiver)
+        assert SENDERS[name].transport == name  # the name its manifests carry
+        assert SENDERS[name].__module__ == f"rollway.trainer.weight_sync.{name}"
+        assert RECEIVERS[name].__module__ == f"rollway.rollout.weight_sync.{name}"
 
 
 def transport_comparisons(source: str) -> list[int]:

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 import torch
-from support.weight_faults import FaultyReceiver, injected
+from support.weight_faults import faulty, injected
 from transformers import AutoModelForCausalLM
 
 from rollway.common.errors import FailedPrecondition, InvalidArgument, RollwayError
@@ -33,7 +33,7 @@ from rollway.rollout.engines.hf import HFEngine
 from rollway.rollout.v1 import rollout_pb2
 from rollway.rollout.weight_sync.receiver import WeightReceiver
 from rollway.trainer.weight_sync.base import checksum_pass, plan_layout
-from rollway.trainer.weight_sync.distributed import SenderState, broadcast_pass
+from rollway.trainer.weight_sync.distributed import DistributedSender, broadcast_pass
 
 BUCKET = 256 * 1024
 
@@ -61,7 +61,7 @@ def _checksum(named) -> str:
     return weights_checksum(named, torch.float32)[0]
 
 
-def _connect(receiver: WeightReceiver) -> SenderState:
+def _connect(receiver: WeightReceiver) -> DistributedSender:
     """Rank 0 in a thread, the receiver as rank 1: both must be inside the rendezvous at once."""
     spec = common_pb2.WeightGroupSpec(
         group_name=f"test-{uuid.uuid4().hex[:6]}",
@@ -78,7 +78,7 @@ def _connect(receiver: WeightReceiver) -> SenderState:
         ranks, already = receiver.init_group(spec)
         assert (ranks, already) == ([1], False)
         assert receiver.init_group(spec) == ([1], True)  # the same spec again: a no-op
-        return SenderState(group.result(timeout=30))
+        return DistributedSender(group.result(timeout=30))
 
 
 def _push(receiver, sender, model, version, edit=None, acknowledge=True, chunk=0):
@@ -150,7 +150,7 @@ def test_corrupt_bucket_is_refused_and_the_old_weights_keep_serving(engine, trai
         moved = {name: p + 1.0 for name, p in trained.named_parameters()}
         for name, p in trained.named_parameters():
             p.copy_(moved[name])
-    with injected(FaultyReceiver(corrupt=True)):
+    with injected(faulty(corrupt=True)):
         error, sent = _push(receiver, sender, trained, version=version + 1, chunk=64 * 1024)
     assert isinstance(error, RollwayError) and error.code == grpc.StatusCode.DATA_LOSS
     assert "bucket(s) [0]" in error.message

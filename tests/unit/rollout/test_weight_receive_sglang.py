@@ -19,7 +19,7 @@ from rollway.common.v1 import common_pb2
 from rollway.common.weight_sync.bucket_checksum import BucketChecksum, as_bytes
 from rollway.common.weight_sync.buckets import TensorEntry, bucket_file_name, plan_buckets, to_manifest
 from rollway.rollout.v1 import rollout_pb2
-from rollway.rollout.weight_sync.receiver import WeightReceiver
+from rollway.rollout.weight_sync.receiver import weight_receiver
 
 
 def _spec(world_size=3, rank_offset=1) -> common_pb2.WeightGroupSpec:
@@ -60,7 +60,7 @@ def test_servers_join_the_group_at_once_with_their_own_rank_offsets(tiny_model_d
         peer.routes["/init_weights_update_group"] = join
     engine = _engine(tiny_model_dir, *peers)
     try:
-        receiver = WeightReceiver(engine)
+        receiver = weight_receiver(engine)
         assert receiver.init_group(_spec()) == ([1, 2], False)
         assert receiver.init_group(_spec()) == ([1, 2], True)  # same spec: no second join
         bodies = [peer.calls("/init_weights_update_group") for peer in peers]
@@ -79,7 +79,7 @@ def test_distributed_update_sends_each_bucket_as_a_flattened_bucket_then_commits
     peer = sglang_peer()
     engine = _engine(tiny_model_dir, peer)
     try:
-        receiver = WeightReceiver(engine)
+        receiver = weight_receiver(engine)
         receiver.init_group(_spec(world_size=2))
         reply = receiver.update(rollout_pb2.UpdateWeightsRequest(manifest=_manifest(4)))
         assert (reply.weight_version, engine.weight_version) == (4, 4)
@@ -111,7 +111,7 @@ def test_disk_update_verifies_the_files_before_sglang_loads_them(tiny_model_dir,
     peer = sglang_peer()
     engine = _engine(tiny_model_dir, peer)
     try:
-        receiver = WeightReceiver(engine)
+        receiver = weight_receiver(engine)
         manifest = _manifest(2, transport="disk", disk_path=str(tmp_path))
         _write_files(tmp_path, manifest)
         started = time.perf_counter()
