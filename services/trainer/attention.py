@@ -373,3 +373,9 @@ def model_inputs(
             max_length_k=longest,
         )
     return inputs
+
+
+def shares_prefixes(config, packing: bool) -> bool:
+    """Samples that begin alike (a GRPO group's prompt) share those tokens in a packed row
+    (micro_batch.py) where the run's attention kernel can show them to each sample."""
+    return packing and config.attn_implementation in SHARED_PREFIX_KERNELS

@@ -15,8 +15,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from rollway.trainer.engine import OptimizerStepPlan, TrainerEngine
+from rollway.trainer.engine import TrainerEngine
 from rollway.trainer.micro_batch import SequenceItem
+from rollway.trainer.train_plan import OptimizerStepPlan
 from rollway.trainer.weight_sync.passes import WeightStep, weight_pass
 
 

@@ -11,7 +11,6 @@ import inspect
 import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +22,13 @@ from rollway.common.config import from_dict
 from rollway.common.cpu_threads import apply_cpu_threads
 from rollway.trainer import checkpoint, export, lora
 from rollway.trainer.async_save import BackgroundWriter
-from rollway.trainer.attention import SHARED_PREFIX_KERNELS, model_inputs
+from rollway.trainer.attention import model_inputs, shares_prefixes
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.datum_losses import DATUM_LOSSES
 from rollway.trainer.distributed import RankInfo
 from rollway.trainer.log_probs import response_values, token_log_probs
 from rollway.trainer.lora_tenants import LoraTenants
 from rollway.trainer.losses import (
-    GlobalDenominators,
     LossInputs,
     aggregate,
     combine_shares,
@@ -42,33 +40,18 @@ from rollway.trainer.micro_batch import MicroBatch, SequenceItem, build_micro_ba
 from rollway.trainer.model_loading import load_model
 from rollway.trainer.optimizer import apply_settings, build_optimizer, clip_grad_norm
 from rollway.trainer.per_source import gather_source_losses, sample_sums
-from rollway.trainer.policy_inputs import loss_temperature, prepare_policy_inputs
+from rollway.trainer.policy_inputs import complete_policy_inputs, log_prob_inputs, loss_temperature
 from rollway.trainer.reference import build_reference, shares_policy
 from rollway.trainer.sharding import resolve_dtype, shard_model
 from rollway.trainer.step_timer import StepTimer
 from rollway.trainer.tiled_mlp import enable_tiled_mlp
+from rollway.trainer.train_plan import OptimizerStepPlan
 from rollway.trainer.weights import full_weights_checksum
-
-
-def shares_prefixes(config: TrainerConfig, packing: bool) -> bool:
-    """Samples that begin alike (a GRPO group's prompt) share those tokens in a packed row
-    (micro_batch.py) where the attention kernel can show them to each sample (attention.py)."""
-    return packing and config.attn_implementation in SHARED_PREFIX_KERNELS
 
 
 def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether the model's forward can compute logits at chosen positions (most HF causal LMs)."""
     return "logits_to_keep" in inspect.signature(model.forward).parameters
-
-
-@dataclass
-class OptimizerStepPlan:
-    """One optimizer step as one rank sees it."""
-
-    micro_batches: list[list[SequenceItem]]  # this rank's micro-batches (some may be empty)
-    denominators: GlobalDenominators
-    settings: dict[str, Any]  # TrainerConfig fields in force for this step
-    extra_names: tuple[str, ...] = ()  # per-token inputs of the items (Sample fields, computed ones)
 
 
 class TrainerEngine:
@@ -125,7 +108,7 @@ class TrainerEngine:
         # The plan gives every step the same settings: parse them once, not per step.
         settings = from_dict(TrainerConfig, steps[0].settings)
         if settings.loss_type == "policy_loss":  # old/ref log-probs before the first update
-            prepare_policy_inputs(self, steps, settings, timer)
+            self.fill_policy_inputs(steps, settings, timer)
         results = [self._optimizer_step(step, settings, timer) for step in steps]
         results[0].update(timer.metrics())
         results[0]["perf/actor_train_time"] = time.perf_counter() - started
@@ -145,23 +128,14 @@ class TrainerEngine:
             for items in micro_batches:
                 progress.beat()
                 mb = self.build_micro_batch(items, packing=True, extra_names=())
-                logits = self.reference_logits(mb) if use_reference else self.logits(mb)
-                logp, entropy = token_log_probs(
-                    logits,
-                    mb.target_ids.to(logits.device),
-                    temperature=temperature,
-                    chunk_size=self.config.log_probs_chunk_size,
-                    with_entropy=with_entropy,
+                logp, entropy = self.forward(
+                    mb, temperature, reference=use_reference, with_entropy=with_entropy
                 )
                 values = response_values(logp, mb.spans)
                 entropies = response_values(entropy, mb.spans) if entropy is not None else {}
                 for index, lp in values.items():
                     results[index] = (lp, entropies.get(index, []))
-        gathered: list[Any] | None = [None] * self.info.world_size if self.info.rank == 0 else None
-        dist.gather_object(results, gathered, dst=0)
-        if gathered is None:
-            return None
-        return {index: value for part in gathered for index, value in part.items()}
+        return self._gather_on_rank0(results)
 
     def save(self, directory: str, hf_export: bool, async_save: bool = False) -> list[str]:
         """Write this rank's shards (and take part in the HF export) into `directory`; the write
@@ -184,9 +158,7 @@ class TrainerEngine:
                 export.export_hf(self.model, self.hf_config, self.config.hf_checkpoint, path / "hf")
         except Exception as exc:  # noqa: BLE001 - write_error re-raises what is not a write error
             error = f"rank {self.info.rank}: {checkpoint.write_error(exc, path)}"
-        errors: list[str] = [""] * self.info.world_size
-        dist.all_gather_object(errors, error)
-        errors = [e for e in errors if e]
+        errors = self._every_ranks_errors(error)
         if staged is not None and not errors:  # every rank agrees: all start, or none does
             self.writer.start(staged, path)
         return errors
@@ -200,9 +172,7 @@ class TrainerEngine:
             export.export_hf(self.model, self.hf_config, self.config.hf_checkpoint, path)
         except Exception as exc:  # noqa: BLE001 - write_error re-raises what is not a write error
             error = f"rank {self.info.rank}: {checkpoint.write_error(exc, path)}"
-        errors: list[str] = [""] * self.info.world_size
-        dist.all_gather_object(errors, error)
-        return [e for e in errors if e]
+        return self._every_ranks_errors(error)
 
     def load(self, directory: str, global_step: int) -> None:
         """Read model, optimizer and RNG from a verified checkpoint directory."""
@@ -233,11 +203,8 @@ class TrainerEngine:
                 self.model.set_requires_gradient_sync(k == len(micro_batches) - 1)
             mb = self.build_micro_batch(items, packing=True, extra_names=spec.inputs)
             with torch.set_grad_enabled(not forward_only):
-                logits = self.logits(mb)
-                device = logits.device
-                logp, _ = token_log_probs(
-                    logits, mb.target_ids.to(device), chunk_size=self.config.log_probs_chunk_size
-                )
+                logp, _ = self.forward(mb)
+                device = logp.device
                 extras = {name: t.to(device) for name, t in mb.extras.items()}
                 terms = spec.fn(logp, extras, loss_fn_config) * mb.loss_mask.to(device)
                 if not forward_only:
@@ -245,11 +212,7 @@ class TrainerEngine:
             values, losses = response_values(logp, mb.spans), response_values(terms, mb.spans)
             for index, lp in values.items():
                 results[index] = (lp, losses[index])
-        gathered: list[Any] | None = [None] * self.info.world_size if self.info.rank == 0 else None
-        dist.gather_object(results, gathered, dst=0)
-        if gathered is None:
-            return None
-        return {index: value for part in gathered for index, value in part.items()}
+        return self._gather_on_rank0(results)
 
     def optim_step(
         self,
@@ -290,7 +253,65 @@ class TrainerEngine:
         """sha256 of the full weights cast to `dtype` (weights.py), on rank 0."""
         return full_weights_checksum(self.model, resolve_dtype(dtype))
 
-    # --- forward passes (also policy_inputs.py's) ----------------------------------------------
+    # --- forward passes ---------------------------------------------------------------------
+    def fill_policy_inputs(
+        self, steps: list[OptimizerStepPlan], settings: TrainerConfig, timer: StepTimer | None = None
+    ) -> None:
+        """Every rank, before a TrainStep's first optimizer step: the old and reference log-probs
+        its items need (policy_inputs.py says which), over the micro-batches it trains on, then
+        the inputs computed from them (policy_inputs.complete_policy_inputs)."""
+        timer = timer or StepTimer(self.info.device)
+        names = log_prob_inputs(settings, len(steps))
+        if names:
+            self.model.eval()
+            for step in steps:
+                for items in step.micro_batches:  # as many on every rank: FSDP collectives match
+                    self._fill_log_probs(items, names, settings, timer)
+        complete_policy_inputs(steps, settings, names, distributed=self.info.world_size > 1)
+
+    def _fill_log_probs(
+        self, items: list[SequenceItem], names: list[str], settings: TrainerConfig, timer: StepTimer
+    ) -> None:
+        """items' extras[name] for each of old_log_probs and ref_log_probs in `names` (no grad)."""
+        with timer.phase("data"):
+            mb = self.build_micro_batch(items, settings.packing, extra_names=())
+        for name in names:
+            reference = name == "ref_log_probs"
+            # perf/ref_log_probs_time or perf/log_probs_time (the old policy)
+            with timer.phase("ref_log_probs" if reference else "log_probs"), torch.no_grad():
+                logp, _ = self.forward(
+                    mb,
+                    loss_temperature(settings),
+                    reference=reference,
+                    chunk_size=settings.log_probs_chunk_size,
+                )
+                values = response_values(logp, mb.spans)
+            for item in items:
+                item.extras[name] = values[item.index]
+
+    def forward(
+        self,
+        mb: MicroBatch,
+        temperature: float = 1.0,
+        *,
+        reference: bool = False,
+        chunk_size: int | None = None,
+        with_entropy: bool = False,
+        entropy_requires_grad: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The forward pass every loop runs: log p(target) at the micro-batch's target columns
+        under the policy (or the reference), and optionally the entropy (log_probs.py). Gradients
+        flow as the caller's grad mode says."""
+        logits = self.reference_logits(mb) if reference else self.logits(mb)
+        return token_log_probs(
+            logits,
+            mb.target_ids.to(logits.device),
+            temperature=temperature,
+            chunk_size=self.config.log_probs_chunk_size if chunk_size is None else chunk_size,
+            with_entropy=with_entropy,
+            entropy_requires_grad=entropy_requires_grad,
+        )
+
     def build_micro_batch(
         self, items: list[SequenceItem], packing: bool, extra_names: tuple[str, ...]
     ) -> MicroBatch:
@@ -325,6 +346,18 @@ class TrainerEngine:
         return self.logits(mb, model=self.reference)
 
     # --- internals ------------------------------------------------------------------------
+    def _gather_on_rank0(self, results: dict[int, Any]) -> dict[int, Any] | None:
+        """Every rank's results by sample index, on rank 0 (None on the others)."""
+        gathered: list[Any] | None = [None] * self.info.world_size if self.info.rank == 0 else None
+        dist.gather_object(results, gathered, dst=0)
+        return None if gathered is None else {i: value for part in gathered for i, value in part.items()}
+
+    def _every_ranks_errors(self, error: str) -> list[str]:
+        """The write errors of every rank ("" for none on this one), on every rank."""
+        errors: list[str] = [""] * self.info.world_size
+        dist.all_gather_object(errors, error)
+        return [e for e in errors if e]
+
     def _require_optimizer(self) -> torch.optim.Optimizer:
         if self.optimizer is None:
             raise RuntimeError("the optimizer is built by init; rank 0 checks this before sending")
@@ -386,16 +419,14 @@ class TrainerEngine:
         """Forward and backward of one micro-batch; its (detached) shares of the step's metrics, on
         the device, and its samples' loss sums (per_source.py)."""
         with timer.phase("forward"):
-            logits = self.logits(mb)
-            device = logits.device
-            logp, entropy = token_log_probs(
-                logits,
-                mb.target_ids.to(device),
-                temperature=loss_temperature(settings),
+            logp, entropy = self.forward(
+                mb,
+                loss_temperature(settings),
                 chunk_size=settings.log_probs_chunk_size,
                 with_entropy=spec.needs_entropy,
                 entropy_requires_grad=settings.entropy_coef != 0,
             )
+            device = logp.device
             mask, index = mb.loss_mask.to(device), mb.sample_index.to(device)
             inputs = LossInputs(
                 log_probs=logp,

@@ -1,5 +1,7 @@
 """Per-token inputs of policy_loss that the trainer computes itself, before the first optimizer
-step of a TrainStep (every rank, for its own samples, over the same micro-batches it trains on):
+step of a TrainStep (every rank, for its own samples, over the same micro-batches it trains on).
+What is needed, and what follows from the log-probs, are decided here, on data alone; the
+forward passes are the engine's (TrainerEngine.fill_policy_inputs).
 
     old_log_probs   no-grad forward of the policy (not with --use-rollout-logprobs; skipped when
                     the rollout makes one optimizer step and nothing else needs them: the loss
@@ -20,10 +22,8 @@ import torch
 
 from rollway.trainer.config import TOKEN_LEVEL_ESTIMATORS, TrainerConfig
 from rollway.trainer.kl import approx_kl
-from rollway.trainer.log_probs import response_values, token_log_probs
 from rollway.trainer.micro_batch import SequenceItem
 from rollway.trainer.returns import reinforce_plus_plus_baseline, reinforce_plus_plus_returns, whiten
-from rollway.trainer.step_timer import StepTimer
 
 
 def loss_temperature(settings: TrainerConfig) -> float:
@@ -45,30 +45,14 @@ def needs_old_pass(settings: TrainerConfig, num_steps: int) -> bool:
     return num_steps > 1 or kl_shaping(settings)
 
 
-def _forward_log_probs(engine, mb, settings: TrainerConfig, reference: bool) -> dict[int, list[float]]:
-    with torch.no_grad():
-        logits = engine.reference_logits(mb) if reference else engine.logits(mb)
-        logp, _ = token_log_probs(
-            logits,
-            mb.target_ids.to(logits.device),
-            temperature=loss_temperature(settings),
-            chunk_size=settings.log_probs_chunk_size,
-        )
-    return response_values(logp, mb.spans)
-
-
-def _compute_log_probs(engine, steps, settings: TrainerConfig, names: list[str], timer: StepTimer) -> None:
-    engine.model.eval()
-    for step in steps:
-        for items in step.micro_batches:  # every rank has as many micro-batches: FSDP collectives match
-            with timer.phase("data"):
-                mb = engine.build_micro_batch(items, settings.packing, extra_names=())
-            for name in names:
-                # perf/log_probs_time (the old policy) or perf/ref_log_probs_time
-                with timer.phase("ref_log_probs" if name == "ref_log_probs" else "log_probs"):
-                    values = _forward_log_probs(engine, mb, settings, reference=name == "ref_log_probs")
-                for item in items:
-                    item.extras[name] = values[item.index]
+def log_prob_inputs(settings: TrainerConfig, num_steps: int) -> list[str]:
+    """The log-probs the engine computes before the first update: old_log_probs, ref_log_probs."""
+    names = []
+    if needs_old_pass(settings, num_steps):
+        names.append("old_log_probs")
+    if needs_reference(settings):
+        names.append("ref_log_probs")
+    return names
 
 
 def completes_advantages(settings: TrainerConfig) -> bool:
@@ -99,19 +83,12 @@ def _token_level_advantages(items: list[SequenceItem], settings: TrainerConfig, 
         item.extras["advantages"] = value.tolist()
 
 
-def prepare_policy_inputs(
-    engine, steps: list, settings: TrainerConfig, timer: StepTimer | None = None
-) -> None:
-    """Every rank, before the first optimizer step: fill its items' computed inputs (module doc)."""
-    names = []
-    if needs_old_pass(settings, len(steps)):
-        names.append("old_log_probs")
-    if needs_reference(settings):
-        names.append("ref_log_probs")
-    if names:
-        _compute_log_probs(engine, steps, settings, names, timer or StepTimer(engine.info.device))
+def complete_policy_inputs(steps: list, settings: TrainerConfig, names: list[str], distributed: bool) -> None:
+    """Every rank, once the engine filled `names` (log_prob_inputs) into its items' extras: name
+    them among every step's per-token inputs, and complete the advantages (module doc). With
+    --normalize-advantages this is a collective: every rank calls it."""
     for step in steps:
         step.extra_names = tuple(sorted({*step.extra_names, *names}))
     if completes_advantages(settings):
         items = [item for step in steps for mb in step.micro_batches for item in mb]
-        _token_level_advantages(items, settings, distributed=engine.info.world_size > 1)
+        _token_level_advantages(items, settings, distributed)

@@ -1,7 +1,7 @@
 """Where a training step's time goes, as perf/<phase>_time metrics (rank 0's view).
 
     data          build micro-batch tensors (and plan them, on rank 0's controller)
-    log_probs     no-grad forward of the old policy before the first update (policy_inputs.py)
+    log_probs     no-grad forward of the old policy before the first update (engine.fill_policy_inputs)
     ref_log_probs no-grad forward of the reference model
     forward       model forward, log-softmax and loss terms of the training micro-batches
     backward      autograd backward, FSDP2 reduce-scatter included

@@ -9,14 +9,27 @@ Budget problems become RESOURCE_EXHAUSTED naming the sample, before any rank is 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from rollway.common.config import to_dict
 from rollway.common.errors import InvalidArgument, ResourceExhausted
+from rollway.trainer.attention import shares_prefixes
 from rollway.trainer.batch import num_loss_tokens
 from rollway.trainer.config import TrainerConfig
-from rollway.trainer.engine import OptimizerStepPlan, shares_prefixes
 from rollway.trainer.losses import GlobalDenominators
 from rollway.trainer.micro_batch import SequenceItem, row_tokens
 from rollway.trainer.packing import NO_PROMPT, BudgetError, padded_size, plan
+
+
+@dataclass
+class OptimizerStepPlan:
+    """One optimizer step as one rank sees it."""
+
+    micro_batches: list[list[SequenceItem]]  # this rank's micro-batches (some may be empty)
+    denominators: GlobalDenominators
+    settings: dict[str, Any]  # TrainerConfig fields in force for this step
+    extra_names: tuple[str, ...] = ()  # per-token inputs of the items (Sample fields, computed ones)
 
 
 def check_lengths(items: list[SequenceItem], max_tokens: int) -> None:

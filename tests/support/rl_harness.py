@@ -19,7 +19,6 @@ from rollway.common.config import from_dict, to_dict
 from rollway.trainer.config import TrainerConfig
 from rollway.trainer.engine import TrainerEngine
 from rollway.trainer.micro_batch import SequenceItem
-from rollway.trainer.policy_inputs import prepare_policy_inputs
 from rollway.trainer.train_plan import plan_train_steps
 from support.rank_harness import run_on_ranks
 
@@ -49,7 +48,7 @@ def step_gradients(engine: TrainerEngine, items: list[SequenceItem], settings: T
     items = copy.deepcopy(items)  # the pre-pass writes into the items
     per_rank, _ = plan_train_steps(items, settings, engine.info.world_size)
     steps = per_rank[engine.info.rank]
-    prepare_policy_inputs(engine, steps, settings)
+    engine.fill_policy_inputs(steps, settings)
     metrics = engine.accumulate_gradients(steps[0])
     grads = full_grads(engine)
     engine.optimizer.zero_grad(set_to_none=True)

@@ -29,9 +29,9 @@ from rollway.trainer.commands import (
     command_name,
     execute,
 )
-from rollway.trainer.engine import OptimizerStepPlan
 from rollway.trainer.losses import GlobalDenominators
 from rollway.trainer.micro_batch import SequenceItem
+from rollway.trainer.train_plan import OptimizerStepPlan
 from rollway.trainer.weight_sync.base import Checksums
 from rollway.trainer.weight_sync.disk import WriteFiles
 from rollway.trainer.weight_sync.distributed import Broadcast
