@@ -136,7 +136,8 @@ class EpisodeBatch(BatchHandle):
 
 
 class EpisodeEngine:
-    """Runs episodes over an engine; requests without an episode go straight to the engine."""
+    """Runs episodes over an engine, turn by turn (single-turn samples go to the engine itself:
+    generate_stream.py chooses)."""
 
     def __init__(
         self, engine: Engine, codec: TextCodec, limits: Callable[[], EpisodeLimits], num_workers: int
@@ -159,8 +160,7 @@ class EpisodeEngine:
         return self.engine.running and not self._closed
 
     def submit(self, requests: list[SampleRequest], on_finish) -> BatchHandle:
-        if not requests or requests[0].episode is None:
-            return self.engine.submit(requests, on_finish)
+        """Start an episode for each request (each has its episode spec)."""
         batch = EpisodeBatch(len(requests), on_finish)
         limits = self.limits()
         now = time.monotonic()
@@ -174,12 +174,11 @@ class EpisodeEngine:
             self.pool.submit(self._start, episode, limits)
         return batch
 
-    def abort(self, handle: BatchHandle) -> int:
-        if not isinstance(handle, EpisodeBatch):
-            return self.engine.abort(handle)
+    def abort(self, handle: EpisodeBatch) -> int:
         return sum(self._force(e, FINISH_ABORT) for e in handle.episodes)
 
     def abort_all(self) -> int:
+        """Every episode and every request of the engine (episodes' turns and single turns)."""
         with self._lock:
             episodes = list(self._active)
         return sum(self._force(e, FINISH_ABORT) for e in episodes) + self.engine.abort_all()

@@ -37,6 +37,7 @@ from rollway.rollout.engines.base import (
     EngineUnsupported,
     SampleResult,
 )
+from rollway.rollout.episodes import EpisodeEngine
 from rollway.rollout.generate_queue import SHUTTING_DOWN
 from rollway.rollout.generation_gate import GenerationGate
 from rollway.rollout.request_validation import GenerationPlan
@@ -93,34 +94,38 @@ class _Scored:
 
 
 class RunningCalls:
-    """Engine handles of the admitted Generate calls, by request_id (what Abort aborts)."""
+    """The admitted Generate calls' batches, by request_id, each with what runs it (the engine,
+    or the episode runner): what Abort aborts."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._handles: dict[str, list[BatchHandle]] = {}
+        self._batches: dict[str, list[tuple[Engine | EpisodeEngine, BatchHandle]]] = {}
 
-    def add(self, request_id: str, handle: BatchHandle) -> None:
+    def add(self, request_id: str, runner: Engine | EpisodeEngine, handle: BatchHandle) -> None:
         with self._lock:
-            self._handles.setdefault(request_id, []).append(handle)
+            self._batches.setdefault(request_id, []).append((runner, handle))
 
     def remove(self, request_id: str, handle: BatchHandle) -> None:
         with self._lock:
-            handles = self._handles.get(request_id, [])
-            if handle in handles:
-                handles.remove(handle)
-            if not handles:
-                self._handles.pop(request_id, None)
+            batches = [b for b in self._batches.get(request_id, []) if b[1] is not handle]
+            if batches:
+                self._batches[request_id] = batches
+            else:
+                self._batches.pop(request_id, None)
 
-    def handles(self, request_id: str) -> list[BatchHandle]:
+    def abort(self, request_id: str) -> int:
+        """Abort the call's batches; how many samples were still running."""
         with self._lock:
-            return list(self._handles.get(request_id, []))
+            batches = list(self._batches.get(request_id, []))
+        return sum(runner.abort(handle) for runner, handle in batches)
 
 
 @dataclass
 class StreamContext:
     """What a Generate call needs from the service."""
 
-    engine: Engine
+    engine: Engine  # single-turn samples go straight to it
+    episodes: EpisodeEngine  # samples that are episodes of an environment
     gate: GenerationGate
     rewards: dict[str, RewardFunction]
     runner: RewardRunner
@@ -139,6 +144,8 @@ class GenerateStream:
         self.request = request
         self.plan = plan
         self.reward = None if plan.reward == NO_REWARD else ctx.rewards[plan.reward]
+        # Chosen once: an environment's episodes run turn by turn; a single turn is the engine's.
+        self.runner = ctx.episodes if plan.samples and plan.samples[0].episode is not None else ctx.engine
         self.events: queue.Queue[SampleResult | _Scored] = queue.Queue()
         self.prompt_texts: dict[int, str] = {}
         self.groups: dict[int, list[common_pb2.Sample]] = defaultdict(list)
@@ -149,8 +156,8 @@ class GenerateStream:
         handle = self._admit(is_active)
         if handle is None:
             return
-        on_cancel(lambda: self.ctx.engine.abort(handle))
-        self.ctx.running.add(self.request.request_id, handle)
+        on_cancel(lambda: self.runner.abort(handle))
+        self.ctx.running.add(self.request.request_id, self.runner, handle)
         num_samples = len(self.plan.samples)
         pending_engine, pending_out = num_samples, num_samples
         start, num_tokens = time.monotonic(), 0
@@ -176,7 +183,7 @@ class GenerateStream:
         finally:
             self.ctx.running.remove(self.request.request_id, handle)
             if pending_engine:  # the client went away (or the stream failed): the rest is aborted
-                self.ctx.engine.abort(handle)
+                self.runner.abort(handle)
                 self.ctx.gate.release()
                 self.ctx.counters.count(aborted=True, num_samples=pending_engine)
 
@@ -188,14 +195,14 @@ class GenerateStream:
             except queue.Empty:
                 if not is_active():
                     return None
-                if not self.ctx.engine.running:
+                if not self.runner.running:
                     raise Unavailable("the engine stopped before every sample finished; retry") from None
 
     def _admit(self, is_active):
         def submit() -> BatchHandle:
             if self.ctx.shutting_down():
                 raise Unavailable(SHUTTING_DOWN)
-            return self.ctx.engine.submit(self.plan.samples, self.events.put)
+            return self.runner.submit(self.plan.samples, self.events.put)
 
         try:
             handle = self.ctx.gate.admit(submit, lambda: is_active() and not self.ctx.shutting_down())

@@ -112,7 +112,8 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
             config.num_environment_workers,
         )
         self.ctx = StreamContext(
-            engine=self.episodes,  # single-turn requests pass straight through to the engine
+            engine=engine,
+            episodes=self.episodes,
             gate=self.gate,
             rewards=rewards,
             runner=self.runner,
@@ -189,7 +190,7 @@ class RolloutService(rollout_pb2_grpc.RolloutServiceServicer):
     def Abort(self, request, context):
         if not request.request_id:
             raise InvalidArgument("request_id", "is required")
-        num_aborted = sum(self.episodes.abort(h) for h in self.ctx.running.handles(request.request_id))
+        num_aborted = self.ctx.running.abort(request.request_id)
         log.info("aborted", request_id=request.request_id, num_aborted=num_aborted)
         return rollout_pb2.AbortResponse(num_aborted=num_aborted)
 
