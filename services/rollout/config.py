@@ -14,6 +14,7 @@ from typing import Literal
 
 from rollway.common import shared_settings
 from rollway.common.config import KEY_EQUALS_VALUE, MODULE_ATTR_OR_EMPTY, ConfigError, setting
+from rollway.rollout.environments import ENVIRONMENTS, check_environment_settings
 
 # Engine names; the registry in engines/__init__.py maps each to its implementation.
 ENGINE_NAMES = ("hf", "sglang")
@@ -62,8 +63,8 @@ ENGINE_SETTINGS = frozenset(
         "sglang_server_concurrency",
     }
 )
-# Environments of multi-turn episodes (environments/__init__.py builds them); "none": single turn.
-ENVIRONMENT_NAMES = ("none", "calculator", "remote", "custom", "verifiers", "openenv", "agent")
+# Environments of multi-turn episodes (environments/__init__.py's table); "none": single turn.
+ENVIRONMENT_NAMES = tuple(ENVIRONMENTS)
 TOOL_CALL_PARSERS = ("qwen3", "qwen25")  # both: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
 
 
@@ -258,18 +259,4 @@ class RolloutConfig:
                 raise ConfigError("rollout_num_gpus", "must be a multiple of --rollout-num-gpus-per-engine")
 
     def _validate_environment(self) -> None:
-        if self.environment == "remote" and not self.environment_url:
-            raise ConfigError("environment_url", "the 'remote' environment needs --environment-url host:port")
-        if self.environment == "custom" and not self.custom_generate_function_path:
-            raise ConfigError(
-                "custom_generate_function_path",
-                "the 'custom' environment needs module:attr of an Environment",
-            )
-        if self.environment == "openenv" and not self.openenv_url:
-            raise ConfigError("openenv_url", "the 'openenv' environment needs --openenv-url http://host:port")
-        if self.environment == "agent" and not self.agent_function_path:
-            raise ConfigError("agent_function_path", "the 'agent' environment needs module:attr of an agent")
-        if self.environment == "verifiers" and not self.verifiers_taskset:
-            raise ConfigError(
-                "verifiers_taskset", "the 'verifiers' environment needs module:attr of a Taskset"
-            )
+        check_environment_settings(self.environment, self)

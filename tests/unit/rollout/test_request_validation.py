@@ -88,7 +88,7 @@ def test_a_response_prefix_extends_the_engine_prompt_and_counts_against_max_new_
 
 
 def _episode_plan(prompt: rollout_pb2.Prompt, environment="calculator"):
-    from rollway.rollout.environment_registry import EnvironmentRegistry
+    from rollway.rollout.environments.registry import EnvironmentRegistry
 
     request = rollout_pb2.GenerateRequest(prompts=[prompt], n_samples_per_prompt=1, environment=environment)
     return plan_generation(request, CONFIG, INFO, REWARDS, environments=EnvironmentRegistry(CONFIG).get)

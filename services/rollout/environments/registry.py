@@ -10,9 +10,9 @@ import threading
 
 from rollway.common.config import ConfigError
 from rollway.common.errors import InvalidArgument
-from rollway.rollout.config import ENVIRONMENT_NAMES, RolloutConfig
+from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines.base import ModelInfo
-from rollway.rollout.environments import environment_factory
+from rollway.rollout.environments import ENVIRONMENTS, NO_ENVIRONMENT, environment_factory
 from rollway.rollout.episodes import EpisodeLimits
 
 
@@ -27,10 +27,12 @@ class EnvironmentRegistry:
 
     def get(self, name: str):
         """The factory of environment `name` (None: single turn)."""
-        if name not in ENVIRONMENT_NAMES:
+        if name not in ENVIRONMENTS:
             raise InvalidArgument(
-                "environment", f"unknown environment {name!r}; known: {', '.join(ENVIRONMENT_NAMES)}"
+                "environment", f"unknown environment {name!r}; known: {', '.join(ENVIRONMENTS)}"
             )
+        if name == NO_ENVIRONMENT:
+            return None
         with self._lock:
             if name not in self._factories:
                 try:
