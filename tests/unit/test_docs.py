@@ -208,13 +208,61 @@ def test_repository_paths_named_in_backticks_exist(page):
     assert not missing, f"{page.name} names paths that do not exist: {missing}"
 
 
-def test_the_grpo_step_walk_matches_its_counts():
+def grpo_step_walk() -> str:
     text = (ROOT / "docs" / "architecture.md").read_text()
     walk = text[text.index("## One synchronous GRPO step") :]
-    walk = walk[: walk.index("\n## ", 1)]
+    return walk[: walk.index("\n## ", 1)]
+
+
+def test_the_grpo_step_walk_matches_its_counts():
+    walk = grpo_step_walk()
     stated = re.search(r"\*\*Files: (\d+), returns: (\d+)\*\*", walk)
     assert stated, "the walk no longer states its counts"
-    files = re.findall(r"^\d+\. `([^`]+)`", walk, re.M)
-    assert files, "the walk has no numbered files"
-    returns = sum(1 for i, f in enumerate(files) if f in files[:i])
-    assert (len(set(files)), returns) == (int(stated[1]), int(stated[2]))
+    lines = re.findall(r"^\d+\. `([^`]+)` - (.*)$", walk, re.M)
+    assert lines, "the walk has no numbered files"
+    files = [path for path, _ in lines]
+    returns = [i for i, f in enumerate(files) if f in files[:i]]
+    assert (len(set(files)), len(returns)) == (int(stated[1]), int(stated[2]))
+    # Every return, and only a return, is marked with its kind; the stated counts by kind hold.
+    kinds = [re.search(r"\*\[(phase|lookup|ping-pong)\]\*$", rest) for _, rest in lines]
+    assert [i for i, kind in enumerate(kinds) if kind] == returns, (
+        "a return without its kind, or a kind on a first visit"
+    )
+    by_kind = re.search(r"\*\*by\s+kind: phase (\d+), lookup (\d+), ping-pong (\d+)\*\*", walk)
+    assert by_kind, "the walk no longer states its returns by kind"
+    counted = [sum(1 for k in kinds if k and k[1] == name) for name in ("phase", "lookup", "ping-pong")]
+    assert counted == [int(n) for n in by_kind.groups()]
+
+
+def names_defined(path: Path) -> set[str]:
+    """The functions and classes a module defines, and its classes' methods as Class.method."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        if isinstance(node, ast.ClassDef):
+            names.update(f"{node.name}.{item.name}" for item in node.body if hasattr(item, "name"))
+    return names
+
+
+def names_not_defined(walk: str) -> list[str]:
+    """Names a walk line says are in its file but are not defined there. A line reads
+    "N. `path` - `name` -> `name`: what happens"; the names before its first colon are the file's,
+    and those in parentheses say where a call comes from (another file's)."""
+    wrong = []
+    for number, path, rest in re.findall(r"^(\d+)\. `([^`]+\.py)` - (.*)$", walk, re.M):
+        head = re.split(r":(?=\s)(?=(?:[^`]*`[^`]*`)*[^`]*$)", rest, maxsplit=1)[0]
+        head = re.sub(r"\([^)]*\)", "", head)
+        defined = names_defined(ROOT / path)
+        wrong += [
+            f"{number}. {path}: {name}"
+            for name in re.findall(r"`([A-Za-z_][\w.]*)`", head)
+            if name not in defined
+        ]
+    return wrong
+
+
+def test_each_function_on_a_walk_line_is_defined_in_that_lines_file():
+    assert names_not_defined(grpo_step_walk()) == []
+    planted = "1. `services/trainer/engine.py` - `TrainerEngine.train` -> `no_such_pass`: made up.\n"
+    assert names_not_defined(planted) == ["1. services/trainer/engine.py: no_such_pass"]
