@@ -227,7 +227,7 @@ def _reuse_sft(earlier: Path, args: argparse.Namespace) -> tuple[Path, Path, Pat
     return earlier / "data", direct, tools, reused
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollway demo --task tools", description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="runs/demo-tools", help="parent of the demo directory")
     parser.add_argument("--seed", type=int, default=0, help="seed of model, data and sampling")
@@ -250,7 +250,22 @@ def main(argv: list[str] | None = None) -> int:
         help="an earlier tools demo's directory: reuse its data, its two SFT models and their "
         "accuracies, and run only GRPO (e.g. with another --agent) and its evaluation",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _held_out_accuracies(models: dict, data_dir: Path, workdir: Path) -> dict[str, float]:
+    """Greedy held-out accuracy of each (model, environment), each through its own rollout
+    service, at once."""
+    with ThreadPoolExecutor(len(models)) as pool:
+        futures = {
+            key: pool.submit(evaluate, model, data_dir / "eval.jsonl", env, workdir)
+            for key, (model, env) in models.items()
+        }
+    return {key: future.result() for key, future in futures.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     start = time.monotonic()
     workdir = (Path(args.workdir) / time.strftime("%Y%m%d-%H%M%S")).resolve()
     if args.sft_from:
@@ -280,21 +295,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     rl_model = _export_of(workdir, "grpo-tools")
     print("== evaluating on held-out sums", flush=True)
-    eval_path = data_dir / "eval.jsonl"
-    evaluations = {  # each through its own rollout service, at once
+    evaluations = {
         "accuracy_without_tools": (direct, "none"),
         "accuracy_after_sft": (tools, "calculator"),
         "accuracy_after_rl": (rl_model, "calculator"),
     }
     for key in reused:  # the same models on the same held-out sums: their greedy answers are known
         del evaluations[key]
-    with ThreadPoolExecutor(len(evaluations)) as pool:
-        futures = {
-            k: pool.submit(evaluate, m, eval_path, env, workdir) for k, (m, env) in evaluations.items()
-        }
     summary = {
         **reused,
-        **{key: future.result() for key, future in futures.items()},
+        **_held_out_accuracies(evaluations, data_dir, workdir),
         "sft_steps": args.sft_steps,
         "rl_steps": args.rl_steps,
         "num_eval": args.num_eval,

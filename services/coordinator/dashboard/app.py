@@ -23,7 +23,7 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import APIRouter, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse
@@ -40,8 +40,10 @@ def static_dir() -> Path:
     return Path(str(resources.files("rollway.coordinator.dashboard") / "static"))
 
 
+router = APIRouter()
+
+
 def create_app(runs: DashboardRuns, *, token: str = "", trace_file: str = "") -> FastAPI:
-    dashboard_runs = runs
     # FastAPI's own OpenTelemetry spans are off: looking at a run must not add to its trace.
     telemetry = {
         "tracing": False,
@@ -53,101 +55,123 @@ def create_app(runs: DashboardRuns, *, token: str = "", trace_file: str = "") ->
     app = FastAPI(
         title="rollway dashboard", docs_url=None, redoc_url=None, openapi_url=None, telemetry=telemetry
     )
-    expected = f"Bearer {token}".encode()
-
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next):
-        if not token:
-            return await call_next(request)
-        given = request.query_params.get("token") or request.cookies.get(TOKEN_COOKIE, "")
-        header = request.headers.get("authorization", "") or (f"Bearer {given}" if given else "")
-        if not hmac.compare_digest(header.encode(), expected):
-            return JSONResponse({"detail": "missing or invalid auth token"}, status_code=401)
-        response = await call_next(request)
-        if request.query_params.get("token"):
-            response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
-        return response
-
-    def run_dir(run_id: str) -> Path:
-        try:
-            return runs.run_dir(run_id)
-        except KeyError:
-            raise HTTPException(404, f"no run {run_id!r}") from None
-
-    @app.get("/")
-    def index():
-        return FileResponse(static_dir() / "index.html")
-
-    @app.get("/api/runs")
-    def list_runs():
-        return [runs.summary(run_id) for run_id in runs.run_ids()]
-
-    @app.get("/api/runs/{run_id}")
-    def get_run(run_id: str):
-        directory = run_dir(run_id)
-        config = run_files.read_json(directory / "config.json")
-        given = config.pop("given", {})
-        return {
-            **runs.summary(run_id),
-            "config_given": given,
-            "config_resolved": config,
-            "result": run_files.read_json(directory / "result.json"),
-        }
-
-    @app.post("/api/runs/{run_id}/stop")
-    def stop_run(run_id: str, immediate: bool = False):
-        run_dir(run_id)
-        try:
-            return runs.stop(run_id, immediate)
-        except PermissionError as exc:
-            raise HTTPException(409, str(exc)) from None
-
-    @app.get("/api/runs/{run_id}/metrics")
-    def metrics(run_id: str):
-        records, _ = run_files.read_metrics(run_dir(run_id))
-        return {"run_id": run_id, "records": records}
-
-    @app.get("/api/runs/{run_id}/rollouts")
-    def rollout_steps(run_id: str):
-        return {"run_id": run_id, "steps": rollout_samples.stored_steps(run_dir(run_id))}
-
-    @app.get("/api/runs/{run_id}/rollouts/{step}")
-    def rollout_step(run_id: str, step: int):
-        try:
-            return views.rollout_groups(run_dir(run_id), step)
-        except FileNotFoundError:
-            raise HTTPException(404, f"no rollout samples kept for step {step} of {run_id}") from None
-
-    @app.get("/api/runs/{run_id}/services")
-    def services(run_id: str):
-        directory = run_dir(run_id)
-        records, _ = run_files.read_metrics(directory)
-        return {
-            "services": views.services(directory, runs.live(run_id), runs.coordinator_address),
-            "weight_syncs": views.weight_syncs(records),
-        }
-
-    @app.get("/api/runs/{run_id}/timeline")
-    def timeline(run_id: str):
-        directory = run_dir(run_id)
-        records, _ = run_files.read_metrics(directory)
-        trace = views.trace_file_of(directory, Path(trace_file) if trace_file else None)
-        return {
-            "phases": [label for label, _ in views.STEP_PHASES] + ["other"],
-            "steps": views.step_times(records, trace),
-        }
-
-    @app.get("/api/runs/{run_id}/trace/{step}")
-    def step_trace(run_id: str, step: int):
-        return views.trace(run_dir(run_id), step, Path(trace_file) if trace_file else None)
-
-    @app.get("/api/events")
-    async def events(request: Request, runs: str = ""):
-        wanted = [r for r in runs.split(",") if r]
-        return EventSourceResponse(_event_stream(request, dashboard_runs, wanted))
-
+    app.state.runs, app.state.token = runs, token
+    app.state.trace_file = Path(trace_file) if trace_file else None
+    app.middleware("http")(authenticate)
+    app.include_router(router)
     app.mount("/static", StaticFiles(directory=static_dir()), name="static")
     return app
+
+
+async def authenticate(request: Request, call_next):
+    """Every request carries the token (header, query parameter or cookie) when the app has one."""
+    token = request.app.state.token
+    if not token:
+        return await call_next(request)
+    given = request.query_params.get("token") or request.cookies.get(TOKEN_COOKIE, "")
+    header = request.headers.get("authorization", "") or (f"Bearer {given}" if given else "")
+    if not hmac.compare_digest(header.encode(), f"Bearer {token}".encode()):
+        return JSONResponse({"detail": "missing or invalid auth token"}, status_code=401)
+    response = await call_next(request)
+    if request.query_params.get("token"):
+        response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+    return response
+
+
+def _runs(request: Request) -> DashboardRuns:
+    return request.app.state.runs
+
+
+def _run_dir(request: Request, run_id: str) -> Path:
+    try:
+        return _runs(request).run_dir(run_id)
+    except KeyError:
+        raise HTTPException(404, f"no run {run_id!r}") from None
+
+
+@router.get("/")
+def index():
+    return FileResponse(static_dir() / "index.html")
+
+
+@router.get("/api/runs")
+def list_runs(request: Request):
+    runs = _runs(request)
+    return [runs.summary(run_id) for run_id in runs.run_ids()]
+
+
+@router.get("/api/runs/{run_id}")
+def get_run(run_id: str, request: Request):
+    directory = _run_dir(request, run_id)
+    config = run_files.read_json(directory / "config.json")
+    given = config.pop("given", {})
+    return {
+        **_runs(request).summary(run_id),
+        "config_given": given,
+        "config_resolved": config,
+        "result": run_files.read_json(directory / "result.json"),
+    }
+
+
+@router.post("/api/runs/{run_id}/stop")
+def stop_run(run_id: str, request: Request, immediate: bool = False):
+    _run_dir(request, run_id)
+    try:
+        return _runs(request).stop(run_id, immediate)
+    except PermissionError as exc:
+        raise HTTPException(409, str(exc)) from None
+
+
+@router.get("/api/runs/{run_id}/metrics")
+def metrics(run_id: str, request: Request):
+    records, _ = run_files.read_metrics(_run_dir(request, run_id))
+    return {"run_id": run_id, "records": records}
+
+
+@router.get("/api/runs/{run_id}/rollouts")
+def rollout_steps(run_id: str, request: Request):
+    return {"run_id": run_id, "steps": rollout_samples.stored_steps(_run_dir(request, run_id))}
+
+
+@router.get("/api/runs/{run_id}/rollouts/{step}")
+def rollout_step(run_id: str, step: int, request: Request):
+    try:
+        return views.rollout_groups(_run_dir(request, run_id), step)
+    except FileNotFoundError:
+        raise HTTPException(404, f"no rollout samples kept for step {step} of {run_id}") from None
+
+
+@router.get("/api/runs/{run_id}/services")
+def services(run_id: str, request: Request):
+    directory = _run_dir(request, run_id)
+    records, _ = run_files.read_metrics(directory)
+    runs = _runs(request)
+    return {
+        "services": views.services(directory, runs.live(run_id), runs.coordinator_address),
+        "weight_syncs": views.weight_syncs(records),
+    }
+
+
+@router.get("/api/runs/{run_id}/timeline")
+def timeline(run_id: str, request: Request):
+    directory = _run_dir(request, run_id)
+    records, _ = run_files.read_metrics(directory)
+    trace = views.trace_file_of(directory, request.app.state.trace_file)
+    return {
+        "phases": [label for label, _ in views.STEP_PHASES] + ["other"],
+        "steps": views.step_times(records, trace),
+    }
+
+
+@router.get("/api/runs/{run_id}/trace/{step}")
+def step_trace(run_id: str, step: int, request: Request):
+    return views.trace(_run_dir(request, run_id), step, request.app.state.trace_file)
+
+
+@router.get("/api/events")
+async def events(request: Request, runs: str = ""):
+    wanted = [r for r in runs.split(",") if r]
+    return EventSourceResponse(_event_stream(request, _runs(request), wanted))
 
 
 async def _event_stream(request: Request, runs: DashboardRuns, wanted: list[str]):

@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 import grpc
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from rollway.common.errors import RollwayError
@@ -84,114 +84,141 @@ def _chunks(response: dict) -> Iterator[dict]:
     yield {**delta({}, choice["finish_reason"]), "usage": response["usage"], "rollway": response["rollway"]}
 
 
+router = APIRouter()
+UNAUTHORISED = "missing or wrong API key (the rollout service's --auth-token)"
+
+
 def create_app(hub: AgentHub) -> FastAPI:
     app = FastAPI(title="rollway agent episodes", docs_url=None, redoc_url=None, openapi_url=None)
-
-    def authorised(request: Request) -> bool:
-        if not hub.auth_token:
-            return True
-        given = request.headers.get("authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {hub.auth_token}".encode())
-
-    async def body_of(request: Request) -> dict:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise HttpError(400, "the body must be a JSON object") from None
-        if not isinstance(body, dict):
-            raise HttpError(400, "the body must be a JSON object")
-        return body
-
-    async def turn(kind: str, episode_id: str, request: Request):
-        if not authorised(request):
-            return _error(401, "missing or wrong API key (the rollout service's --auth-token)")
-        try:
-            body = await body_of(request)
-            episode = hub.find(episode_id)
-            if episode is None:
-                raise HttpError(404, f"no running episode {episode_id!r}")
-            if body.get("n", 1) != 1:
-                raise HttpError(400, "n must be 1: an episode is one sample")
-            reply: Future = Future()
-            episode.submit(AgentRequest(kind, body, reply))
-            response = await asyncio.wrap_future(reply)
-        except HttpError as exc:
-            return _error(exc.status, str(exc))
-        if not body.get("stream"):
-            return response
-        lines = (f"data: {json.dumps(c)}\n\n" for c in _chunks(response))
-        return StreamingResponse(iter([*lines, "data: [DONE]\n\n"]), media_type="text/event-stream")
-
-    async def plain(kind: str, request: Request):
-        if not authorised(request):
-            return _error(401, "missing or wrong API key (the rollout service's --auth-token)")
-        try:
-            body = await body_of(request)
-            call = policy_api.generate_request(kind, body, hub.encoder, hub.config)
-            samples = await asyncio.to_thread(hub.generate, call)
-        except HttpError as exc:
-            return _error(exc.status, str(exc))
-        except BadRequest as exc:
-            return _error(400, str(exc))
-        except RollwayError as exc:  # refused by Generate's own checks, queue or state
-            return _error(STATUS_OF.get(exc.code, 500), str(exc))
-        answer = policy_api.response(
-            kind,
-            body,
-            samples,
-            model=hub.model_name,
-            parser=hub.config.generate_tool_call_parser,
-            decode_token=hub.decode_token,
-        )
-        if not body.get("stream"):
-            return answer
-        lines = (f"data: {json.dumps(c)}\n\n" for c in _chunks(answer))
-        return StreamingResponse(iter([*lines, "data: [DONE]\n\n"]), media_type="text/event-stream")
-
-    @app.post("/v1/chat/completions")
-    async def plain_chat_completions(request: Request):
-        return await plain(CHAT, request)
-
-    @app.post("/v1/completions")
-    async def plain_completions(request: Request):
-        return await plain(COMPLETION, request)
-
-    @app.get("/v1/models")
-    async def plain_models(request: Request):
-        return await models("", request)
-
-    @app.post("/episodes/{episode_id}/v1/chat/completions")
-    async def chat_completions(episode_id: str, request: Request):
-        return await turn(CHAT, episode_id, request)
-
-    @app.post("/episodes/{episode_id}/v1/completions")
-    async def completions(episode_id: str, request: Request):
-        return await turn(COMPLETION, episode_id, request)
-
-    @app.post("/episodes/{episode_id}/v1/reward")
-    async def reward(episode_id: str, request: Request):
-        if not authorised(request):
-            return _error(401, "missing or wrong API key (the rollout service's --auth-token)")
-        try:
-            body = await body_of(request)
-            value = body.get("reward")
-            if not isinstance(value, int | float) or isinstance(value, bool):
-                raise HttpError(400, "reward must be a number")
-            episode = hub.find(episode_id)
-            if episode is None:
-                raise HttpError(404, f"no running episode {episode_id!r}")
-            episode.post_reward(float(value))
-        except HttpError as exc:
-            return _error(exc.status, str(exc))
-        return {"episode_id": episode_id, "reward": float(value)}
-
-    @app.get("/episodes/{episode_id}/v1/models")
-    async def models(episode_id: str, request: Request):
-        if not authorised(request):
-            return _error(401, "missing or wrong API key (the rollout service's --auth-token)")
-        return {"object": "list", "data": [{"id": hub.model_name, "object": "model", "owned_by": "rollway"}]}
-
+    app.state.hub = hub
+    app.include_router(router)
     return app
+
+
+def _hub(request: Request) -> AgentHub:
+    return request.app.state.hub
+
+
+def _authorised(request: Request) -> bool:
+    token = _hub(request).auth_token
+    if not token:
+        return True
+    given = request.headers.get("authorization", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
+
+async def _body_of(request: Request) -> dict:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise HttpError(400, "the body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise HttpError(400, "the body must be a JSON object")
+    return body
+
+
+def _answer(response: dict, body: dict):
+    """The response whole, or as server-sent-event chunks when the request asked for a stream."""
+    if not body.get("stream"):
+        return response
+    lines = (f"data: {json.dumps(c)}\n\n" for c in _chunks(response))
+    return StreamingResponse(iter([*lines, "data: [DONE]\n\n"]), media_type="text/event-stream")
+
+
+async def _turn(kind: str, episode_id: str, request: Request):
+    """An episode's model turn: the request waits for it (episode.py)."""
+    if not _authorised(request):
+        return _error(401, UNAUTHORISED)
+    try:
+        body = await _body_of(request)
+        episode = _hub(request).find(episode_id)
+        if episode is None:
+            raise HttpError(404, f"no running episode {episode_id!r}")
+        if body.get("n", 1) != 1:
+            raise HttpError(400, "n must be 1: an episode is one sample")
+        reply: Future = Future()
+        episode.submit(AgentRequest(kind, body, reply))
+        response = await asyncio.wrap_future(reply)
+    except HttpError as exc:
+        return _error(exc.status, str(exc))
+    return _answer(response, body)
+
+
+async def _plain(kind: str, request: Request):
+    """A request outside episodes: the current policy answers (policy_api.py; nothing is recorded)."""
+    if not _authorised(request):
+        return _error(401, UNAUTHORISED)
+    hub = _hub(request)
+    try:
+        body = await _body_of(request)
+        call = policy_api.generate_request(kind, body, hub.encoder, hub.config)
+        samples = await asyncio.to_thread(hub.generate, call)
+    except HttpError as exc:
+        return _error(exc.status, str(exc))
+    except BadRequest as exc:
+        return _error(400, str(exc))
+    except RollwayError as exc:  # refused by Generate's own checks, queue or state
+        return _error(STATUS_OF.get(exc.code, 500), str(exc))
+    answer = policy_api.response(
+        kind,
+        body,
+        samples,
+        model=hub.model_name,
+        parser=hub.config.generate_tool_call_parser,
+        decode_token=hub.decode_token,
+    )
+    return _answer(answer, body)
+
+
+@router.post("/v1/chat/completions")
+async def plain_chat_completions(request: Request):
+    return await _plain(CHAT, request)
+
+
+@router.post("/v1/completions")
+async def plain_completions(request: Request):
+    return await _plain(COMPLETION, request)
+
+
+@router.get("/v1/models")
+async def plain_models(request: Request):
+    return await models("", request)
+
+
+@router.post("/episodes/{episode_id}/v1/chat/completions")
+async def chat_completions(episode_id: str, request: Request):
+    return await _turn(CHAT, episode_id, request)
+
+
+@router.post("/episodes/{episode_id}/v1/completions")
+async def completions(episode_id: str, request: Request):
+    return await _turn(COMPLETION, episode_id, request)
+
+
+@router.post("/episodes/{episode_id}/v1/reward")
+async def reward(episode_id: str, request: Request):
+    if not _authorised(request):
+        return _error(401, UNAUTHORISED)
+    try:
+        body = await _body_of(request)
+        value = body.get("reward")
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise HttpError(400, "reward must be a number")
+        episode = _hub(request).find(episode_id)
+        if episode is None:
+            raise HttpError(404, f"no running episode {episode_id!r}")
+        episode.post_reward(float(value))
+    except HttpError as exc:
+        return _error(exc.status, str(exc))
+    return {"episode_id": episode_id, "reward": float(value)}
+
+
+@router.get("/episodes/{episode_id}/v1/models")
+async def models(episode_id: str, request: Request):
+    if not _authorised(request):
+        return _error(401, UNAUTHORISED)
+    model = _hub(request).model_name
+    return {"object": "list", "data": [{"id": model, "object": "model", "owned_by": "rollway"}]}
 
 
 class OpenAIServer:
