@@ -43,67 +43,25 @@ from rollway.rollout.engines.base import (
     SampleResult,
 )
 from rollway.rollout.environments.base import Environment, EpisodeStart, ModelTurn, Step
+from rollway.rollout.episode_spec import (
+    ENVIRONMENT,
+    FINISH_EPISODE_TIMEOUT,
+    FINISH_FAILED,
+    FINISH_MAX_TOKENS,
+    FINISH_MAX_TURNS,
+    FINISH_TURN_TIMEOUT,
+    MODEL,
+    EpisodeLimits,
+    EpisodeOutcome,
+    EpisodeSpec,
+    TextCodec,
+    TurnRecord,
+)
 
 log = get_logger("rollway.rollout.episodes")
 
-FINISH_MAX_TURNS = "max_turns"
-FINISH_MAX_TOKENS = "max_tokens"
-FINISH_TURN_TIMEOUT = "turn_timeout"
-FINISH_EPISODE_TIMEOUT = "episode_timeout"
-FINISH_FAILED = "failed"
-MODEL, ENVIRONMENT = "model", "environment"
 SEED_STRIDE = 1_000_003  # turn k of a sample seeded s samples with seed s + k * SEED_STRIDE
 WATCHDOG_SECONDS = 0.05
-
-
-@dataclass
-class TurnRecord:
-    role: str  # MODEL or ENVIRONMENT
-    num_tokens: int
-    weight_version: int = 0
-    reward: float = 0.0
-
-
-@dataclass(frozen=True)
-class EpisodeSpec:
-    """What a sample's episode needs besides its engine request (request_validation builds it)."""
-
-    new_environment: Callable[[], Environment]
-    label: str = ""
-    metadata: dict = field(default_factory=dict)
-    # A continuation (partial rollout): the response so far, its loss mask and turns.
-    prefix_token_ids: tuple[int, ...] = ()
-    prefix_log_probs: tuple[float, ...] = ()
-    prefix_loss_mask: tuple[int, ...] = ()
-    prefix_turns: tuple[TurnRecord, ...] = ()
-
-
-@dataclass
-class EpisodeOutcome:
-    loss_mask: list[int]
-    turns: list[TurnRecord]
-    reward: float
-    failure: str = ""  # why the environment failed (finish reason "failed")
-    metrics: dict[str, float] = field(default_factory=dict)  # the steps' metrics, last value wins
-
-
-@dataclass(frozen=True)
-class EpisodeLimits:
-    max_turns: int
-    max_total_tokens: int  # 0: only the model context
-    max_context_len: int
-    turn_timeout: float
-    episode_timeout: float
-
-
-class TextCodec:
-    """What episodes need from the tokenizer (PromptEncoder provides it)."""
-
-    def __init__(
-        self, decode: Callable[[tuple[int, ...]], str], observation_ids: Callable[[Step], tuple[int, ...]]
-    ):
-        self.decode = decode
-        self.observation_ids = observation_ids
 
 
 @dataclass(eq=False)

@@ -26,7 +26,7 @@ from rollway.common.errors import FailedPrecondition, Unavailable, Unimplemented
 from rollway.common.log import get_logger
 from rollway.common.structs import from_struct
 from rollway.common.v1 import common_pb2
-from rollway.rollout import episodes
+from rollway.rollout import episode_spec
 from rollway.rollout.engines.base import (
     FINISH_ABORT,
     FINISH_LENGTH,
@@ -64,11 +64,11 @@ FINISH_REASONS = {
     "stop": common_pb2.FINISH_REASON_STOP,
     "length": common_pb2.FINISH_REASON_LENGTH,
     "abort": common_pb2.FINISH_REASON_ABORT,
-    episodes.FINISH_MAX_TURNS: common_pb2.FINISH_REASON_MAX_TURNS,
-    episodes.FINISH_MAX_TOKENS: common_pb2.FINISH_REASON_MAX_TOKENS,
-    episodes.FINISH_TURN_TIMEOUT: common_pb2.FINISH_REASON_TURN_TIMEOUT,
-    episodes.FINISH_EPISODE_TIMEOUT: common_pb2.FINISH_REASON_EPISODE_TIMEOUT,
-    episodes.FINISH_FAILED: common_pb2.FINISH_REASON_FAILED,
+    episode_spec.FINISH_MAX_TURNS: common_pb2.FINISH_REASON_MAX_TURNS,
+    episode_spec.FINISH_MAX_TOKENS: common_pb2.FINISH_REASON_MAX_TOKENS,
+    episode_spec.FINISH_TURN_TIMEOUT: common_pb2.FINISH_REASON_TURN_TIMEOUT,
+    episode_spec.FINISH_EPISODE_TIMEOUT: common_pb2.FINISH_REASON_EPISODE_TIMEOUT,
+    episode_spec.FINISH_FAILED: common_pb2.FINISH_REASON_FAILED,
 }
 
 

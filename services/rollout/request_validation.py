@@ -28,7 +28,7 @@ from rollway.common.errors import FailedPrecondition, InvalidArgument, ResourceE
 from rollway.common.structs import from_struct
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines.base import ModelInfo, SampleRequest
-from rollway.rollout.episodes import EpisodeSpec, TurnRecord
+from rollway.rollout.episode_spec import EpisodeSpec, TurnRecord
 from rollway.rollout.prompt_encoding import PromptEncoder, prompt_form
 from rollway.rollout.rewards import NO_REWARD
 from rollway.rollout.sampling import SamplingParams

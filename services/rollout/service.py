@@ -23,7 +23,8 @@ from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines import create_engine
 from rollway.rollout.engines.base import MEMORY_TAGS, Engine, EngineError
 from rollway.rollout.environments.registry import EnvironmentRegistry, episode_limits
-from rollway.rollout.episodes import EpisodeEngine, TextCodec
+from rollway.rollout.episode_spec import TextCodec
+from rollway.rollout.episodes import EpisodeEngine
 from rollway.rollout.generate_queue import GenerateQueue
 from rollway.rollout.generate_stream import GenerateStream, StreamContext, engine_error_status
 from rollway.rollout.generation_gate import GenerationGate

@@ -57,7 +57,7 @@ class SampleRequest:
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     prompt_key: int = 0
-    # A multi-turn episode (rollway.rollout.episodes.EpisodeSpec): run by the EpisodeEngine, which
+    # A multi-turn episode (rollway.rollout.episode_spec.EpisodeSpec): run by the EpisodeEngine, which
     # hands the engine one plain request per model turn. None: a single-turn sample.
     episode: Any = None
 
@@ -74,7 +74,7 @@ class SampleResult:
     weight_version: int = 0
     error: str = ""
     retryable: bool = False
-    # A finished episode (rollway.rollout.episodes.EpisodeOutcome): loss mask, turns, reward.
+    # A finished episode (rollway.rollout.episode_spec.EpisodeOutcome): loss mask, turns, reward.
     # token_ids, log_probs and text then cover the whole episode, resumed prefix included.
     episode: Any = None
 

@@ -13,7 +13,7 @@ from rollway.common.errors import InvalidArgument
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines.base import ModelInfo
 from rollway.rollout.environments import ENVIRONMENTS, NO_ENVIRONMENT, environment_factory
-from rollway.rollout.episodes import EpisodeLimits
+from rollway.rollout.episode_spec import EpisodeLimits
 
 
 class EnvironmentRegistry:

@@ -18,14 +18,8 @@ from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines.base import SampleRequest
 from rollway.rollout.engines.hf import HFEngine
 from rollway.rollout.environments.base import Environment, EpisodeStart, ModelTurn, Step
-from rollway.rollout.episodes import (
-    ENVIRONMENT,
-    MODEL,
-    EpisodeEngine,
-    EpisodeLimits,
-    EpisodeSpec,
-    TextCodec,
-)
+from rollway.rollout.episode_spec import ENVIRONMENT, MODEL, EpisodeLimits, EpisodeSpec, TextCodec
+from rollway.rollout.episodes import EpisodeEngine
 from rollway.rollout.prompt_encoding import PromptEncoder
 from rollway.rollout.sampling import SamplingParams
 

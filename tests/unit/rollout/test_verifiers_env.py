@@ -22,15 +22,8 @@ from rollway.rollout.environments import environment_factory
 from rollway.rollout.environments.base import EpisodeStart, ModelTurn
 from rollway.rollout.environments.tool_calls import format_tool_call
 from rollway.rollout.environments.verifiers_env import TASK_INDEX_KEY, export_prompts
-from rollway.rollout.episodes import (
-    ENVIRONMENT,
-    MODEL,
-    EpisodeEngine,
-    EpisodeLimits,
-    EpisodeSpec,
-    TextCodec,
-    TurnRecord,
-)
+from rollway.rollout.episode_spec import ENVIRONMENT, MODEL, EpisodeLimits, EpisodeSpec, TextCodec, TurnRecord
+from rollway.rollout.episodes import EpisodeEngine
 from rollway.rollout.prompt_encoding import PromptEncoder
 from rollway.rollout.sampling import SamplingParams
 
