@@ -75,7 +75,7 @@ MAKE_STARTED := $(shell date +%s)
 # The suite runs on TEST_WORKERS parallel workers (pytest-xdist), each on its own share of the cores
 # with every process its tests start; groups that must not overlap (the Ray tests, the SGLang tests,
 # each module's own fixtures) run on one worker each (tests/support/workers.py). Two workers on this
-# project's 2-core machine kind: ~27 min of pytest, where one after another took ~44 (issue #36).
+# project's 2-core machine kind: ~21 min of pytest, where one after another took ~44 (issue #36).
 # TEST_WORKERS=0 runs the tests one after another, in the files' order.
 TEST_WORKERS ?= 2
 TEST_WORKERS_FLAGS := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --no-loadscope-reorder)
