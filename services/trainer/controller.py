@@ -8,8 +8,6 @@ receive work they can do. One lock serialises commands: the ranks run one thing 
 
 from __future__ import annotations
 
-import errno
-import shutil
 import threading
 import time
 from collections import OrderedDict
@@ -19,16 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from rollway.common.config import ConfigError, from_dict, to_dict
-from rollway.common.errors import (
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    ResourceExhausted,
-)
+from rollway.common.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from rollway.common.log import get_logger
 from rollway.common.manifest import CheckpointError, describe_os_error, tree_bytes
 from rollway.trainer import checkpoint
 from rollway.trainer.batch import num_loss_tokens
+from rollway.trainer.checkpoint_dirs import make_temp_dir, warn_if_short_of_space, write_failed
 from rollway.trainer.commands import (
     ActivateAdapter,
     Checksum,
@@ -301,11 +295,11 @@ class TrainerController:
             self._activate(adapter)
             start = time.perf_counter()
             step = self.engine.global_step
-            tmp = self._make_temp_dir(root, step)
-            self._warn_if_short_of_space(root)
+            tmp = make_temp_dir(root, step)
+            warn_if_short_of_space(root, self.last_checkpoint_bytes)
             errors = self._broadcast(Save(str(tmp), hf_export, async_save))
             if errors:
-                raise self._write_failed(root, tmp, "; ".join(errors))
+                raise write_failed(root, tmp, "; ".join(errors))
             meta = {
                 "global_step": step,
                 "world_size": self.world_size,
@@ -329,23 +323,12 @@ class TrainerController:
                  hf_export=hf_export, blocking_seconds=round(blocking_seconds, 3))  # fmt: skip
         return final, (final / "hf") if hf_export else None, step, blocking_seconds
 
-    def _make_temp_dir(self, root: Path, step: int) -> Path:
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            tmp = checkpoint.temp_dir(root, step)
-            tmp.mkdir()
-        except OSError as exc:
-            if exc.errno in DISK_ERRNOS:
-                raise self._write_failed(root, None, describe_os_error(exc)) from None
-            raise InvalidArgument("path", f"cannot create a checkpoint under {root}: {exc}") from None
-        return tmp
-
     def _finalize(self, tmp: Path, root: Path, meta: dict[str, Any], write_seconds: float) -> SavedCheckpoint:
         """Meta, manifest, rename into place, latest pointer: the checkpoint is complete."""
         try:
             final = checkpoint.finalize(tmp, root, meta["global_step"], meta)
         except OSError as exc:
-            raise self._write_failed(root, tmp, describe_os_error(exc)) from None
+            raise write_failed(root, tmp, describe_os_error(exc)) from None
         self.last_checkpoint_bytes = tree_bytes(final)
         log.info("checkpoint complete", directory=str(final), global_step=meta["global_step"],
                  write_seconds=round(write_seconds, 3), size_bytes=self.last_checkpoint_bytes)  # fmt: skip
@@ -358,9 +341,9 @@ class TrainerController:
         try:
             outcome = written.result()
         except Exception as exc:  # noqa: BLE001 - not a write error: still the save failed
-            raise self._write_failed(root, tmp, f"rank 0: {type(exc).__name__}: {exc}") from None
+            raise write_failed(root, tmp, f"rank 0: {type(exc).__name__}: {exc}") from None
         if outcome.error:
-            raise self._write_failed(root, tmp, outcome.error)
+            raise write_failed(root, tmp, outcome.error)
         try:
             saved = self._finalize(tmp, root, meta, outcome.write_seconds)
         except ResourceExhausted:
@@ -407,33 +390,17 @@ class TrainerController:
         with self.lock:
             self._activate(adapter)
             step = self.engine.global_step
-            tmp = self._make_temp_dir(root, step)
+            tmp = make_temp_dir(root, step)
             errors = self._broadcast(ExportHf(str(tmp)))
             if errors:
-                raise self._write_failed(root, tmp, "; ".join(errors))
+                raise write_failed(root, tmp, "; ".join(errors))
             final = root / checkpoint.iter_dir_name(step)
             try:
                 checkpoint.replace_dir(tmp, final)
             except OSError as exc:
-                raise self._write_failed(root, tmp, describe_os_error(exc)) from None
+                raise write_failed(root, tmp, describe_os_error(exc)) from None
         log.info("hf export written", directory=str(final), global_step=step, size_bytes=tree_bytes(final))
         return final, step
-
-    def _warn_if_short_of_space(self, root: Path) -> None:
-        """Warn before a save that will likely not fit: less free space than the last one took."""
-        free = shutil.disk_usage(root).free
-        if self.last_checkpoint_bytes and free < self.last_checkpoint_bytes:
-            log.warning("less free space than the last checkpoint took", path=str(root), free_bytes=free,
-                           last_checkpoint_bytes=self.last_checkpoint_bytes)  # fmt: skip
-
-    def _write_failed(self, root: Path, tmp: Path | None, error: str) -> ResourceExhausted:
-        """A save that could not write: remove its partial directory, log, and tell the caller at
-        once (not retried: a full disk stays full)."""
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        log.error("checkpoint write failed", path=str(root), error=error, removed=str(tmp or ""))
-        removed = f"; removed the partial {tmp}" if tmp is not None else ""
-        return ResourceExhausted(f"checkpoint write failed under {root}: {error}{removed}", retry=False)
 
     def load_checkpoint(self, path: str, adapter: str = "") -> tuple[Path, int, dict[str, Any], list[str]]:
         """Restore model, optimizer, RNG and step from a verified checkpoint.
@@ -474,7 +441,6 @@ class TrainerController:
 
 
 # Errors of a disk that cannot take the checkpoint (full, over quota, file too large).
-DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def to_dict_result(result: StepResult) -> dict[str, Any]:
