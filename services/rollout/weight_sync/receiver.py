@@ -100,7 +100,7 @@ class WeightReceiver:
 
     def release_staging(self) -> None:
         """Free the staging buffers (ReleaseMemory)."""
-        with self._exclusive:
+        with self._exclusive():
             self.pool.clear()
 
     # --- UpdateWeights --------------------------------------------------------------------

@@ -48,23 +48,17 @@ def group_error(exc: WeightGroupError) -> RollwayError:
 
 
 class OneAtATime:
-    """One weight update or group change at a time; a second waits up to its timeout."""
+    """One weight update or group change at a time; a second waits up to its timeout (-1: for as
+    long as it takes)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
 
     @contextmanager
-    def __call__(self, timeout: float):
+    def __call__(self, timeout: float = -1):
         if not self._lock.acquire(timeout=timeout):
             raise FailedPrecondition("another weight update or group change is in progress")
         try:
             yield
         finally:
             self._lock.release()
-
-    def __enter__(self):  # an unbounded wait (ReleaseMemory)
-        self._lock.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._lock.release()

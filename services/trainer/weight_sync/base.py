@@ -31,6 +31,8 @@ from rollway.trainer.v1 import trainer_pb2
 from rollway.trainer.weight_sync import gather as weight_gather
 from rollway.trainer.weights import weight_names
 
+OnRanks = Callable[..., "SendResult"]  # (step, rank0_step=None) -> rank 0's SendResult
+
 
 class Sender:
     """One transport's send side for one run (registry.py: the request's transport -> its kind)."""
@@ -67,9 +69,6 @@ class SendResult:
     num_bytes: int = 0
     error: str = ""
     receiver_status: list[int] = field(default_factory=list)  # acknowledgements of ranks 1..N-1
-
-
-OnRanks = Callable[..., "SendResult"]  # (step, rank0_step=None) -> rank 0's SendResult
 
 
 def _tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
