@@ -45,6 +45,7 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
     """Start or attach the run's services and drive the run to its end (in the calling thread)."""
     bind_run_context(run_id=record.run_id)
     watcher = None
+    state, error = None, ""  # how the run ends: published after status.json is written (below)
     try:
         missing = sorted(name for name, given in record.run.addresses().items() if not given)
         if missing:
@@ -84,26 +85,32 @@ def execute(record: RunRecord, *, progress: bool = False) -> None:
                 watcher.close()
                 _release(record)
         record.driver.last_step_metrics.update(_evaluations(final))  # the final eval, for GetRun
-        record.state = "SUCCEEDED"  # after it: GetRun never shows SUCCEEDED without the final eval
         _write_result(record, final)
+        state = "SUCCEEDED"
     except RunStopped:
-        record.state = "STOPPED"
+        state = "STOPPED"
     except Exception as exc:  # the run fails; the coordinator keeps serving
         if record.stop.is_set() and record.immediate:
-            record.state = "STOPPED"
+            state = "STOPPED"
         else:
             dead = record.dead
-            record.error = f"{dead} (the run cannot go on without it)" if dead else describe_error(exc)
-            record.state = "FAILED"  # after the error: GetRun must never show a failure without its cause
-            log.error("run failed", error=record.error, traceback=traceback.format_exc())
+            error = f"{dead} (the run cannot go on without it)" if dead else describe_error(exc)
+            state = "FAILED"
+            log.error("run failed", error=error, traceback=traceback.format_exc())
     finally:
         # The ending is recorded before the services are stopped: a stop may take a while (a drain,
         # an actor on a lost node), and a client that saw the final state may stop this process.
         record.ended = time.time()
+        if state is None:  # not an Exception (the thread is going down): record the run as it was
+            state, error = record.state, record.error
         try:
             # for the dashboard, and GetRun's finished_time after a restart (the same time)
-            run_files.write_status(record.run_dir, record.state, record.error, ended=record.ended)
+            run_files.write_status(record.run_dir, state, error, ended=record.ended)
         finally:
+            # Published only now: a client that saw the final state finds status.json (and
+            # result.json) written; the error first, so GetRun never shows a failure without it.
+            record.error = error
+            record.state = state
             if record.group is not None:
                 record.group.stop()
         log.info("run ended", state=record.state, num_restarts=record.num_restarts)

@@ -20,7 +20,8 @@ a member that dies makes its peers' collectives fail at once ("Connection closed
 member ever hangs. After any failure the group is unusable: destroy it and create a new one.
 
 A dead peer is noticed within seconds, not after `timeout_seconds`:
-- a member first waits for the store to listen, probing in short slices; connection refused for
+- a member first waits for the store to listen, probing in short slices, and for the store to be
+  this group's (connect_group_store: on a fixed port the previous group's may still be up); refused for
   REFUSED_GRACE_SECONDS means the host is gone (or never formed the group), and it fails then
   (torch's TCPStore client would retry a refused connection until the timeout);
 - the rendezvous runs on a daemon thread that the caller waits for in slices, so `cancel` (the
@@ -57,6 +58,10 @@ log = get_logger("rollway.weight_group")
 POLL_SECONDS = 0.5
 # A store port refusing connections this long (at most the group timeout) has no host coming.
 REFUSED_GRACE_SECONDS = 5.0
+# The key under which rank 0's store holds the group's name (connect_group_store).
+HOST_KEY = "rollway/weight_group"
+# How long a member's first connection to the store, and its read of HOST_KEY, may take.
+STORE_PROBE_SECONDS = 2.0
 # Groups destroyed with collectives in flight, with those collectives (see destroy()).
 _ABANDONED: list[tuple[Any, list[Any]]] = []
 
@@ -147,20 +152,11 @@ class WeightGroup:
         try:
             # gloo's own connections listen on this member's address towards the store, not on
             # the address its host name resolves to (often the machine's external one).
-            local_address = spec.master_address if rank == 0 else _wait_for_listener(spec, deadline, cancel)
             if rank == 0:
-                self._store = host_store(spec.master_address, spec.master_port, spec.world_size, timeout)
+                local_address = spec.master_address
+                self._store = host_group_store(spec)
             else:
-                # A member connects to a store it just saw listening: a short connect timeout, so
-                # a host dying in between is not retried for the whole group timeout.
-                self._store = dist.TCPStore(
-                    spec.master_address,
-                    spec.master_port,
-                    spec.world_size,
-                    is_master=False,
-                    timeout=timedelta(seconds=min(2.0, spec.timeout_seconds)),
-                    wait_for_workers=False,
-                )
+                self._store, local_address = connect_group_store(spec, deadline, cancel)
             self._store.set_timeout(timeout)
             log.info("weight group rendezvous", group=spec.group_name, rank=rank, world_size=spec.world_size)
             device = "cuda" if spec.backend == "nccl" else "cpu"
@@ -284,6 +280,58 @@ class WeightGroup:
         self._store = None
         self.broken = self.broken or "destroyed"
         self._destroyed.set()
+
+
+def host_group_store(spec: GroupSpec) -> dist.TCPStore:
+    """Rank 0's store for the group, on the group's address, naming the group (HOST_KEY)."""
+    store = host_store(
+        spec.master_address, spec.master_port, spec.world_size, timedelta(seconds=spec.timeout_seconds)
+    )
+    store.set(HOST_KEY, spec.group_name)
+    return store
+
+
+def connect_group_store(
+    spec: GroupSpec, deadline: float, cancel: threading.Event
+) -> tuple[dist.TCPStore, str]:
+    """A client of this group's own store, and this machine's address on the way to it.
+
+    On a fixed master_port the store listening there may still be the previous group's: its host
+    closes it only when its own InitWeightGroup for the new group arrives, which can come after
+    this member's. A member that joined that store would fail when it closes ("Broken pipe") and
+    leave the host waiting out the group timeout. So the member reads the name the host wrote
+    (HOST_KEY) and waits, until the deadline, for a store that names this group."""
+    while True:
+        local_address = _wait_for_listener(spec, deadline, cancel)
+        try:
+            hosted = _store_client(spec).get(HOST_KEY).decode()  # a probe, closed at once
+            if hosted == spec.group_name:
+                return _store_client(spec), local_address
+        except RuntimeError as exc:  # c10d's DistNetworkError, DistStoreError: closed, or no name yet
+            hosted = f"none readable ({str(exc).splitlines()[0]})"
+        log.info(
+            "the store hosts another group; waiting for this one's", group=spec.group_name, hosted=hosted
+        )
+        if cancel.wait(max(min(POLL_SECONDS, deadline - time.monotonic()), 0)):
+            _check_cancel(cancel)
+        if time.monotonic() >= deadline:
+            raise WeightGroupError(
+                f"the store at {spec.master_address}:{spec.master_port} hosted group {hosted!r}, not "
+                f"{spec.group_name!r}, until the timeout of {spec.timeout_seconds:g}s"
+            )
+
+
+def _store_client(spec: GroupSpec) -> dist.TCPStore:
+    """A client of the store at the group's address. A short connect (and read) timeout: a store
+    that closes in between is tried again, not waited on for the whole group timeout."""
+    return dist.TCPStore(
+        spec.master_address,
+        spec.master_port,
+        spec.world_size,
+        is_master=False,
+        timeout=timedelta(seconds=min(STORE_PROBE_SECONDS, spec.timeout_seconds)),
+        wait_for_workers=False,
+    )
 
 
 def _wait_for_listener(spec: GroupSpec, deadline: float, cancel: threading.Event) -> str:

@@ -22,6 +22,7 @@ acknowledgement collective: the servers take part in broadcasts only.
 
 from __future__ import annotations
 
+import threading
 import time
 
 from rollway.common import progress
@@ -29,7 +30,7 @@ from rollway.common.errors import FailedPrecondition, InvalidArgument, Unavailab
 from rollway.common.log import get_logger
 from rollway.common.v1 import common_pb2
 from rollway.common.weight_sync.buckets import Bucket
-from rollway.common.weight_sync.group import GroupSpec
+from rollway.common.weight_sync.group import GroupSpec, WeightGroupError, connect_group_store
 from rollway.rollout.engines.base import EngineError
 from rollway.rollout.v1 import rollout_pb2
 from rollway.rollout.weight_sync.base import WeightsCorrupt
@@ -76,6 +77,12 @@ class SGLangReceiver:
         """Nothing is staged here: the servers load each bucket as it arrives."""
 
     def _join(self, spec: GroupSpec) -> None:
+        # The servers join whatever store listens at the address: first wait until it is this
+        # group's (on a fixed port the trainer may not have replaced the previous one yet).
+        try:
+            connect_group_store(spec, time.monotonic() + spec.timeout_seconds, threading.Event())
+        except WeightGroupError as exc:
+            raise FailedPrecondition(f"{self.engine.name}: cannot join the weight group: {exc}") from None
         try:
             self.engine.init_weights_update_group(
                 spec.master_address,

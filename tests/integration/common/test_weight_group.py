@@ -20,6 +20,7 @@ import torch
 from support.ports import free_port
 from support.waiting import names_a_gone_peer, wait_until
 
+from rollway.common.weight_sync import group as group_module
 from rollway.common.weight_sync.group import (
     POLL_SECONDS,
     REFUSED_GRACE_SECONDS,
@@ -41,12 +42,14 @@ class Host:
     broadcasts [1, 2, 3, 4] (printing 'sent'). With `held`, it prints 'ready' once imported and
     opens its store only at a line on stdin."""
 
-    def __init__(self, port: int, world_size: int = 2, broadcast: bool = False, held: bool = False):
+    def __init__(
+        self, port: int, world_size: int = 2, broadcast: bool = False, held: bool = False, name: str = "g"
+    ):
         code = textwrap.dedent(
             f"""
             import sys, torch
             from rollway.common.weight_sync.group import GroupSpec, WeightGroup
-            spec = GroupSpec("g", "127.0.0.1", {port}, {world_size}, 0, "gloo", {TIMEOUT})
+            spec = GroupSpec({name!r}, "127.0.0.1", {port}, {world_size}, 0, "gloo", {TIMEOUT})
             if {held}:
                 print("ready", flush=True)
                 sys.stdin.readline()
@@ -106,6 +109,13 @@ def store_keys(port: int) -> int:
 
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=10))
     return store.num_keys()
+
+
+def host_keys(port: int) -> int:
+    """The keys rank 0 writes by itself (the group's name, then its own rendezvous key), once both
+    are there: a member's keys come on top of these."""
+    wait_until(lambda: store_keys(port) >= 2, timeout=30, what="rank 0's own keys in its store")
+    return store_keys(port)
 
 
 def wait_for_member(port: int, keys_before: int, thread: threading.Thread, timeout: float = 30.0) -> None:
@@ -169,12 +179,40 @@ def test_a_member_joining_before_the_host_opens_its_store_still_joins(hosts, mon
     outcome["group"].destroy()
 
 
+def test_a_member_waits_for_its_own_groups_store_on_a_port_the_previous_group_still_holds(hosts, monkeypatch):
+    """A rebuilt group on a fixed port: the previous group's store may still listen there (its host
+    replaces it when its own InitWeightGroup arrives, which can come second). The member must not
+    join that store (it would fail as the store closes, and the new host would wait out the
+    timeout): it waits for the store that names its group, and joins that one."""
+    port = free_port()
+    previous = hosts(port, world_size=3, name="previous")  # its rendezvous never completes
+    previous.expect("weight group rendezvous")
+    seen_hosting = []
+    info = group_module.log.info
+    monkeypatch.setattr(
+        group_module.log,
+        "info",
+        lambda event, **kw: (seen_hosting.append(kw.get("hosted")), info(event, **kw)),
+    )
+    thread, outcome = join_in_thread(spec(port))
+    wait_until(
+        lambda: "previous" in seen_hosting, timeout=30, what="the member to find the previous group's store"
+    )
+    assert thread.is_alive()
+    previous.close()
+    current = hosts(port)
+    current.expect("joined")
+    thread.join(30)
+    assert "group" in outcome, outcome
+    outcome["group"].destroy()
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_a_host_that_dies_during_the_rendezvous_fails_the_join_at_once(hosts, signum):
     port = free_port()
     host = hosts(port, world_size=3)  # rank 2 never comes: the rendezvous waits
     host.expect("weight group rendezvous")
-    before = store_keys(port)
+    before = host_keys(port)
     thread, outcome = join_in_thread(spec(port, world_size=3))
     wait_for_member(port, before, thread)
     assert thread.is_alive()
@@ -182,7 +220,7 @@ def test_a_host_that_dies_during_the_rendezvous_fails_the_join_at_once(hosts, si
     host.kill(signum)
     thread.join(10)
     assert not thread.is_alive() and "error" in outcome
-    assert time.monotonic() - died < 5
+    assert time.monotonic() - died < 5, outcome
     assert "could not be formed" in outcome["error"] and names_a_gone_peer(outcome["error"]), outcome["error"]
 
 
@@ -191,7 +229,7 @@ def test_cancel_ends_a_join_in_progress_at_once(hosts):
     host = hosts(port, world_size=3)
     host.expect("weight group rendezvous")
     cancel = threading.Event()
-    before = store_keys(port)
+    before = host_keys(port)
     thread, outcome = join_in_thread(spec(port, world_size=3), cancel)
     wait_for_member(port, before, thread)
     cancelled = time.monotonic()

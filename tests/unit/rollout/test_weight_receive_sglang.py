@@ -12,20 +12,34 @@ import grpc
 import pytest
 import torch
 from safetensors.torch import save_file
+from support.ports import free_port
 from support.sglang_engine import start_sglang_engine as _engine
+from support.waiting import wait_until
 
 from rollway.common.errors import FailedPrecondition, InvalidArgument, RollwayError
 from rollway.common.v1 import common_pb2
+from rollway.common.weight_sync import group as group_module
 from rollway.common.weight_sync.bucket_checksum import BucketChecksum, as_bytes
 from rollway.common.weight_sync.buckets import TensorEntry, bucket_file_name, plan_buckets, to_manifest
+from rollway.common.weight_sync.group import HOST_KEY, GroupSpec, host_group_store
 from rollway.rollout.v1 import rollout_pb2
 from rollway.rollout.weight_sync.receiver import weight_receiver
 
 
 def _spec(world_size=3, rank_offset=1) -> common_pb2.WeightGroupSpec:
-    return common_pb2.WeightGroupSpec(group_name="g1", master_address="10.0.0.1", master_port=29500,
+    return common_pb2.WeightGroupSpec(group_name="g1", master_address="127.0.0.1", master_port=STORE_PORT,
                                       world_size=world_size, rank_offset=rank_offset, backend="nccl",
                                       timeout_seconds=60)  # fmt: skip
+
+
+STORE_PORT = free_port()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def group_store():
+    """The trainer's side of the group: its store, naming g1 (the servers are recordings and join
+    nothing; the receiver checks the store before it asks them to)."""
+    return host_group_store(GroupSpec.from_proto(_spec()))
 
 
 TENSORS = {"a.weight": torch.randn(64, 8), "b.bias": torch.randn(8), "c.weight": torch.randn(128, 8)}
@@ -72,6 +86,35 @@ def test_servers_join_the_group_at_once_with_their_own_rank_offsets(tiny_model_d
         with pytest.raises(InvalidArgument, match="group.world_size"):
             receiver.init_group(_spec(world_size=2))  # no room for two servers
     finally:
+        engine.stop()
+
+
+def test_servers_are_asked_to_join_only_once_the_store_is_this_groups(
+    tiny_model_dir, sglang_peer, group_store, monkeypatch
+):
+    """On a fixed port the trainer may still host the previous group's store: the servers would
+    join it and fail as it closes. The receiver waits until the store names this group."""
+    group_store.set(HOST_KEY, "previous")
+    seen = []
+    info = group_module.log.info
+    monkeypatch.setattr(
+        group_module.log, "info", lambda event, **kw: (seen.append(kw.get("hosted")), info(event, **kw))
+    )
+    peer = sglang_peer()
+    engine = _engine(tiny_model_dir, peer)
+    try:
+        receiver = weight_receiver(engine)
+        joined = threading.Thread(target=receiver.init_group, args=(_spec(world_size=2),), daemon=True)
+        joined.start()
+        wait_until(
+            lambda: "previous" in seen, timeout=30, what="the receiver to read the previous group's name"
+        )
+        assert joined.is_alive() and peer.calls("/init_weights_update_group") == []
+        group_store.set(HOST_KEY, "g1")  # the trainer hosts this group now
+        joined.join(30)
+        assert not joined.is_alive() and len(peer.calls("/init_weights_update_group")) == 1
+    finally:
+        group_store.set(HOST_KEY, "g1")
         engine.stop()
 
 
