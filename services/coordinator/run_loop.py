@@ -16,7 +16,6 @@ from rollway.common.log import bind_run_context, get_logger
 from rollway.common.supervision.supervisor import (
     CannotRestart,
     DeadService,
-    HealthWatch,
     LocalServiceGroup,
     ReplacementDied,
 )
@@ -36,7 +35,7 @@ from rollway.coordinator.run_start import (
 )
 from rollway.coordinator.run_state import CheckpointWriteError
 from rollway.coordinator.startup_report import Stopwatch, loading_line
-from rollway.coordinator.watch import RunWatch
+from rollway.coordinator.watch import HealthWatch, RunWatch
 
 log = get_logger("rollway.coordinator.runs")
 

@@ -1,12 +1,17 @@
-"""What watches a run's services: exits, failed health checks and hangs (RunWatch), and how a hung
-service is told from a slow one (HangWatch). Health checks and exits are common/supervision's
-(HealthWatch, ServiceGroup.dead); this module decides what they mean for the run.
+"""What watches a run's services, all in one place: exits (the service group's `dead()`), failed
+health checks of attached services (HealthWatch), and hangs (HangWatch, which tells a hung
+service from a slow one); RunWatch ties them together and decides what each means for the run.
 
 RunWatch(record, restart_environment) ticks every WATCH_SECONDS: a dead service cancels the run's
 calls in flight, so that the run fails naming it (or recovers: run_loop.py) instead of waiting; a
 hung one the run started is killed first and then recovers like a dead one; an attached one is
 only named. A dead environment the run started is restarted on its port while the run goes on.
-Tells a hung service from a slow one, by asking every service of a run for its progress.
+
+HealthWatch watches services the coordinator did not start (attached by address): one that stops
+answering its health checks for grace_seconds is reported dead like one that exited. Its `http`
+services (an OpenEnv server) are checked by GET /health instead of grpc.health.v1.
+
+HangWatch tells a hung service from a slow one, by asking every service of a run for its progress.
 
     watch = HangWatch(addresses, hung_service_seconds=0.0)   # 0: thresholds from call durations
     watch.poll()      each tick: a GetProgress to every service whose last one has come back
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -41,7 +47,7 @@ import grpc
 
 from rollway.common.client import ClientConfig, open_channel
 from rollway.common.log import get_logger
-from rollway.common.supervision.supervisor import DeadService, HealthWatch
+from rollway.common.supervision.supervisor import DeadService
 from rollway.common.v1 import progress_pb2, progress_pb2_grpc
 
 if TYPE_CHECKING:
@@ -58,6 +64,68 @@ MIN_HUNG_SECONDS = 60.0
 FIRST_CALL_HUNG_SECONDS = 600.0
 DURATION_FACTOR = 10.0
 PROBE_SECONDS = 2.0  # a GetProgress answers from counters: two seconds is an eternity for it
+WATCH_SLACK_SECONDS = 1.0  # a health check's own timeout: silence shorter than this is no sign
+
+
+class HealthWatch:
+    """Reports an attached service dead once its health checks fail for `grace_seconds`."""
+
+    def __init__(
+        self,
+        addresses: dict[str, list[str]],
+        client_config: ClientConfig | None = None,
+        grace_seconds: float = 5.0,
+        http: frozenset[str] = frozenset(),
+    ):
+        from grpc_health.v1 import health_pb2_grpc
+
+        self.grace_seconds = grace_seconds
+        self.http = http
+        self._channels: list[grpc.Channel] = []
+        self._targets = []
+        for name, group in addresses.items():
+            for index, address in enumerate(group):
+                channel = open_channel(address, client_config)
+                self._channels.append(channel)
+                self._targets.append((name, index, address, health_pb2_grpc.HealthStub(channel)))
+        self._last_ok = {(name, index): time.monotonic() for name, index, _, _ in self._targets}
+
+    def restarted(self, name: str, index: int) -> None:
+        """A new process answers at the address now: its grace starts over."""
+        self._last_ok[(name, index)] = time.monotonic()
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+
+    def suspect_seconds(self) -> float:
+        """How long until a service whose health checks fail now would be reported (0: none fails)."""
+        now = time.monotonic()
+        silent = [now - last for last in self._last_ok.values() if now - last > 2 * WATCH_SLACK_SECONDS]
+        return max([0.0, *(self.grace_seconds - s + WATCH_SLACK_SECONDS for s in silent)])
+
+    def dead(self) -> DeadService | None:
+        from grpc_health.v1 import health_pb2
+
+        now = time.monotonic()
+        for name, index, address, stub in self._targets:
+            try:
+                if name in self.http:
+                    with urllib.request.urlopen(f"http://{address}/health", timeout=1.0) as reply:
+                        reply.read()
+                else:
+                    stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                self._last_ok[(name, index)] = now
+            except (grpc.RpcError, OSError) as exc:  # urllib's errors are OSErrors
+                silent = now - self._last_ok[(name, index)]
+                if silent > self.grace_seconds:
+                    why = exc.code().name if isinstance(exc, grpc.RpcError) else type(exc).__name__
+                    return DeadService(
+                        name,
+                        index,
+                        f"at {address} is unreachable: no health check answered for {silent:.0f}s ({why})",
+                    )
+        return None
 
 
 @dataclass

@@ -17,30 +17,23 @@ ROLLWAY_TRACE_FILE): a run's trace file holds the services' side of every call t
 RayServiceGroup (ray_services.py) is the same interface over Ray actors. A group that cannot
 restart a service raises CannotRestart, and the run fails naming the dead service.
 
-HealthWatch watches services the coordinator did not start (attached by address): a service that
-stops answering its health checks for a few seconds is reported dead the same way. Its `http`
-services (an OpenEnv server) are checked by GET /health instead of grpc.health.v1.
+What a death, a failed health check or a hang means for a run is the coordinator's
+(coordinator/watch.py): this module only starts, restarts, kills and reports exits.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-import urllib.request
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-
-from rollway.common.client import ClientConfig, open_channel
 from rollway.common.process_exit import describe_exit
 from rollway.common.supervision.service_process import ServiceProcess
 from rollway.common.tracing import trace_file_environment
 
 TAIL_LINES = 30
-WATCH_SLACK_SECONDS = 1.0  # a health check's own timeout: silence shorter than this is no sign
 # Services whose module is not rollway.<name>.
 SERVICE_MODULES = {"environment": "rollway.rollout.environments"}
 
@@ -215,64 +208,3 @@ class LocalServiceGroup(ServiceGroup):
             procs = [p for group in self.processes.values() for p in group]
         with ThreadPoolExecutor(max(len(procs), 1)) as pool:  # each drains on its own
             list(pool.map(lambda p: p.stop(), procs))
-
-
-class HealthWatch:
-    """Reports an attached service dead once its health checks fail for `grace_seconds`."""
-
-    def __init__(
-        self,
-        addresses: dict[str, list[str]],
-        client_config: ClientConfig | None = None,
-        grace_seconds: float = 5.0,
-        http: frozenset[str] = frozenset(),
-    ):
-        from grpc_health.v1 import health_pb2_grpc
-
-        self.grace_seconds = grace_seconds
-        self.http = http
-        self._channels: list[grpc.Channel] = []
-        self._targets = []
-        for name, group in addresses.items():
-            for index, address in enumerate(group):
-                channel = open_channel(address, client_config)
-                self._channels.append(channel)
-                self._targets.append((name, index, address, health_pb2_grpc.HealthStub(channel)))
-        self._last_ok = {(name, index): time.monotonic() for name, index, _, _ in self._targets}
-
-    def restarted(self, name: str, index: int) -> None:
-        """A new process answers at the address now: its grace starts over."""
-        self._last_ok[(name, index)] = time.monotonic()
-
-    def close(self) -> None:
-        for channel in self._channels:
-            channel.close()
-
-    def suspect_seconds(self) -> float:
-        """How long until a service whose health checks fail now would be reported (0: none fails)."""
-        now = time.monotonic()
-        silent = [now - last for last in self._last_ok.values() if now - last > 2 * WATCH_SLACK_SECONDS]
-        return max([0.0, *(self.grace_seconds - s + WATCH_SLACK_SECONDS for s in silent)])
-
-    def dead(self) -> DeadService | None:
-        from grpc_health.v1 import health_pb2
-
-        now = time.monotonic()
-        for name, index, address, stub in self._targets:
-            try:
-                if name in self.http:
-                    with urllib.request.urlopen(f"http://{address}/health", timeout=1.0) as reply:
-                        reply.read()
-                else:
-                    stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-                self._last_ok[(name, index)] = now
-            except (grpc.RpcError, OSError) as exc:  # urllib's errors are OSErrors
-                silent = now - self._last_ok[(name, index)]
-                if silent > self.grace_seconds:
-                    why = exc.code().name if isinstance(exc, grpc.RpcError) else type(exc).__name__
-                    return DeadService(
-                        name,
-                        index,
-                        f"at {address} is unreachable: no health check answered for {silent:.0f}s ({why})",
-                    )
-        return None
