@@ -59,9 +59,7 @@ def run(quick: bool) -> BenchResult:
         work = Path(tmp)
         model = make_tiny_model(work / "model", seed=0)
         args = ["--token", TOKEN, "--workdir", str(work / "gateway")]
-        with ServiceProcess(
-            "gateway", args, work, module="rollway.coordinator.tinker", wait_serving=False
-        ) as gw:
+        with ServiceProcess("gateway", args, work, module="rollway.gateway", wait_serving=False) as gw:
             base_url = f"http://127.0.0.1:{gw.port}"
             service = tinker.ServiceClient(base_url=base_url, api_key=TOKEN)
             training = service.create_lora_training_client(base_model=str(model), rank=0).result()

@@ -49,7 +49,7 @@ def _measure(model: Path, work: Path, share: bool, counts: list[int]) -> list[di
     flags = ["--share-lora-base" if share else "--no-share-lora-base", "--max-models", str(max(counts))]
     args = ["--token", TOKEN, "--workdir", str(work / "gateway"), *flags]
     rows = []
-    with ServiceProcess("gateway", args, work, module="rollway.coordinator.tinker", wait_serving=False) as gw:
+    with ServiceProcess("gateway", args, work, module="rollway.gateway", wait_serving=False) as gw:
         service = tinker.ServiceClient(base_url=f"http://127.0.0.1:{gw.port}", api_key=TOKEN)
         clients = []
         for count in counts:

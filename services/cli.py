@@ -25,7 +25,7 @@ SERVICES = ("dataloader", "rollout", "trainer", "coordinator")
 
 
 def _gateway(argv: list[str]) -> int:
-    from rollway.coordinator.tinker.__main__ import main
+    from rollway.gateway.__main__ import main
 
     return main(argv)
 

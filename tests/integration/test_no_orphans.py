@@ -76,7 +76,7 @@ LAUNCHER = textwrap.dedent(
 
     start("main")
     gateway = ["--token", "tml-orphan-test", "--workdir", str(workdir / "gateway")]
-    started["gateway"] = ServiceProcess("gateway", gateway, workdir, module="rollway.coordinator.tinker",
+    started["gateway"] = ServiceProcess("gateway", gateway, workdir, module="rollway.gateway",
                                         wait_serving=False, env=env).start()  # fmt: skip
     worker = threading.Thread(target=start, args=("thread",))
     worker.start()

@@ -41,9 +41,7 @@ def running_gateway(workdir: Path, *flags: str):
     """A gateway on a free loopback port; yields (base_url, process). Stopped by its pid (its
     process group: the trainers and rollout services it started go with it)."""
     args = ["--token", TOKEN, "--workdir", str(workdir / "gateway"), *flags]
-    process = ServiceProcess(
-        "gateway", args, workdir, module="rollway.coordinator.tinker", wait_serving=False
-    )
+    process = ServiceProcess("gateway", args, workdir, module="rollway.gateway", wait_serving=False)
     with process:
         base_url = f"http://127.0.0.1:{process.port}"
         wait_until(lambda: healthy(base_url), timeout=30, what="the gateway's healthz")

@@ -35,6 +35,17 @@ class PlacementError(ValueError):
 
 
 @dataclass(frozen=True)
+class ServiceSettings:
+    """The settings a RayServiceGroup reads: one config per component (a run config is one; the
+    gateway makes one for a trainer alone). Each is that service's settings dataclass."""
+
+    coordinator: object  # its launcher and ray_* settings
+    trainer: object
+    rollout: object
+    dataloader: object
+
+
+@dataclass(frozen=True)
 class ActorSpec:
     """One Ray actor hosting one service process (or one trainer worker rank)."""
 

@@ -47,6 +47,7 @@ from rollway.common.supervision.placement import (
     ActorSpec,
     PlacementError,
     PlacementSettings,
+    ServiceSettings,
     check_fits,
     plan_actors,
 )
@@ -114,10 +115,10 @@ class _Actor:
 
 
 class RayServiceGroup(ServiceGroup):
-    """A run's services as Ray actors. `run`: the parsed run config (its component settings);
-    `name`: the run id, which names the actors (`rollway-<name>-<actor>`)."""
+    """A run's services as Ray actors. `run`: each service's settings (a ServiceSettings, or the
+    parsed run config); `name`: the run id, which names the actors (`rollway-<name>-<actor>`)."""
 
-    def __init__(self, run, workdir: Path, *, name: str, ray_address: str = ""):
+    def __init__(self, run: ServiceSettings, workdir: Path, *, name: str, ray_address: str = ""):
         self.run, self.workdir, self.name, self.ray_address = run, Path(workdir), name, ray_address
         self.addresses: dict[str, list[str]] = {}
         self.actors: dict[str, _Actor] = {}

@@ -2,6 +2,7 @@
 
     cli, demo          the commands and the demo (above everything they use)
     deploy             launch code: `rollway run`, `rollway up`, chaos
+    gateway            the Tinker API's process (it starts services, and sizes them with the planner)
     the four services  dataloader, rollout, trainer, coordinator
     common             shared runtime (common/supervision: starting and watching a run's services)
 
@@ -10,7 +11,9 @@ deploy <-> demo cycle can come back. Services never import each other: only the 
 (rollway.<service>.v1), the shared runtime (rollway.common) and, as the schema of a run config,
 another service's settings module (rollway.<service>.config: torch-free dataclasses the
 coordinator validates a whole run against before anything starts). Of the services only the
-coordinator starts services (rollway.common.supervision).
+coordinator starts services (rollway.common.supervision). The gateway, a process above the
+services, imports what a service may, supervision, and the run planner (rollway.coordinator.plan),
+which sizes its trainers as `rollway run` sizes a run's.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ ROOT = Path(__file__).resolve().parents[3] / "services"
 LAYERS = {
     "common": {"common"},
     **{service: {"common", *SERVICES} for service in SERVICES},
+    "gateway": {"common", *SERVICES, "gateway"},
     "deploy": {"common", *SERVICES, "deploy"},
     "demo": {"common", *SERVICES, "deploy", "demo"},
-    "cli": {"common", *SERVICES, "deploy", "demo", "cli"},
+    "cli": {"common", *SERVICES, "gateway", "deploy", "demo", "cli"},
 }
 
 
@@ -44,7 +48,9 @@ def imported_modules(path: Path) -> set[str]:
 def allowed(service: str, module: str) -> bool:
     parts = module.split(".")
     if parts[1:3] == ["common", "supervision"]:
-        return service == "coordinator"
+        return service in ("coordinator", "gateway")
+    if service == "gateway" and parts[1:3] == ["coordinator", "plan"]:
+        return True
     if parts[1] in ("common", service):
         return True
     if parts[1] in SERVICES:
@@ -72,7 +78,7 @@ def test_every_module_imports_only_its_own_layer_and_those_below():
 
 def test_services_import_only_protos_common_and_settings_schemas_of_each_other():
     broken = []
-    for service in SERVICES:
+    for service in (*SERVICES, "gateway"):
         for path in sorted((ROOT / service).rglob("*.py")):
             if "/v1/" in str(path):
                 continue

@@ -29,11 +29,11 @@ from rollway.common.client import open_channel
 from rollway.common.log import get_logger
 from rollway.common.supervision.supervisor import LocalServiceGroup
 from rollway.common.v1 import common_pb2
-from rollway.coordinator.tinker.config import GatewayConfig
-from rollway.coordinator.tinker.sampler_weights import prepare_update
+from rollway.gateway.config import GatewayConfig
+from rollway.gateway.sampler_weights import prepare_update
 from rollway.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
-log = get_logger("rollway.coordinator.tinker.rollouts")
+log = get_logger("rollway.gateway.rollouts")
 
 
 def _key(path: Path) -> str:

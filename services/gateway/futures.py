@@ -12,7 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from rollway.coordinator.tinker.callers import caller, owns
+from rollway.gateway.callers import caller, owns
 
 MAX_KEPT = 10_000  # finished futures kept for retrieval (the oldest go first)
 

@@ -14,7 +14,7 @@ import numpy as np
 import zstandard
 from tinker.proto import tinker_public_pb2 as public_pb
 
-from rollway.coordinator.tinker.errors import bad_request
+from rollway.gateway.errors import bad_request
 from rollway.trainer.v1 import trainer_pb2
 
 NUMPY_DTYPES = {

@@ -1,8 +1,10 @@
 """A Tinker-compatible HTTP API on rollway's services (`rollway gateway`).
 
-It lives in the coordinator because the coordinator is the process that starts, supervises and
-stops services (only it may use rollway.common.supervision's ServiceGroup) and owns what spans them: here,
-per-tenant trainer and rollout services, sessions that release them, checkpoints by name.
+A process of its own, beside the four services: like the coordinator it starts, supervises and
+stops services (rollway.common.supervision's ServiceGroup) and owns what spans them: here,
+per-tenant trainer and rollout services, sessions that release them, checkpoints by name. It
+sizes a model's trainer with the run planner (rollway.coordinator.plan), so it refuses no model
+that `rollway run` accepts; it imports nothing else of the coordinator.
 
     SDK (httpx) --HTTP--> app.py --> sessions.py (heartbeats; a silent session's models go)
                                  --> tenants.py (one trainer [+ rollout] ServiceGroup per model)

@@ -18,20 +18,20 @@ import grpc
 
 from rollway.common.log import get_logger
 from rollway.coordinator.plan.host import available_memory
-from rollway.coordinator.tinker.base_rollouts import BaseRollout
-from rollway.coordinator.tinker.callers import caller, owns
-from rollway.coordinator.tinker.checkpoints import CheckpointStore, SavedCheckpoint, TenantSpec, expiry
-from rollway.coordinator.tinker.config import GatewayConfig
-from rollway.coordinator.tinker.errors import GatewayError, bad_request, conflict, not_found
-from rollway.coordinator.tinker.futures import FutureStore
-from rollway.coordinator.tinker.memory import adapter_bytes, max_context_length, trainer_bytes
-from rollway.coordinator.tinker.sampling import Sampler
-from rollway.coordinator.tinker.sessions import SessionTable
-from rollway.coordinator.tinker.tenants import Tenant, Trainer
-from rollway.coordinator.tinker.wire import ForwardBackwardCall, encode_forward_backward_output
+from rollway.gateway.base_rollouts import BaseRollout
+from rollway.gateway.callers import caller, owns
+from rollway.gateway.checkpoints import CheckpointStore, SavedCheckpoint, TenantSpec, expiry
+from rollway.gateway.config import GatewayConfig
+from rollway.gateway.errors import GatewayError, bad_request, conflict, not_found
+from rollway.gateway.futures import FutureStore
+from rollway.gateway.memory import adapter_bytes, max_context_length, trainer_bytes
+from rollway.gateway.sampling import Sampler
+from rollway.gateway.sessions import SessionTable
+from rollway.gateway.tenants import Tenant, Trainer
+from rollway.gateway.wire import ForwardBackwardCall, encode_forward_backward_output
 from rollway.trainer.v1 import trainer_pb2
 
-log = get_logger("rollway.coordinator.tinker")
+log = get_logger("rollway.gateway")
 SAVE_RESPONSE_TYPE = {"weights": "save_weights", "sampler_weights": "save_weights_for_sampler"}
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollway.coordinator.tinker.sessions import SessionTable
+from rollway.gateway.sessions import SessionTable
 
 
 def test_a_session_expires_only_after_the_timeout_without_heartbeats():

@@ -10,7 +10,7 @@ from peft import LoraConfig, inject_adapter_in_model
 
 from rollway.coordinator.plan.memory import trainer_rank_memory
 from rollway.coordinator.plan.shape import read_model_shape
-from rollway.coordinator.tinker.memory import adapter_bytes, trainer_bytes
+from rollway.gateway.memory import adapter_bytes, trainer_bytes
 from rollway.trainer.config import TrainerConfig
 
 

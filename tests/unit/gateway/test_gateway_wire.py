@@ -10,8 +10,8 @@ from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_forward_backward_output
 
-from rollway.coordinator.tinker.errors import GatewayError
-from rollway.coordinator.tinker.wire import decode_forward_backward, encode_forward_backward_output
+from rollway.gateway.errors import GatewayError
+from rollway.gateway.wire import decode_forward_backward, encode_forward_backward_output
 from rollway.trainer.v1 import trainer_pb2
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from rollway.common.v1 import common_pb2
-from rollway.coordinator.tinker.base_rollouts import BaseRollout
-from rollway.coordinator.tinker.errors import bad_request
-from rollway.coordinator.tinker.wire import encode_sample_response
+from rollway.gateway.base_rollouts import BaseRollout
+from rollway.gateway.errors import bad_request
+from rollway.gateway.wire import encode_sample_response
 from rollway.rollout.v1 import rollout_pb2
 
 MAX_SAMPLES = 64  # most sequences one sample call may ask for

@@ -26,23 +26,23 @@ import grpc
 from rollway.common.client import open_channel
 from rollway.common.log import get_logger
 from rollway.common.supervision.supervisor import LocalServiceGroup, ServiceGroup
-from rollway.coordinator.tinker.checkpoints import SavedCheckpoint, TenantSpec
-from rollway.coordinator.tinker.config import GatewayConfig
-from rollway.coordinator.tinker.errors import TrainerRestarted
+from rollway.gateway.checkpoints import SavedCheckpoint, TenantSpec
+from rollway.gateway.config import GatewayConfig
+from rollway.gateway.errors import TrainerRestarted
 from rollway.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
-log = get_logger("rollway.coordinator.tinker")
+log = get_logger("rollway.gateway")
 
 
 def trainer_group(spec: TenantSpec, name: str, workdir: Path, config: GatewayConfig) -> ServiceGroup:
     """The ServiceGroup that starts, watches and restarts a trainer (one rank) of `spec`'s base
     model; `name`: the model id, or a shared trainer's name (its Ray actor's name)."""
     if config.launcher == "ray":
-        # The coordinator's Ray launcher, as for a run: it reads the trainer's settings from a run
-        # config, here one with only the trainer's model settings given.
+        # The coordinator's Ray launcher, as for a run: it reads each service's settings, here
+        # only the trainer's model settings given.
+        from rollway.common.supervision.placement import ServiceSettings
         from rollway.common.supervision.ray_services import RayServiceGroup
         from rollway.coordinator.config import CoordinatorConfig
-        from rollway.coordinator.run_config import RunConfig
         from rollway.dataloader.config import DataloaderConfig
         from rollway.rollout.config import RolloutConfig
         from rollway.trainer.config import TrainerConfig
@@ -50,12 +50,11 @@ def trainer_group(spec: TenantSpec, name: str, workdir: Path, config: GatewayCon
         trainer = TrainerConfig(
             hf_checkpoint=spec.base_model, world_size=1, dtype=config.dtype, lora_rank=spec.lora_rank
         )
-        run = RunConfig(
+        run = ServiceSettings(
             coordinator=CoordinatorConfig(launcher="ray", ray_address=config.ray_address),
-            dataloader=DataloaderConfig(),
-            rollout=RolloutConfig(),
             trainer=trainer,
-            given={},
+            rollout=RolloutConfig(),
+            dataloader=DataloaderConfig(),
         )
         return RayServiceGroup(run, workdir, name=name, ray_address=config.ray_address)
     args = ["--hf-checkpoint", spec.base_model, "--world-size", "1", "--dtype", config.dtype]

@@ -1,4 +1,4 @@
-"""A model directory as a disk weight update (coordinator/tinker/sampler_weights.py), read back by
+"""A model directory as a disk weight update (gateway/sampler_weights.py), read back by
 the rollout service's own disk receiver: every bucket verifies and holds the model's tensors."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from rollway.common.weight_sync.buckets import manifest_layout
-from rollway.coordinator.tinker.sampler_weights import prepare_update
+from rollway.gateway.sampler_weights import prepare_update
 from rollway.rollout.weight_sync.disk import read_disk_buckets
 
 

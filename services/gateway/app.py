@@ -17,10 +17,10 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tinker import types
 
-from rollway.coordinator.tinker.callers import CALLER
-from rollway.coordinator.tinker.errors import GatewayError, bad_request
-from rollway.coordinator.tinker.gateway import Gateway
-from rollway.coordinator.tinker.wire import decode_forward_backward
+from rollway.gateway.callers import CALLER
+from rollway.gateway.errors import GatewayError, bad_request
+from rollway.gateway.gateway import Gateway
+from rollway.gateway.wire import decode_forward_backward
 
 PROTO = "application/x-protobuf"
 RETRIEVE_WAIT_S = 10.0  # retrieve_future holds a pending call this long before "try again"

@@ -1,4 +1,4 @@
-"""python -m rollway.coordinator.tinker (`rollway gateway`): serve the Tinker API on loopback."""
+"""python -m rollway.gateway (`rollway gateway`): serve the Tinker API on loopback."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from rollway.common.config import parse
-from rollway.coordinator.tinker.config import GatewayConfig
+from rollway.gateway.config import GatewayConfig
 
 
 def api_keys(config: GatewayConfig) -> dict[str, str] | None:
@@ -46,8 +46,8 @@ def main(argv=None) -> int:
 
     from rollway.common.log import configure_logging
     from rollway.common.parent_watch import watch_parent
-    from rollway.coordinator.tinker.app import create_app
-    from rollway.coordinator.tinker.gateway import Gateway
+    from rollway.gateway.app import create_app
+    from rollway.gateway.gateway import Gateway
 
     configure_logging("gateway", config.log_format)
     keys = api_keys(config)
