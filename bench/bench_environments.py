@@ -107,7 +107,7 @@ def run(quick: bool) -> BenchResult:
                 ["--environment", "custom", "--custom-generate-function-path", SCRIPTED],
                 work / "svc",
                 env=env,
-                module="rollway.rollout.environments",
+                module="rollway.environment",
             )
         )
         openenv = stack.enter_context(
@@ -116,7 +116,7 @@ def run(quick: bool) -> BenchResult:
                 ["--openenv-app", "bench.environment_paths:app"],
                 work / "svc",
                 env=env,
-                module="rollway.rollout.environments.openenv_server",
+                module="rollway.openenv_host",
                 wait_serving=False,
             )
         )

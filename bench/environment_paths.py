@@ -3,7 +3,7 @@ episode (step k answers " obs k." with reward 0.5, done after metadata["turns"] 
 OpenEnv app and as an agent against the OpenAI-compatible endpoint, beside
 tests/support/remote_environments.py's ScriptedEnvironment (rollway's plugin).
 
-    python -m rollway.rollout.environments.openenv_server --openenv-app bench.environment_paths:app
+    python -m rollway.openenv_host --openenv-app bench.environment_paths:app
 """
 
 from __future__ import annotations

@@ -267,7 +267,7 @@ class CoordinatorConfig:
     openenv_app: str = setting(
         "",
         "environment: openenv with no openenv_url: module:attr of the OpenEnv app (create_app) the "
-        "coordinator serves in its own process (rollway.rollout.environments.openenv_server), "
+        "coordinator serves in its own process (rollway.openenv_host), "
         "health-checks (/health), restarts (max_restarts) and stops with the run",
         pattern=MODULE_ATTR_OR_EMPTY,
     )
@@ -352,7 +352,7 @@ class CoordinatorConfig:
             raise ConfigError(
                 "remote_environment",
                 "is started as a local process, not with launcher ray: start the environment service "
-                "yourself (python -m rollway.rollout.environments) and give environment_url",
+                "yourself (python -m rollway.environment) and give environment_url",
             )
 
     def _validate_openenv_app(self) -> None:
@@ -360,7 +360,7 @@ class CoordinatorConfig:
             raise ConfigError(
                 "openenv_app",
                 "is started as a local process, not with launcher ray: serve the OpenEnv app yourself "
-                "(python -m rollway.rollout.environments.openenv_server) and give openenv_url",
+                "(python -m rollway.openenv_host) and give openenv_url",
             )
         if self.remote_environment:
             raise ConfigError("openenv_app", "give remote_environment or openenv_app, not both")

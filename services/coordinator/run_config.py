@@ -38,7 +38,7 @@ COMPONENTS: dict[str, type] = run_components()
 SERVICES = ("dataloader", "rollout", "trainer")
 # The environment_url of a run whose environment service the coordinator starts, until it has.
 STARTED_BY_COORDINATOR = "(started by the coordinator: remote_environment)"
-OPENENV_SERVER_MODULE = "rollway.rollout.environments.openenv_server"
+OPENENV_SERVER_MODULE = "rollway.openenv_host"
 # Where config.json gives a model's context length (transformers' names across architectures).
 CONTEXT_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
@@ -126,7 +126,7 @@ class RunConfig:
         return OPENENV_SERVER_MODULE if self.coordinator.openenv_app else None
 
     def environment_args(self) -> list[str]:
-        """Flags of `python -m rollway.rollout.environments` serving remote_environment (or of
+        """Flags of `python -m rollway.environment` serving remote_environment (or of
         the OpenEnv server serving openenv_app)."""
         if self.coordinator.openenv_app:
             return ["--openenv-app", self.coordinator.openenv_app]

@@ -4,7 +4,7 @@
                                      in parallel) or RayServiceGroup.start (actors; launcher: ray)
     remote_environment? ──> its Environment service too (a local process serving it); its address
                             is the rollout services' environment_url
-    openenv_app? ──> an OpenEnv server process (openenv_server.py) instead: openenv_url
+    openenv_app? ──> an OpenEnv host process (rollway.openenv_host) instead: openenv_url
     Services.connect (health SERVING; an unreachable address fails in seconds, naming it)
     Init on every service at once, each with its part of the run config (run_config.py)
     agreement: model, vocabulary, temperature, estimator ──> a mismatch refuses the run, naming both

@@ -190,7 +190,7 @@ class RolloutConfig:
         "threads stepping environments concurrently (an agent episode holds one while it runs)",
         exclusive_minimum=0,
     )
-    # --- agents against the OpenAI-compatible endpoint (agents/, --environment agent) ---
+    # --- agents against the OpenAI-compatible endpoint (openai_api/, --environment agent) ---
     agent_function_path: str = setting(
         "",
         "module:attr of the agent run once per sample with its episode's OpenAI base_url",

@@ -18,10 +18,10 @@ from rollway.common.run_host import RunHost, run_scoped_servicer
 from rollway.common.server import RollwayServer, ServerConfig
 from rollway.common.v1 import common_pb2
 from rollway.common.weights_checksum import dtype_from_name
-from rollway.rollout.agents.hub import AgentHub
 from rollway.rollout.config import RolloutConfig
 from rollway.rollout.engines import create_engine
 from rollway.rollout.engines.base import MEMORY_TAGS, Engine, EngineError
+from rollway.rollout.environments.agent_hub import AgentHub
 from rollway.rollout.environments.registry import EnvironmentRegistry, episode_limits
 from rollway.rollout.episode_spec import TextCodec
 from rollway.rollout.episodes import EpisodeEngine

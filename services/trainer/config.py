@@ -19,7 +19,7 @@ from rollway.common import shared_settings
 from rollway.common.advantages import ESTIMATORS, TRAINER_COMPLETED
 from rollway.common.config import ConfigError, setting
 
-# Loss types the trainer knows (the registry in losses.py must hold exactly these; a unit test checks).
+# Loss types the trainer knows (the registry in loss/losses.py must hold exactly these; a unit test checks).
 LOSS_TYPES = ("sft_loss", "policy_loss")
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 # Estimators whose token-level returns the trainer computes (KL reward shaping applies to them).
@@ -123,7 +123,7 @@ class TrainerConfig:
     calculate_per_token_loss: bool = setting(
         False, "token-sum loss over the global number of loss tokens (default: per-sample mean)"
     )
-    # --- RL (policy_loss; see policy_loss.py) ---
+    # --- RL (policy_loss; see loss/policy_loss.py) ---
     advantage_estimator: str = shared_settings.advantage_estimator(choices=ESTIMATORS)
     normalize_advantages: bool = setting(
         False, "whiten the token advantages over the whole global batch (all ranks), any estimator"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from rollway.common.errors import InvalidArgument
-from rollway.trainer.datum_losses import DATUM_LOSSES, DatumLoss
+from rollway.trainer.loss.datum_losses import DATUM_LOSSES, DatumLoss
 from rollway.trainer.micro_batch import SequenceItem
 
 

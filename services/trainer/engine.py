@@ -24,11 +24,11 @@ from rollway.trainer import checkpoint, export, lora
 from rollway.trainer.async_save import BackgroundWriter
 from rollway.trainer.attention import model_inputs, shares_prefixes
 from rollway.trainer.config import TrainerConfig
-from rollway.trainer.datum_losses import DATUM_LOSSES
 from rollway.trainer.distributed import RankInfo
 from rollway.trainer.log_probs import response_values, token_log_probs
 from rollway.trainer.lora_tenants import LoraTenants
-from rollway.trainer.losses import (
+from rollway.trainer.loss.datum_losses import DATUM_LOSSES
+from rollway.trainer.loss.losses import (
     LossInputs,
     aggregate,
     combine_shares,
@@ -36,10 +36,10 @@ from rollway.trainer.losses import (
     metric_share,
     reduce_shares,
 )
+from rollway.trainer.loss.per_source import gather_source_losses, sample_sums
 from rollway.trainer.micro_batch import MicroBatch, SequenceItem, build_micro_batch
 from rollway.trainer.model_loading import load_model
 from rollway.trainer.optimizer import apply_settings, build_optimizer, clip_grad_norm
-from rollway.trainer.per_source import gather_source_losses, sample_sums
 from rollway.trainer.policy_inputs import complete_policy_inputs, log_prob_inputs, loss_temperature
 from rollway.trainer.reference import build_reference, shares_policy
 from rollway.trainer.sharding import resolve_dtype, shard_model
@@ -189,7 +189,7 @@ class TrainerEngine:
         loss_fn_config: dict[str, float],
         forward_only: bool,
     ) -> dict[int, tuple[list[float], list[float]]] | None:
-        """Per-token log-probs and loss terms of this rank's datums (datum_losses.py), gathered
+        """Per-token log-probs and loss terms of this rank's datums (loss/datum_losses.py), gathered
         on rank 0; unless `forward_only`, the loss's gradients are added to the parameters'
         .grad (not cleared first: optim_step applies and clears them). Every rank runs the same
         number of micro-batches (the controller pads with empty ones) so FSDP's collectives
@@ -417,7 +417,7 @@ class TrainerEngine:
         self, mb, settings, spec, denominators, timer: StepTimer
     ) -> tuple[dict[str, torch.Tensor], dict]:
         """Forward and backward of one micro-batch; its (detached) shares of the step's metrics, on
-        the device, and its samples' loss sums (per_source.py)."""
+        the device, and its samples' loss sums (loss/per_source.py)."""
         with timer.phase("forward"):
             logp, entropy = self.forward(
                 mb,

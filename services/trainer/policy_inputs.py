@@ -7,7 +7,7 @@ forward passes are the engine's (TrainerEngine.fill_policy_inputs).
                     the rollout makes one optimizer step and nothing else needs them: the loss
                     then uses the current log-probs detached, the same values)
     ref_log_probs   no-grad forward of the reference (--use-kl-loss, or --kl-coef shaping)
-    advantages      the token part of the run's estimator (returns.py): reinforce_plus_plus(_baseline)
+    advantages      the token part of the run's estimator (loss/returns.py): reinforce_plus_plus(_baseline)
                     add the KL penalty (and returns); with --normalize-advantages every estimator's
                     values are whitened over the whole batch; otherwise the coordinator's values stay
 
@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 
 from rollway.trainer.config import TOKEN_LEVEL_ESTIMATORS, TrainerConfig
-from rollway.trainer.kl import approx_kl
+from rollway.trainer.loss.kl import approx_kl
+from rollway.trainer.loss.returns import reinforce_plus_plus_baseline, reinforce_plus_plus_returns, whiten
 from rollway.trainer.micro_batch import SequenceItem
-from rollway.trainer.returns import reinforce_plus_plus_baseline, reinforce_plus_plus_returns, whiten
 
 
 def loss_temperature(settings: TrainerConfig) -> float:

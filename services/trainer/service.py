@@ -26,7 +26,7 @@ from rollway.trainer.broken_ranks import BrokenRanks
 from rollway.trainer.config import TRAINING_SETTINGS, TrainerConfig
 from rollway.trainer.controller import TrainerController
 from rollway.trainer.datums import datum_loss, to_datum_items
-from rollway.trainer.losses import get_loss
+from rollway.trainer.loss.losses import get_loss
 from rollway.trainer.model_loading import ModelLoadError, read_hf_config
 from rollway.trainer.optim_request import adam_settings
 from rollway.trainer.reference import check_reference

@@ -4,7 +4,7 @@
 embeddings when they are not tied (a tied pair must stay in one group: the root), then the root.
 Parameters are fp32 masters; MixedPrecisionPolicy casts them to `--dtype` for compute and
 reduces gradients in fp32. Gradients are summed, not averaged, across ranks: the loss is already
-scaled by global denominators (see losses.py), so FSDP's default division by the world size is
+scaled by global denominators (see loss/losses.py), so FSDP's default division by the world size is
 switched off.
 """
 

@@ -17,7 +17,7 @@ from rollway.common.errors import InvalidArgument, ResourceExhausted
 from rollway.trainer.attention import shares_prefixes
 from rollway.trainer.batch import num_loss_tokens
 from rollway.trainer.config import TrainerConfig
-from rollway.trainer.losses import GlobalDenominators
+from rollway.trainer.loss.losses import GlobalDenominators
 from rollway.trainer.micro_batch import SequenceItem, row_tokens
 from rollway.trainer.packing import NO_PROMPT, BudgetError, padded_size, plan
 

@@ -19,7 +19,7 @@ from rollway.coordinator.v1 import coordinator_pb2
 pytestmark = pytest.mark.slow
 
 TESTS_DIR = str(Path(__file__).resolve().parents[1])
-ENVIRONMENT_MODULE = "rollway.rollout.environments"
+ENVIRONMENT_MODULE = "rollway.environment"
 NUM_STEPS = 6
 
 

@@ -23,7 +23,7 @@ from rollway.coordinator.v1 import coordinator_pb2
 pytestmark = pytest.mark.slow
 
 TESTS_DIR = str(Path(__file__).resolve().parents[1])
-ENVIRONMENT_MODULE = "rollway.rollout.environments.openenv_server"
+ENVIRONMENT_MODULE = "rollway.openenv_host"
 NUM_STEPS = 3
 
 

@@ -36,7 +36,7 @@ def server(tmp_path_factory):
         "openenv",
         ["--openenv-app", "support.openenv_envs:app"],
         tmp_path_factory.mktemp("openenv"),
-        module="rollway.rollout.environments.openenv_server",
+        module="rollway.openenv_host",
         env=env,
         wait_serving=False,  # an HTTP server: it writes its port file once /health answers
     ) as svc:
@@ -180,7 +180,7 @@ def test_the_readme_example_runs_at_the_pinned_version(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     env = {"PYTHONPATH": str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     args = ["--openenv-app", "my_openenv:app"]
-    module = "rollway.rollout.environments.openenv_server"
+    module = "rollway.openenv_host"
     with ServiceProcess("openenv", args, tmp_path, module=module, env=env, wait_serving=False) as svc:
         pool = OpenEnvEpisodes(svc.address, 30.0, load_turns("my_openenv:GuessTurns"))
         episode = pool.new_episode()

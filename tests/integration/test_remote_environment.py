@@ -34,7 +34,7 @@ def environment(tmp_path_factory):
         "environment",
         args,
         tmp_path_factory.mktemp("environment"),
-        module="rollway.rollout.environments",
+        module="rollway.environment",
         env=env,
     ) as svc:
         yield svc

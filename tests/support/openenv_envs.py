@@ -1,5 +1,5 @@
 """An OpenEnv environment built from OpenEnv's own base classes, served by its own create_app:
-the demo's addition task as a two-try game (`python -m rollway.rollout.environments.openenv_server
+the demo's addition task as a two-try game (`python -m rollway.openenv_host
 --openenv-app support.openenv_envs:app`)."""
 
 from __future__ import annotations

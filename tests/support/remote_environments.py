@@ -1,4 +1,4 @@
-"""Environments the tests serve from a separate process (python -m rollway.rollout.environments
+"""Environments the tests serve from a separate process (python -m rollway.environment
 --environment custom --custom-generate-function-path support.remote_environments:ScriptedEnvironment)."""
 
 from __future__ import annotations

@@ -67,14 +67,14 @@ TESTED_BY = {
         "tests/e2e/test_ray_launcher.py::test_plan_says_where_each_actor_would_go_and_that_one_node_cannot_survive_its_loss"
     ),
     ".venv/bin/rollway dashboard runs/": "tests/e2e/test_dashboard_browser.py::test_finished_run_views",
-    "python -m rollway.rollout.environments --environment custom "
+    "python -m rollway.environment --environment custom "
     "--custom-generate-function-path my_env:GuessEnvironment --port 50070": (
         "tests/integration/test_remote_environment.py::test_episodes_run_against_an_environment_in_another_process"
     ),
     "rollway run cfg.yaml --environment remote --environment-url 127.0.0.1:50070": (
         "tests/integration/test_remote_environment.py::test_a_remote_environment_killed_mid_episode_fails_its_samples"
     ),
-    "python -m rollway.rollout.environments.openenv_server --openenv-app my_openenv:app --port 8000": (
+    "python -m rollway.openenv_host --openenv-app my_openenv:app --port 8000": (
         "tests/integration/test_openenv_environment.py::test_the_readme_example_runs_at_the_pinned_version"
     ),
     "rollway run cfg.yaml --environment openenv --openenv-url http://127.0.0.1:8000 "

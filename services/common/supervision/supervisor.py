@@ -35,7 +35,7 @@ from rollway.common.tracing import trace_file_environment
 
 TAIL_LINES = 30
 # Services whose module is not rollway.<name>.
-SERVICE_MODULES = {"environment": "rollway.rollout.environments"}
+SERVICE_MODULES = {"environment": "rollway.environment"}
 
 
 @dataclass(frozen=True)

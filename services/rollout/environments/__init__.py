@@ -5,7 +5,8 @@
     custom      the user's Environment class (or factory), --custom-generate-function-path module:attr
     verifiers   a `verifiers` taskset run unmodified, --verifiers-taskset module:attr (verifiers_env.py)
     openenv     a Meta-PyTorch OpenEnv environment server (openenv.py, --openenv-url, --openenv-turns)
-    agent       the user's agent (--agent-function-path) against the OpenAI-compatible endpoint (agents/)
+    agent       the user's agent (--agent-function-path) against the OpenAI-compatible endpoint
+                (openai_api/); agent.py, agent_hub.py
     none        single-turn generation (no episode)
 
 ENVIRONMENTS is the one table of them: each kind's builder and the setting it cannot run without
@@ -110,7 +111,7 @@ def check_environment_settings(name: str, config: RolloutConfig) -> None:
 
 def environment_factory(name: str, config: RolloutConfig, agents=None) -> EnvironmentFactory | None:
     """What builds one environment per episode for `name` (None: single turn); `agents`: the run's
-    AgentHub (agents/hub.py), which the 'agent' environment needs."""
+    AgentHub (agent_hub.py), which the 'agent' environment needs."""
     check_environment_settings(name, config)
     build = ENVIRONMENTS[name].build
     return None if build is None else build(config, agents)

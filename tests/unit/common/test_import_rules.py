@@ -3,6 +3,8 @@
     cli, demo          the commands and the demo (above everything they use)
     deploy             launch code: `rollway run`, `rollway up`, chaos
     gateway            the Tinker API's process (it starts services, and sizes them with the planner)
+    environment        the Environment service: rollout's environments served over gRPC
+    openenv_host       the process that serves a user's OpenEnv app (it imports only common)
     the four services  dataloader, rollout, trainer, coordinator
     common             shared runtime (common/supervision: starting and watching a run's services)
 
@@ -13,7 +15,8 @@ another service's settings module (rollway.<service>.config: torch-free dataclas
 coordinator validates a whole run against before anything starts). Of the services only the
 coordinator starts services (rollway.common.supervision). The gateway, a process above the
 services, imports what a service may, supervision, and the run planner (rollway.coordinator.plan),
-which sizes its trainers as `rollway run` sizes a run's.
+which sizes its trainers as `rollway run` sizes a run's. The Environment service hosts the
+rollout's environments: of the rollout it imports those, its settings and its protos.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ LAYERS = {
     "common": {"common"},
     **{service: {"common", *SERVICES} for service in SERVICES},
     "gateway": {"common", *SERVICES, "gateway"},
+    "environment": {"common", "rollout", "environment"},
+    "openenv_host": {"common", "openenv_host"},
     "deploy": {"common", *SERVICES, "deploy"},
     "demo": {"common", *SERVICES, "deploy", "demo"},
     "cli": {"common", *SERVICES, "gateway", "deploy", "demo", "cli"},
@@ -50,6 +55,8 @@ def allowed(service: str, module: str) -> bool:
     if parts[1:3] == ["common", "supervision"]:
         return service in ("coordinator", "gateway")
     if service == "gateway" and parts[1:3] == ["coordinator", "plan"]:
+        return True
+    if service == "environment" and parts[1:3] == ["rollout", "environments"]:
         return True
     if parts[1] in ("common", service):
         return True
@@ -78,7 +85,7 @@ def test_every_module_imports_only_its_own_layer_and_those_below():
 
 def test_services_import_only_protos_common_and_settings_schemas_of_each_other():
     broken = []
-    for service in (*SERVICES, "gateway"):
+    for service in (*SERVICES, "gateway", "environment", "openenv_host"):
         for path in sorted((ROOT / service).rglob("*.py")):
             if "/v1/" in str(path):
                 continue

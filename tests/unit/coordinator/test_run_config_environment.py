@@ -110,7 +110,7 @@ def test_a_managed_openenv_app_is_served_by_the_openenv_server(model_dir):
     run = parse_run_config(grpo(model_dir, environment="openenv", openenv_app="my_env.server:app"))
     assert run.managed_environment
     assert run.addresses()["environment"] == []
-    assert run.environment_module == "rollway.rollout.environments.openenv_server"
+    assert run.environment_module == "rollway.openenv_host"
     assert run.environment_args() == ["--openenv-app", "my_env.server:app"]
     assert run.rollout.openenv_url == STARTED_BY_COORDINATOR
     assert "openenv_url" not in run.service_settings("rollout")

@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-from rollway.rollout.agents.chat_format import (
+from rollway.rollout.environments.tool_calls import format_tool_call
+from rollway.rollout.openai_api.chat_format import (
     BadRequest,
     assistant_reply,
     normalise_messages,
     same_turn,
 )
-from rollway.rollout.environments.tool_calls import format_tool_call
 
 
 def test_a_model_turn_with_tool_calls_becomes_openai_tool_calls():

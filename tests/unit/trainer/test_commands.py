@@ -29,7 +29,7 @@ from rollway.trainer.commands import (
     command_name,
     execute,
 )
-from rollway.trainer.losses import GlobalDenominators
+from rollway.trainer.loss.losses import GlobalDenominators
 from rollway.trainer.micro_batch import SequenceItem
 from rollway.trainer.train_plan import OptimizerStepPlan
 from rollway.trainer.weight_sync.base import Checksums

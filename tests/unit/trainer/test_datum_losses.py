@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollway.trainer.datum_losses import DATUM_LOSSES
+from rollway.trainer.loss.datum_losses import DATUM_LOSSES
 
 
 def inputs(logp: list[float], sampling: list[float], advantages: list[float]):

@@ -24,10 +24,10 @@ from rollway.common.config import from_dict, to_dict
 from rollway.common.errors import InvalidArgument
 from rollway.trainer.config import STEP_SETTINGS, TrainerConfig
 from rollway.trainer.controller import merge_settings
-from rollway.trainer.kl import approx_kl
-from rollway.trainer.losses import GlobalDenominators, LossInputs, aggregate, get_loss
+from rollway.trainer.loss.kl import approx_kl
+from rollway.trainer.loss.losses import GlobalDenominators, LossInputs, aggregate, get_loss
+from rollway.trainer.loss.returns import reinforce_plus_plus_baseline, reinforce_plus_plus_returns, whiten
 from rollway.trainer.policy_inputs import completes_advantages
-from rollway.trainer.returns import reinforce_plus_plus_baseline, reinforce_plus_plus_returns, whiten
 
 # ---------------------------------------------------------------- references (written from the papers)
 
@@ -484,7 +484,7 @@ def test_aggregation_is_the_same_for_one_or_several_micro_batches(loss_type, per
 
 
 def test_ratio_extremes_are_the_range_over_every_micro_batch():
-    from rollway.trainer.losses import combine_shares, metric_share
+    from rollway.trainer.loss.losses import combine_shares, metric_share
 
     samples = random_samples(21, num_samples=8)
     options = {"use_mis": True, "mis_level": "sequence", "mis_low": 0.6, "mis_high": 1.6}

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rollway.common.advantages import sequence_advantages
-from rollway.trainer.kl import approx_kl
-from rollway.trainer.returns import (
+from rollway.trainer.loss.kl import approx_kl
+from rollway.trainer.loss.returns import (
     discounted_returns,
     reinforce_plus_plus_baseline,
     reinforce_plus_plus_returns,

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from rollway.trainer.config import LOSS_TYPES, TrainerConfig
-from rollway.trainer.losses import LOSSES, GlobalDenominators, LossInputs, aggregate, get_loss, register_loss
+from rollway.trainer.loss.losses import (
+    LOSSES,
+    GlobalDenominators,
+    LossInputs,
+    aggregate,
+    get_loss,
+    register_loss,
+)
 
 
 def test_registry_matches_the_config_choices():

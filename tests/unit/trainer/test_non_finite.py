@@ -10,7 +10,7 @@ import torch
 
 from rollway.common.config import from_dict
 from rollway.trainer.config import TrainerConfig
-from rollway.trainer.losses import GlobalDenominators, LossInputs, aggregate, get_loss, metric_share
+from rollway.trainer.loss.losses import GlobalDenominators, LossInputs, aggregate, get_loss, metric_share
 
 NON_FINITE = [-math.inf, math.inf, math.nan]
 SAMPLE_LENGTHS = (3, 4, 2)  # three samples packed in one row

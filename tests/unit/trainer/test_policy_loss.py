@@ -10,12 +10,12 @@ import torch
 
 from rollway.common.config import from_dict
 from rollway.trainer.config import TrainerConfig
-from rollway.trainer.losses import LossInputs, get_loss
-from rollway.trainer.policy_loss import (
+from rollway.trainer.loss.losses import LossInputs, get_loss
+from rollway.trainer.loss.policy_loss import (
     clipped_policy_loss,
     per_sample_mean,
 )
-from rollway.trainer.rollout_correction import truncated_importance_weights
+from rollway.trainer.loss.rollout_correction import truncated_importance_weights
 
 
 def settings(**overrides) -> TrainerConfig:

@@ -12,7 +12,7 @@ from rollway.dataloader.config import DataloaderConfig
 from rollway.rollout.config import RolloutConfig
 from rollway.trainer.config import STEP_SETTINGS, TRAINING_SETTINGS, TrainerConfig
 from rollway.trainer.controller import merge_settings
-from rollway.trainer.losses import get_loss
+from rollway.trainer.loss.losses import get_loss
 
 
 def test_defaults_match_every_component_that_shares_a_setting():

@@ -14,13 +14,13 @@ import uuid
 from typing import Any
 
 from rollway.common.v1 import common_pb2
-from rollway.rollout.agents.chat_format import (
+from rollway.rollout.config import RolloutConfig
+from rollway.rollout.openai_api.chat_format import (
     BadRequest,
     assistant_reply,
     normalise_messages,
     template_messages,
 )
-from rollway.rollout.config import RolloutConfig
 from rollway.rollout.prompt_encoding import PromptEncoder
 from rollway.rollout.v1 import rollout_pb2
 

@@ -22,20 +22,20 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rollway.rollout.agents.chat_format import (
+from rollway.rollout.environments.base import Environment, EnvironmentFailed, EpisodeStart, ModelTurn, Step
+from rollway.rollout.openai_api.chat_format import (
     BadRequest,
     assistant_reply,
     normalise_messages,
     same_turn,
     template_messages,
 )
-from rollway.rollout.environments.base import Environment, EnvironmentFailed, EpisodeStart, ModelTurn, Step
 from rollway.rollout.rewards.types import RewardSample
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
-    from rollway.rollout.agents.hub import AgentHub
+    from rollway.rollout.environments.agent_hub import AgentHub
 
 CHAT, COMPLETION = "chat.completion", "text_completion"
 

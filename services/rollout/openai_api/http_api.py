@@ -32,12 +32,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from rollway.common.errors import RollwayError
 from rollway.common.log import get_logger
-from rollway.rollout.agents import policy_api
-from rollway.rollout.agents.chat_format import BadRequest
-from rollway.rollout.agents.episode import CHAT, COMPLETION, AgentRequest, HttpError
+from rollway.rollout.environments.agent import CHAT, COMPLETION, AgentRequest, HttpError
+from rollway.rollout.openai_api import policy_api
+from rollway.rollout.openai_api.chat_format import BadRequest
 
 if TYPE_CHECKING:
-    from rollway.rollout.agents.hub import AgentHub
+    from rollway.rollout.environments.agent_hub import AgentHub
 
 log = get_logger("rollway.rollout.agents.http")
 START_SECONDS = 30.0
@@ -126,7 +126,7 @@ def _answer(response: dict, body: dict):
 
 
 async def _turn(kind: str, episode_id: str, request: Request):
-    """An episode's model turn: the request waits for it (episode.py)."""
+    """An episode's model turn: the request waits for it (environments/agent.py)."""
     if not _authorised(request):
         return _error(401, UNAUTHORISED)
     try:

@@ -1,5 +1,4 @@
-"""Serve a user's OpenEnv app (`python -m rollway.rollout.environments.openenv_server --openenv-app
-module:attr`): the FastAPI app that OpenEnv's create_app / create_fastapi_app built, run unmodified
+"""Serve a user's OpenEnv app (`python -m rollway.openenv_host --openenv-app module:attr`): the FastAPI app that OpenEnv's create_app / create_fastapi_app built, run unmodified
 by uvicorn, as a process the coordinator starts, watches and restarts like its other services.
 
     --port 0 --port-file F   binds a free loopback port (SO_REUSEADDR: a restart takes the dead
@@ -90,12 +89,8 @@ def main(argv=None) -> None:
     server_config, config = parse_components(
         [ServerConfig, OpenEnvServerConfig],
         argv,
-        prog="python -m rollway.rollout.environments.openenv_server",
+        prog="python -m rollway.openenv_host",
         description="Serve an OpenEnv environment app (create_app) over HTTP/WebSocket.",
     )
     configure_logging("openenv_server", server_config.log_format, server_config.log_level)
     serve(server_config, config)
-
-
-if __name__ == "__main__":
-    main()

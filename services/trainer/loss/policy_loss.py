@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import torch
 
-from rollway.trainer.kl import approx_kl
-from rollway.trainer.loss_inputs import LossInputs
-from rollway.trainer.non_finite import finite_log_ratio, non_finite_tokens, zero_non_finite
-from rollway.trainer.rollout_correction import per_sample_totals, rollout_correction
+from rollway.trainer.loss.kl import approx_kl
+from rollway.trainer.loss.loss_inputs import LossInputs
+from rollway.trainer.loss.non_finite import finite_log_ratio, non_finite_tokens, zero_non_finite
+from rollway.trainer.loss.rollout_correction import per_sample_totals, rollout_correction
 
 LOG_RATIO_CLAMP = 20.0
 

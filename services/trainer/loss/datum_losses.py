@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rollway.trainer.policy_loss import clipped_policy_loss
+from rollway.trainer.loss.policy_loss import clipped_policy_loss
 
 DEFAULT_CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
 

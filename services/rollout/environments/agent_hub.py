@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from rollway.common.config import load_object
 from rollway.common.log import get_logger
-from rollway.rollout.agents.episode import AgentEnded, AgentEpisode, AgentTask
 from rollway.rollout.config import RolloutConfig
+from rollway.rollout.environments.agent import AgentEnded, AgentEpisode, AgentTask
 from rollway.rollout.environments.base import EpisodeStart
 from rollway.rollout.prompt_encoding import PromptEncoder
 from rollway.rollout.rewards.types import RewardFunction
@@ -144,7 +144,7 @@ class AgentHub:
                 return
             if self._closed:
                 raise RuntimeError("the run's agents are closed")
-            from rollway.rollout.agents.http_api import OpenAIServer, create_app
+            from rollway.rollout.openai_api.http_api import OpenAIServer, create_app
 
             self._server = OpenAIServer(create_app(self), self.host, self.config.openai_api_port).start()
             log.info("OpenAI-compatible endpoint serving agent episodes", url=self._server.url)

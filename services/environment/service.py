@@ -1,5 +1,5 @@
 """The Environment gRPC service: Python environments served to rollout services by their own
-process (`python -m rollway.rollout.environments --environment calculator`).
+process (`python -m rollway.environment --environment calculator`).
 
 Health, reflection, auth/TLS, drain on SIGTERM and the parent watch come from the shared server
 (rollway.common.server), so it is started and supervised like the other services. Episodes are

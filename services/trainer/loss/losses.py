@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from rollway.trainer.loss_inputs import LossInputs
-from rollway.trainer.non_finite import non_finite_tokens
-from rollway.trainer.policy_loss import policy_loss
+from rollway.trainer.loss.loss_inputs import LossInputs
+from rollway.trainer.loss.non_finite import non_finite_tokens
+from rollway.trainer.loss.policy_loss import policy_loss
 
 LossFn = Callable[[LossInputs], dict[str, torch.Tensor]]
 
