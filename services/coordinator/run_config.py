@@ -6,31 +6,34 @@ error at once, each naming its setting. What a run pushes to a service at its In
 of the run config that service declares, as given (a setting the run leaves out keeps the
 service's start-up flag, so a service started with flags keeps them and a bare one gets the
 defaults).
+
+Here: the RunConfig a run is given as, and parse_run_config, which checks each value and builds
+one. The rules across settings are in run_checks.py; the model and data it reads in run_inputs.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rollway.common.config import ConfigError, coerce_setting, from_dict
 from rollway.common.run_components import run_components
-from rollway.common.shared_settings import REWARD_NAMES
 from rollway.coordinator.config import CoordinatorConfig
-from rollway.coordinator.plan.steps import (
-    DataShape,
-    check_data,
-    end_of_data_problems,
-    end_of_data_text,
-    num_steps,
+from rollway.coordinator.run_checks import (
+    batch_arithmetic,
+    environment_problems,
+    missing_for_started_services,
+    process_setting_problems,
+    reward_problems,
+    unique_problems,
+    unused_environment_problems,
 )
+from rollway.coordinator.run_inputs import model_problems, plan_steps
 from rollway.dataloader.config import DataloaderConfig
-from rollway.rollout.config import PROCESS_SETTINGS, RolloutConfig, process_setting_problem
+from rollway.rollout.config import RolloutConfig
 from rollway.trainer.config import TrainerConfig
 
 # Config modules import no torch, so parsing a run config is instant.
@@ -39,8 +42,6 @@ SERVICES = ("dataloader", "rollout", "trainer")
 # The environment_url of a run whose environment service the coordinator starts, until it has.
 STARTED_BY_COORDINATOR = "(started by the coordinator: remote_environment)"
 OPENENV_SERVER_MODULE = "rollway.openenv_host"
-# Where config.json gives a model's context length (transformers' names across architectures).
-CONTEXT_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 
 class RunConfigError(ConfigError):
@@ -212,9 +213,9 @@ def parse_run_config(
         problems += trainer_settings_problems
         rejected.add("trainer_settings")
     given = {k: v for k, v in given.items() if k not in rejected}
-    problems += _process_setting_problems(given)
-    problems += _batch_arithmetic(given)
-    problems += _environment_problems(given)
+    problems += process_setting_problems(given)
+    problems += batch_arithmetic(given)
+    problems += environment_problems(given)
     configs = {}
     attached = _attached(given)
     for name, cls in COMPONENTS.items():
@@ -230,45 +231,14 @@ def parse_run_config(
         if name not in attached:
             problems += found
     run = RunConfig(**configs, given={_canonical_any(k): v for k, v in given.items()})
-    problems += _missing_for_started_services(run)
-    if (run.coordinator.remote_environment or run.coordinator.openenv_app) and not run.managed_environment:
-        problems.append(
-            (
-                "openenv_app" if run.coordinator.openenv_app else "remote_environment",
-                "the run uses no rollout service (sft or debug_train_only): no environment",
-            )
-        )
-    problems += _model_problems(run, {setting for setting, _ in problems})
-    problems += _reward_problems(run)
-    preconditions = _plan_steps(run, problems, check_files)
+    problems += missing_for_started_services(run)
+    problems += unused_environment_problems(run)
+    problems += model_problems(run, {setting for setting, _ in problems})
+    problems += reward_problems(run)
+    preconditions = plan_steps(run, problems, check_files)
     if problems:
-        raise RunConfigError(_unique(problems), preconditions)
+        raise RunConfigError(unique_problems(problems), preconditions)
     return run
-
-
-def _plan_steps(run: RunConfig, problems: list[tuple[str, str]], check_files: bool) -> set[str]:
-    """Check the training data (files, columns) and settle the run's number of steps up front
-    (plan/steps.py: num_rollout wins and the data loops; num_rollout 0 runs num_epoch epochs).
-    Appends to `problems`; returns the settings whose problems are preconditions (a missing file)."""
-    c, d = run.coordinator, run.dataloader
-    uses_data = "dataloader" in run.services_used()
-    # Only a dataloader the coordinator starts here reads the files here (Ray: on the cluster's nodes).
-    started = uses_data and not run.addresses()["dataloader"] and c.launcher == "local"
-    shape = check_data(d)
-    if not started:  # an attached dataloader reads its files where it runs, with its own keys
-        shape = DataShape(shape.num_rows, [])
-    elif not check_files:  # a config written for another machine: only the files here are checked
-        shape = DataShape(shape.num_rows, [p for p in shape.problems if not p[2]])
-    found = shape.problems if uses_data else []
-    if uses_data and (check_files or shape.num_rows is not None or d.num_epoch <= 0):
-        found += end_of_data_problems(c.num_rollout, d.num_epoch, c.rollout_batch_size, shape)
-    problems += [(setting, problem) for setting, problem, _ in found]
-    run.num_rows = shape.num_rows
-    if uses_data and not found:
-        # Worded before num_rollout is settled: a num_epoch run reads "num_epoch E x R rows / ...".
-        run.end_of_data = end_of_data_text(c.num_rollout, d.num_epoch, c.rollout_batch_size, shape.num_rows)
-        c.num_rollout = num_steps(c.num_rollout, d.num_epoch, c.rollout_batch_size, shape.num_rows)
-    return {setting for setting, _, precondition in found if precondition}
 
 
 def _trainer_settings_problems(trainer_settings: Any) -> list[tuple[str, str]]:
@@ -296,144 +266,6 @@ def _trainer_settings_problems(trainer_settings: Any) -> list[tuple[str, str]]:
     return problems[:1]
 
 
-def _reward_problems(run: RunConfig) -> list[tuple[str, str]]:
-    """rm_type names a reward function the rollout service can have."""
-    c = run.coordinator
-    if "rollout" not in run.services_used() or run.rollout.environment != "none":
-        return []  # no generation, or episodes rewarded by their environment
-    if c.rm_type and c.rm_type not in REWARD_NAMES:
-        close = difflib.get_close_matches(c.rm_type, REWARD_NAMES, n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        return [
-            ("rm_type", f"unknown reward function {c.rm_type!r} (known: {', '.join(REWARD_NAMES)}){hint}")
-        ]
-    # Where the 'remote' and 'custom' rewards come from: refused here, not at the first Generate,
-    # for rollout services the run starts (an attached one may have them from its own flags).
-    if any(run.addresses().get("rollout", [])):
-        return []
-    if c.rm_type == "remote" and not run.rollout.rm_url:
-        return [("rm_url", "rm_type remote needs rm_url: the URL of the reward server (docs/rewards.md)")]
-    if c.rm_type == "custom" and not run.rollout.custom_rm_path:
-        return [("custom_rm_path", "rm_type custom needs custom_rm_path: module:function (docs/rewards.md)")]
-    return []  # an unlabelled prompt's samples get reward 0 and a reward_error (docs/rewards.md)
-
-
-def _process_setting_problems(given: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Settings of a rollout process (its Generate queue) are no run's to set: refused, naming the
-    service flag, instead of being pushed to a service that would ignore them."""
-    return [(key, process_setting_problem(key)) for key in sorted(PROCESS_SETTINGS & set(given))]
-
-
-def _environment_problems(given: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Where the 'remote' environment comes from: environment_url (a service the user runs) or
-    remote_environment (one the coordinator starts), exactly one. The values are known to coerce."""
-    environment = given.get("environment", "none")
-    if environment == "agent" and given.get("partial_rollout"):
-        # An aborted agent episode cannot be continued: the agent's own state is gone with it.
-        return [
-            (
-                "partial_rollout",
-                "agent episodes (environment: agent) cannot be continued after an abort: "
-                "run agents without partial_rollout",
-            )
-        ]
-    if given.get("openenv_app") or environment == "openenv":
-        return _openenv_problems(given, environment)
-    if given.get("remote_environment"):
-        if environment != "remote":
-            return [
-                (
-                    "remote_environment",
-                    f"serves the 'remote' environment, but the run's environment is {environment!r}: "
-                    "set environment: remote",
-                )
-            ]
-        if given.get("environment_url"):
-            return [
-                (
-                    "environment_url",
-                    "give either environment_url (an environment service you run) or "
-                    "remote_environment (one the coordinator starts), not both",
-                )
-            ]
-    elif environment == "remote" and not given.get("environment_url") and not given.get("rollout_addr"):
-        return [
-            (
-                "environment_url",
-                "the 'remote' environment needs environment_url (host:port of a running Environment "
-                "service) or remote_environment (calculator or module:attr: the coordinator starts one)",
-            )
-        ]
-    return []
-
-
-def _openenv_problems(given: Mapping[str, Any], environment: str) -> list[tuple[str, str]]:
-    """Where the 'openenv' environment comes from: openenv_url (a server the user runs) or
-    openenv_app (one the coordinator serves), exactly one."""
-    if given.get("openenv_app"):
-        if environment != "openenv":
-            return [
-                (
-                    "openenv_app",
-                    f"serves the 'openenv' environment, but the run's environment is {environment!r}: "
-                    "set environment: openenv",
-                )
-            ]
-        if given.get("openenv_url"):
-            return [("openenv_url", "give either openenv_url (a server you run) or openenv_app, not both")]
-    elif not given.get("openenv_url") and not given.get("rollout_addr"):
-        return [
-            (
-                "openenv_url",
-                "the 'openenv' environment needs openenv_url (http://host:port of a running OpenEnv "
-                "server) or openenv_app (module:attr of an OpenEnv app: the coordinator serves it)",
-            )
-        ]
-    return []
-
-
-def _batch_arithmetic(given: dict[str, Any]) -> list[tuple[str, str]]:
-    """num_steps_per_rollout, when the run gives it, is honoured (Miles: global_batch_size =
-    samples per rollout / num_steps_per_rollout) or a contradiction is refused; it is never
-    replaced by the arithmetic of the other settings. Writes the derived global_batch_size into
-    `given`. The values are already known to coerce."""
-    trainer_settings = given.get("trainer_settings") or {}
-    if "num_steps_per_rollout" not in given and "num_steps_per_rollout" not in trainer_settings:
-        return []
-    steps = coerce_setting(
-        TrainerConfig,
-        "num_steps_per_rollout",
-        given.get("num_steps_per_rollout", trainer_settings.get("num_steps_per_rollout")),
-    )
-    if steps <= 0:
-        return [("num_steps_per_rollout", f"must be positive (got {steps})")]
-
-    def value(name: str):
-        if name in given:
-            return coerce_setting(CoordinatorConfig, name, given[name])
-        return next(f.default for f in dataclasses.fields(CoordinatorConfig) if f.name == name)
-
-    sft = value("loss_type") == "sft_loss"
-    samples = value("rollout_batch_size") * (1 if sft else value("n_samples_per_prompt"))
-    arithmetic = "rollout_batch_size" + ("" if sft else " * n_samples_per_prompt") + f" = {samples}"
-    if "global_batch_size" in given:
-        batch = value("global_batch_size")
-        if batch * steps != samples:
-            return [
-                (
-                    "num_steps_per_rollout",
-                    f"{steps} contradicts global_batch_size {batch}: {arithmetic} samples per rollout "
-                    f"make {samples / batch:g} optimizer steps of {batch}; give only one of the two, "
-                    f"or values whose product is {samples}",
-                )
-            ]
-        return []
-    if samples % steps:
-        return [("num_steps_per_rollout", f"{steps} does not divide {arithmetic} samples per rollout")]
-    given["global_batch_size"] = samples // steps
-    return []
-
-
 def _canonical_any(key: str) -> str:
     for cls in COMPONENTS.values():
         name = _canonical(cls, key)
@@ -453,98 +285,6 @@ def _unvalidated(cls: type, part: Mapping[str, Any]):
         values[f.name] = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
     values.update({k: coerce_setting(cls, k, v) for k, v in part.items()})
     return cls(**values)
-
-
-def _missing_for_started_services(run: RunConfig) -> list[tuple[str, str]]:
-    """Services the coordinator starts get everything from the run: what they require must be there."""
-    problems = []
-    addresses = run.addresses()
-    for name in run.services_used():
-        if addresses[name]:
-            continue  # an attached service may have its own flags
-        try:
-            run.component(name).check_required()
-        except ConfigError as exc:
-            problems.append((exc.setting, f"{exc.problem} (the {name} the run starts has no other source)"))
-    return _unique(problems)
-
-
-def _model_problems(run: RunConfig, reported: set[str]) -> list[tuple[str, str]]:
-    """The model the started services would load, read from its config.json (no torch): a
-    directory that is no model, or a context too short for any prompt plus a full response.
-
-    Only for services the coordinator starts: an attached service reads its model where it runs
-    (maybe another machine) and validates its own settings."""
-    addresses = run.addresses()
-    started = [name for name in run.services_used() if not addresses[name]]
-    path = str(run.given.get("hf_checkpoint") or "")
-    if not started or not path or "hf_checkpoint" in reported:
-        return []
-    config_json = Path(path) / "config.json"
-    if not Path(path).is_dir():
-        problem = "is not a directory" if Path(path).exists() else "does not exist"
-        return [("hf_checkpoint", f"{path} {problem} (the run starts {', '.join(started)}, which load it)")]
-    try:
-        model_config = json.loads(config_json.read_text())
-    except FileNotFoundError:
-        return [("hf_checkpoint", f"{path} is not a Hugging Face model directory (no config.json)")]
-    except (OSError, ValueError) as exc:
-        return [("hf_checkpoint", f"{config_json} cannot be read as JSON: {exc}")]
-    if not isinstance(model_config, dict):
-        return [("hf_checkpoint", f"{config_json} is not a model config (a JSON object)")]
-    if "rollout" not in started or "loss_type" in reported:
-        # Only the rollout service generates: nothing else needs room for a response. A refused
-        # loss_type leaves the run's mode unknown (SFT starts no rollout): no knock-on rule (#38).
-        return []
-    return _context_problems(run, model_config, config_json)
-
-
-def _context_problems(run: RunConfig, model_config: dict, config_json: Path) -> list[tuple[str, str]]:
-    """Every prompt has at least one token: a response of rollout_max_response_len must leave room."""
-    response_len = run.coordinator.rollout_max_response_len
-    prompt_len = run.dataloader.rollout_max_prompt_len
-    if run.rollout.rollout_max_context_len:
-        context_len = run.rollout.rollout_max_context_len
-        source = f"rollout_max_context_len {context_len}"
-    else:
-        text_config = model_config.get("text_config") or {}
-        found = [
-            (k, c[k])
-            for c in (model_config, text_config)
-            for k in CONTEXT_LENGTH_KEYS
-            if isinstance(c.get(k), int)
-        ]
-        if not found:
-            return []  # the model does not say; the rollout service checks each request
-        key, context_len = found[0]
-        source = f"the model's context of {context_len} tokens ({key} in {config_json})"
-    if response_len >= context_len:
-        return [
-            (
-                "rollout_max_response_len",
-                f"{response_len} leaves no room for a prompt in {source}: "
-                f"every prompt would be refused; lower it below {context_len}",
-            )
-        ]
-    if prompt_len and prompt_len + response_len > context_len:
-        return [
-            (
-                "rollout_max_response_len",
-                f"{response_len} plus rollout_max_prompt_len {prompt_len} exceeds {source}: prompts "
-                f"of up to {prompt_len} tokens are admitted but would be refused; lower either so "
-                f"that their sum is at most {context_len}",
-            )
-        ]
-    return []
-
-
-def _unique(problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    seen, out = set(), []
-    for setting, problem in problems:
-        if setting not in seen:
-            seen.add(setting)
-            out.append((setting, problem))
-    return out
 
 
 def jsonable(mapping: Mapping[str, Any]) -> dict[str, Any]:
