@@ -151,7 +151,7 @@ async def healthz():
 @router.get("/api/v1/get_server_capabilities")
 async def capabilities(request: Request):
     # Any local Hugging Face model directory trains; the list names those being trained.
-    return {"supported_models": await _off_loop(_gateway(request).supported_models)}
+    return {"supported_models": await _off_loop(_gateway(request).models.supported_models)}
 
 
 @router.post("/api/v1/client/config")
@@ -195,19 +195,19 @@ async def finish(session_id: str, request: Request):
 @router.post("/api/v1/create_model")
 async def create_model(request: Request):
     req = parse(types.CreateModelRequest, await _body(request))
-    return future(await _off_loop(_gateway(request).create_model, req.model_dump(mode="json")))
+    return future(await _off_loop(_gateway(request).models.create_model, req.model_dump(mode="json")))
 
 
 @router.post("/api/v1/get_info")
 async def get_info(request: Request):
     req = parse(types.GetInfoRequest, await _body(request))
-    return _gateway(request).get_info(req.model_id)
+    return _gateway(request).models.get_info(req.model_id)
 
 
 @router.post("/api/v1/unload_model")
 async def unload_model(request: Request):
     req = parse(types.UnloadModelRequest, await _body(request))
-    return future(await _off_loop(_gateway(request).unload_model, req.model_id), req.model_id)
+    return future(await _off_loop(_gateway(request).models.unload_model, req.model_id), req.model_id)
 
 
 @router.post("/api/v1/forward_backward")
@@ -215,7 +215,7 @@ async def forward_backward(request: Request):
     if PROTO not in request.headers.get("content-type", ""):
         raise bad_request(f"Content-Type: forward_backward takes {PROTO} (as the tinker SDK sends it)")
     call = decode_forward_backward(await request.body(), request.headers.get("content-encoding", ""))
-    return future(await _off_loop(_gateway(request).forward_backward, call), call.model_id)
+    return future(await _off_loop(_gateway(request).models.forward_backward, call), call.model_id)
 
 
 @router.post("/api/v1/optim_step")
@@ -224,27 +224,34 @@ async def optim_step(request: Request):
     adam = adam_params(raw)
     if not isinstance(raw.get("model_id"), str):
         raise bad_request("model_id: required")
-    return future(await _off_loop(_gateway(request).optim_step, raw["model_id"], adam), raw["model_id"])
+    return future(
+        await _off_loop(_gateway(request).models.optim_step, raw["model_id"], adam), raw["model_id"]
+    )
 
 
 @router.post("/api/v1/save_weights")
 async def save_weights(request: Request):
     req = parse(types.SaveWeightsRequest, await _body(request))
-    return future(await _off_loop(_gateway(request).save_weights, req.model_dump(), "weights"), req.model_id)
+    return future(
+        await _off_loop(_gateway(request).checkpoints.save_weights, req.model_dump(), "weights"), req.model_id
+    )
 
 
 @router.post("/api/v1/save_weights_for_sampler")
 async def save_weights_for_sampler(request: Request):
     req = parse(types.SaveWeightsForSamplerRequest, await _body(request))
     return future(
-        await _off_loop(_gateway(request).save_weights, req.model_dump(), "sampler_weights"), req.model_id
+        await _off_loop(_gateway(request).checkpoints.save_weights, req.model_dump(), "sampler_weights"),
+        req.model_id,
     )
 
 
 @router.post("/api/v1/load_weights")
 async def load_weights(request: Request):
     req = parse(types.LoadWeightsRequest, await _body(request))
-    return future(await _off_loop(_gateway(request).load_weights, req.model_dump(mode="json")), req.model_id)
+    return future(
+        await _off_loop(_gateway(request).checkpoints.load_weights, req.model_dump(mode="json")), req.model_id
+    )
 
 
 @router.post("/api/v1/weights_info")
@@ -252,7 +259,7 @@ async def weights_info(request: Request):
     raw = await _body(request)
     if not isinstance(raw, dict) or not isinstance(raw.get("tinker_path"), str):
         raise bad_request("tinker_path: required (a tinker:// path)")
-    return await _off_loop(_gateway(request).weights_info, raw["tinker_path"])
+    return await _off_loop(_gateway(request).checkpoints.weights_info, raw["tinker_path"])
 
 
 # --- sampling --------------------------------------------------------------------------
@@ -260,21 +267,21 @@ async def weights_info(request: Request):
 async def create_sampling_session(request: Request):
     req = parse(types.CreateSamplingSessionRequest, await _body(request))
     sid = await _off_loop(
-        _gateway(request).create_sampling_session, req.session_id, req.model_path, req.base_model
+        _gateway(request).sampling.create_sampling_session, req.session_id, req.model_path, req.base_model
     )
     return {"type": "create_sampling_session", "sampling_session_id": sid}
 
 
 @router.get("/api/v1/samplers/{sampler_id}")
 async def sampler_info(sampler_id: str, request: Request):
-    return _gateway(request).sampler_info(sampler_id)
+    return _gateway(request).sampling.sampler_info(sampler_id)
 
 
 @router.post("/api/v1/asample")
 async def asample(request: Request):
     raw = await _body(request)
     req = parse(types.SampleRequest, raw)
-    request_id = await _off_loop(_gateway(request).sample, raw)
+    request_id = await _off_loop(_gateway(request).sampling.sample, raw)
     # The SDK stamps these on the returned sequences, in order.
     return {
         **future(request_id),
@@ -312,23 +319,23 @@ async def retrieve_future(request: Request):
 # --- listing ---------------------------------------------------------------------------
 @router.get("/api/v1/training_runs")
 async def training_runs(request: Request):
-    runs = await _off_loop(_gateway(request).training_runs)
+    runs = await _off_loop(_gateway(request).runs.training_runs)
     return {"training_runs": runs, "cursor": {"offset": 0, "limit": len(runs), "total_count": len(runs)}}
 
 
 @router.get("/api/v1/training_runs/{model_id}")
 async def training_run(model_id: str, request: Request):
-    return await _off_loop(_gateway(request).training_run, model_id)
+    return await _off_loop(_gateway(request).runs.training_run, model_id)
 
 
 @router.get("/api/v1/training_runs/{model_id}/checkpoints")
 async def checkpoints(model_id: str, request: Request):
-    return {"checkpoints": await _off_loop(_gateway(request).checkpoints, model_id)}
+    return {"checkpoints": await _off_loop(_gateway(request).runs.checkpoints, model_id)}
 
 
 @router.delete("/api/v1/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
 async def delete_checkpoint(model_id: str, checkpoint_id: str, request: Request):
-    await _off_loop(_gateway(request).delete_checkpoint, model_id, checkpoint_id)
+    await _off_loop(_gateway(request).checkpoints.delete_checkpoint, model_id, checkpoint_id)
     return Response(status_code=204)
 
 
@@ -338,13 +345,13 @@ async def checkpoint_ttl(model_id: str, checkpoint_id: str, request: Request):
     ttl = raw.get("ttl_seconds") if isinstance(raw, dict) else None
     if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int)):
         raise bad_request(f"ttl_seconds: must be an integer or null (got {ttl!r})")
-    await _off_loop(_gateway(request).set_checkpoint_ttl, model_id, checkpoint_id, ttl)
+    await _off_loop(_gateway(request).checkpoints.set_checkpoint_ttl, model_id, checkpoint_id, ttl)
     return Response(status_code=204)
 
 
 @router.get("/api/v1/checkpoints")
 async def user_checkpoints(request: Request, limit: int = 100, offset: int = 0):
-    return await _off_loop(_gateway(request).user_checkpoints, limit, offset)
+    return await _off_loop(_gateway(request).runs.user_checkpoints, limit, offset)
 
 
 @router.get("/api/v1/sessions")

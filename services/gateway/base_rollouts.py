@@ -50,7 +50,7 @@ class BaseRollout:
         self.config = config
         self.group: LocalServiceGroup | None = None  # while the service runs
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"rollout-{base_model.name}")
-        self.num_samplers = 0  # open samplers on this base (the gateway's lock guards it)
+        self.num_samplers = 0  # open samplers on this base (SamplingSessionTable's lock guards it)
         self.last_used = time.monotonic()
         self.stub: rollout_pb2_grpc.RolloutServiceStub | None = None
         self._channel = None

@@ -16,6 +16,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from rollway.gateway.callers import owns
+from rollway.gateway.errors import bad_request, not_found
+
 KINDS = {"weights": "training", "sampler_weights": "sampler"}  # path segment -> SDK checkpoint_type
 
 
@@ -116,6 +119,23 @@ class CheckpointStore:
     def get(self, tinker_path: str) -> tuple[SavedCheckpoint, TenantSpec] | None:
         with self._lock:
             return self._saved.get(tinker_path)
+
+    def find(self, tinker_path: str) -> tuple[SavedCheckpoint, TenantSpec]:
+        """The caller's checkpoint a tinker:// path names and its model's spec (the model may be
+        released: its checkpoints stay on disk)."""
+        parts = tinker_path.removeprefix("tinker://").split("/")
+        if (
+            not tinker_path.startswith("tinker://")
+            or len(parts) != 3
+            or parts[1] not in ("weights", "sampler_weights")
+        ):
+            raise bad_request(
+                f"path: {tinker_path!r} is not tinker://<model_id>/(weights|sampler_weights)/<name>"
+            )
+        saved, spec = self.get(tinker_path) or (None, None)
+        if saved is None or not owns(spec.owner):
+            raise not_found(f"path: {tinker_path} names no checkpoint of this gateway")
+        return saved, spec
 
     def of_model(self, model_id: str) -> list[SavedCheckpoint]:
         """A model's checkpoints, oldest first."""

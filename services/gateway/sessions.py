@@ -9,6 +9,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from rollway.gateway.callers import owns
+from rollway.gateway.errors import not_found
+
 
 @dataclass
 class Session:
@@ -40,6 +43,13 @@ class SessionTable:
     def get(self, session_id: str) -> Session | None:
         with self._lock:
             return self._sessions.get(session_id)
+
+    def owned(self, session_id: str) -> Session:
+        """An open session of the caller's (not_found otherwise: another tenant's reads as unknown)."""
+        session = self.get(session_id)
+        if session is None or not owns(session.owner):
+            raise not_found(f"session_id: {session_id!r} is not an open session (it ended or timed out)")
+        return session
 
     def all(self) -> list[Session]:
         """Open sessions, oldest first."""
