@@ -19,17 +19,20 @@ Namespace names start with `rw<pid>.<n>-` so parallel or leftover clusters never
 a HOME of the cluster's own: Ray 2.60 turns token auth on when ~/.ray/auth_token exists, which the
 machine's own HOME may have. Processes are stopped by pid (`ip netns pids`), never `ray stop`
 (which finds Ray processes by name on the whole machine).
+
+This module is the cluster: its nodes, Ray on them, and the faults. The `ip`/`tc` plumbing and
+the cleanup of namespaces by pid are in netns.py; the probe that reads Ray's node table is in
+netns_ray_probe.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import itertools
 import json
 import os
-import re
-import select
 import shutil
 import signal
 import subprocess
@@ -40,39 +43,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollway.common.supervision import ray_health
+from rollway.deploy import netns
+from rollway.deploy.netns import ClusterError
+from rollway.deploy.netns_ray_probe import RayProbe
 
 SUBNET_PREFIX = 15  # 198.18.0.0/15, the benchmarking range (RFC 2544): never anyone else's
 HEAD_PORT = 6379
 NODE_START_TIMEOUT_S = 120.0
-COMMAND_TIMEOUT_S = 30.0
-PROBE_TIMEOUT_S = 30.0
 # A killed node refuses at once: Ray's verdict takes threshold x period (15 s by default, 1.5 s
 # with these). A cut-off one fails by timeouts: threshold x (period + timeout) (65 s by default,
 # 31.5 s with these). What a user tunes for quicker verdicts on lost nodes; rollway's supervision
 # scales its windows on cut-off nodes to it (rollway.common.supervision.ray_nodes). Each check keeps
 # Ray's 10 s to answer: a raylet busy starting on a loaded machine must not be declared dead.
 HEALTH_CHECK_FAST = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
-
-# Asks the GCS for its node table, one JSON line per request line; runs inside the head's namespace.
-_PROBE = r"""
-import json, sys
-from ray._private.state import GlobalState
-from ray._raylet import GcsClientOptions
-state = GlobalState()
-state._initialize_global_state(GcsClientOptions.create(sys.argv[1], None, allow_cluster_id_nil=True,
-                                                       fetch_cluster_id_if_nil=False))
-for _ in sys.stdin:
-    try:
-        nodes = [{"ip": n["NodeManagerAddress"], "alive": n["Alive"], "node_id": n["NodeID"],
-                  "resources": n.get("Resources", {})} for n in state.node_table()]
-        print(json.dumps({"nodes": nodes}), flush=True)
-    except Exception as exc:
-        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
-"""
-
-
-class ClusterError(RuntimeError):
-    """The cluster could not be built, or a wait on it ran past its deadline; the message says why."""
 
 
 def unavailable_reason() -> str:
@@ -136,11 +119,11 @@ class NetnsCluster:
         ]
         self.env = self._node_env(env or {})
         self._namespaces: list[str] = []
-        self._probe: subprocess.Popen | None = None
+        self._probe = RayProbe(functools.partial(self.run_in, 0), self.ray_address)
         self._cut_since: dict[int, float] = {}
         self.long_partitioned: set[int] = set()  # nodes Ray may declare dead late (restart them to be sure)
         self._closed = False
-        remove_leftovers()
+        netns.remove_leftovers()
         atexit.register(self.close)
 
     @property
@@ -181,22 +164,22 @@ class NetnsCluster:
     def build_network(self) -> None:
         """The bridge namespace and every node namespace with its address (no Ray yet)."""
         self._add_namespace(self.bridge_ns)
-        _ip("-n", self.bridge_ns, "link", "add", "br0", "type", "bridge")
-        _ip("-n", self.bridge_ns, "link", "set", "br0", "up")
+        netns.ip("-n", self.bridge_ns, "link", "add", "br0", "type", "bridge")
+        netns.ip("-n", self.bridge_ns, "link", "set", "br0", "up")
         for node in self.nodes:
             ns, peer = node.namespace, f"v{node.index}"
             self._add_namespace(ns)
             # Made inside the node's namespace with its peer in the bridge's: never in the root one.
-            _ip(
+            netns.ip(
                 "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", peer, "netns", self.bridge_ns
             )
-            _ip("-n", self.bridge_ns, "link", "set", peer, "master", "br0", "up")
-            _ip("-n", ns, "addr", "add", f"{node.ip}/{SUBNET_PREFIX}", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
+            netns.ip("-n", self.bridge_ns, "link", "set", peer, "master", "br0", "up")
+            netns.ip("-n", ns, "addr", "add", f"{node.ip}/{SUBNET_PREFIX}", "dev", "eth0")
+            netns.ip("-n", ns, "link", "set", "eth0", "up")
+            netns.ip("-n", ns, "link", "set", "lo", "up")
 
     def _add_namespace(self, name: str) -> None:
-        _ip("netns", "add", name)
+        netns.ip("netns", "add", name)
         self._namespaces.append(name)
 
     def _start_ray(self, node: Node) -> None:
@@ -249,41 +232,13 @@ class NetnsCluster:
 
     def pids(self, node: int) -> list[int]:
         """Every process in node `node`'s namespace (Ray's and any `run_in`)."""
-        out = _ip("netns", "pids", self.nodes[node].namespace)
+        out = netns.ip("netns", "pids", self.nodes[node].namespace)
         return [int(p) for p in out.split()]
 
     # --- what Ray says ---
     def ray_nodes(self) -> list[dict]:
         """Ray's node table ({ip, alive, node_id, resources} each), asked from the head's namespace."""
-        probe = self._probe_process()
-        probe.stdin.write("nodes\n")
-        probe.stdin.flush()
-        ready, _, _ = select.select([probe.stdout], [], [], PROBE_TIMEOUT_S)
-        line = probe.stdout.readline() if ready else ""
-        if not line:
-            self._stop_probe()
-            raise ClusterError(f"the Ray probe on the head did not answer within {PROBE_TIMEOUT_S:.0f}s")
-        answer = json.loads(line)
-        if "error" in answer:
-            raise ClusterError(f"the Ray probe on the head failed: {answer['error']}")
-        return answer["nodes"]
-
-    def _probe_process(self) -> subprocess.Popen:
-        if self._probe is None or self._probe.poll() is not None:
-            self._probe = self.run_in(
-                0,
-                [sys.executable, "-c", _PROBE, self.ray_address],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-        return self._probe
-
-    def _stop_probe(self) -> None:
-        if self._probe is not None and self._probe.poll() is None:
-            self._probe.kill()
-            self._probe.wait(10)
-        self._probe = None
+        return self._probe.nodes()
 
     def node_alive_in_ray(self, node: int) -> bool:
         """Whether Ray lists an alive node at that node's address (its latest start)."""
@@ -322,14 +277,7 @@ class NetnsCluster:
     # --- faults ---
     def kill_node(self, node: int) -> list[int]:
         """SIGKILL every process of the node (raylet, workers, actors): the node is lost."""
-        killed = []
-        for pid in self.pids(node):
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            except ProcessLookupError:
-                pass
-        return killed
+        return netns.kill_pids(self.pids(node))
 
     def start_node(self, node: int, wait: bool = True) -> None:
         """A fresh Ray node in that namespace (after kill_node, or a raylet that exited): a node added."""
@@ -339,13 +287,13 @@ class NetnsCluster:
 
     def partition(self, node: int) -> None:
         """Cut the node off the others (its link down); its processes run on."""
-        _ip("-n", self.nodes[node].namespace, "link", "set", "eth0", "down")
+        netns.ip("-n", self.nodes[node].namespace, "link", "set", "eth0", "down")
         self._cut_since[node] = time.monotonic()
 
     def heal(self, node: int) -> float:
         """Its link up again; returns how long it was cut off. Ray may still declare a node dead
         that was silent for long (its raylet then exits): see `long_partitioned`."""
-        _ip("-n", self.nodes[node].namespace, "link", "set", "eth0", "up")
+        netns.ip("-n", self.nodes[node].namespace, "link", "set", "eth0", "up")
         seconds = time.monotonic() - self._cut_since.pop(node, time.monotonic())
         if seconds >= self.long_partition_s:
             self.long_partitioned.add(node)
@@ -353,11 +301,11 @@ class NetnsCluster:
 
     def rate_limit(self, node: int, rate: str, burst: str = "256kb", latency: str = "50ms") -> None:
         """Limit the node's egress to `rate` (tc syntax: "100mbit"); netem is missing on this kernel."""
-        _run(["tc", "-n", self.nodes[node].namespace, "qdisc", "replace", "dev", "eth0", "root", "tbf",
-              "rate", rate, "burst", burst, "latency", latency])  # fmt: skip
+        netns.run_tool(["tc", "-n", self.nodes[node].namespace, "qdisc", "replace", "dev", "eth0", "root",
+                        "tbf", "rate", rate, "burst", burst, "latency", latency])  # fmt: skip
 
     def clear_rate_limit(self, node: int) -> None:
-        _run(["tc", "-n", self.nodes[node].namespace, "qdisc", "del", "dev", "eth0", "root"])
+        netns.run_tool(["tc", "-n", self.nodes[node].namespace, "qdisc", "del", "dev", "eth0", "root"])
 
     # --- teardown ---
     def close(self) -> None:
@@ -366,19 +314,9 @@ class NetnsCluster:
         if self._closed:
             return
         self._closed = True
-        self._stop_probe()
+        self._probe.stop()
         for ns in reversed(self._namespaces):
-            for _ in range(3):  # a dying process may fork once more; go round until none is left
-                pids = _ip_quiet("netns", "pids", ns).split()
-                if not pids:
-                    break
-                for pid in pids:
-                    try:
-                        os.kill(int(pid), signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                _wait_gone([int(p) for p in pids], 10.0)
-            _ip_quiet("netns", "delete", ns)
+            netns.delete_namespace(ns)
         shutil.rmtree(self.root, ignore_errors=True)
         atexit.unregister(self.close)
 
@@ -390,55 +328,6 @@ class NetnsCluster:
 
 
 _CLUSTER_NUMBERS = itertools.count()
-
-
-def remove_leftovers() -> list[str]:
-    """Namespaces and temp dirs of clusters whose process is gone (killed before its teardown ran):
-    their processes by pid, then the namespaces. A live process's cluster is never touched."""
-    removed = []
-    for line in _ip_quiet("netns", "list").splitlines():
-        name = line.split()[0] if line.split() else ""
-        match = re.fullmatch(r"rw(\d+)\.\d+-(br|n\d+)", name)
-        if match is None or Path(f"/proc/{match.group(1)}").exists():
-            continue
-        pids = [int(p) for p in _ip_quiet("netns", "pids", name).split()]
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        _wait_gone(pids, 10.0)
-        _ip_quiet("netns", "delete", name)
-        removed.append(name)
-    for path in Path("/tmp").glob("rw*-*"):
-        match = re.fullmatch(r"rw(\d+)\.\d+-\w+", path.name)
-        if match and path.is_dir() and not Path(f"/proc/{match.group(1)}").exists():
-            shutil.rmtree(path, ignore_errors=True)
-    return removed
-
-
-def _run(argv: list[str]) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-    if done.returncode != 0:
-        raise ClusterError(f"{' '.join(argv)} exited with {done.returncode}: {done.stderr.strip()}")
-    return done.stdout
-
-
-def _ip(*args: str) -> str:
-    return _run(["ip", *args])
-
-
-def _ip_quiet(*args: str) -> str:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-    return done.stdout if done.returncode == 0 else ""
-
-
-def _wait_gone(pids: list[int], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(Path(f"/proc/{pid}").exists() for pid in pids):
-            return
-        time.sleep(0.05)
 
 
 def main(argv: list[str] | None = None) -> int:

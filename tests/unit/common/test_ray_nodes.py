@@ -4,7 +4,7 @@ error says when none can, and how Ray's long messages are cut."""
 from __future__ import annotations
 
 from rollway.common.supervision import ray_nodes
-from rollway.common.supervision.ray_services import excerpt
+from rollway.common.supervision.ray_group_actor import excerpt
 
 
 def test_ray_internal_resources_are_left_out_of_what_a_node_has_free():
