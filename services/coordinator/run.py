@@ -14,29 +14,22 @@ j + 1 - max_weight_staleness, so staleness is bounded without dropping samples:
 
     main:   train k ──> sync v+1 ──> train k+1 ──> sync ──> ...
     worker:   generate k+1 ──> generate k+2 ──> ...  (queued at most max_weight_staleness ahead)
+
+Resume and saves, with the data position each save stores: run_checkpoints.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import hashlib
-import json
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
-
 from rollway.common.log import bind_run_context, get_logger
-from rollway.common.manifest import remove_partial_dirs, tree_bytes
-from rollway.common.structs import to_struct
 from rollway.common.tracing import in_current_context, tracer
 from rollway.common.v1 import common_pb2
-from rollway.coordinator import checkpoint_rotation, debug_data, run_state
-from rollway.coordinator.background_checkpoint import BackgroundCheckpoint
+from rollway.coordinator import debug_data, determinism_log
 from rollway.coordinator.config import CoordinatorConfig
 from rollway.coordinator.dashboard import rollout_samples
 from rollway.coordinator.engine_healer import EngineHealer
@@ -46,6 +39,7 @@ from rollway.coordinator.metrics import MetricsSink, ProgressLine
 from rollway.coordinator.prompt_ledger import PromptLedger
 from rollway.coordinator.remote import Services
 from rollway.coordinator.rollout_collect import Rollout, collect_rollout
+from rollway.coordinator.run_checkpoints import RunCheckpoints
 from rollway.coordinator.run_state import RunState
 from rollway.coordinator.weight_sync import WeightSyncSettings, init_weight_group, sync_weights
 from rollway.dataloader.v1 import dataloader_pb2
@@ -97,18 +91,11 @@ class Run:
         self.final_metrics: dict[str, float] = {}
         self.last_step_metrics: dict[str, float] = {}  # of the latest training step (GetRun)
         self.hf_export_dir = ""
-        self.checkpoint_dir = ""  # the newest complete run checkpoint this run wrote
-        self.background_checkpoint = BackgroundCheckpoint(services.trainer)  # async_save's
+        self.checkpoints = RunCheckpoints(config, services, self.uses_trainer)
         self.fault_metrics: dict[str, float] = {}  # restarts so far, set by the supervision (runs.py)
         # Told where the run goes on from (the next step, 0-based, and the checkpoint or None):
         # the supervision (runs.py) reports a recovery's resume point with it.
         self.on_resume: Callable[[int, Path | None], None] = lambda next_step, directory: None
-        # Data position (dataloader cursor, next batch id, next group index, carried groups) just
-        # before the data of step k was fetched, by k: a checkpoint after step k - 1 stores that of
-        # step k, as batches are fetched ahead (SFT prefetch, async generation), so a resume
-        # neither skips nor repeats data.
-        self._data_positions: dict[int, tuple[str | None, int, int, list]] = {}
-        self._positions_lock = threading.Lock()  # the generate worker records them too
         # Held while the trainer's weights differ from state.weight_version's (a training step
         # and its sync) and during any push: the engine healer pushes only between those.
         self._weights_lock = threading.Lock()
@@ -126,14 +113,18 @@ class Run:
     def uses_trainer(self) -> bool:
         return not self.config.debug_rollout_only
 
+    @property
+    def checkpoint_dir(self) -> str:
+        """The newest complete run checkpoint this run wrote (a recovery's starts with the last
+        attempt's)."""
+        return self.checkpoints.directory
+
+    @checkpoint_dir.setter
+    def checkpoint_dir(self, directory: str) -> None:
+        self.checkpoints.directory = directory
+
     def _resume(self) -> None:
-        if self.config.save:  # saves that crashed half-way; nothing saves under `save` yet
-            removed = remove_partial_dirs(Path(self.config.save))
-            if removed:
-                log.info("removed partial checkpoint directories", paths=[str(p) for p in removed])
-        source = self.config.load or self.config.save
-        restore = functools.partial(run_state.restore_services, self.services, self.uses_trainer)
-        resumed = run_state.resume(source, restore) if source else None  # falls back past corrupt ones
+        resumed = self.checkpoints.resume()
         # Steps from the resume point on are redone: their records are replaced, not repeated.
         next_step = resumed.state.next_rollout_id if resumed is not None else 0
         self.sink.truncate_from(next_step)
@@ -152,106 +143,6 @@ class Run:
         log.info("resumed", checkpoint=str(resumed.directory), next_rollout_id=self.state.next_rollout_id,
                  num_skipped_checkpoints=len(resumed.skipped))  # fmt: skip
 
-    def _checkpoint(self) -> Path | None:
-        """Write a run checkpoint, then delete the ones past save_total_limit; the directory
-        written, or None when the write failed and on_checkpoint_error says continue."""
-        directory = run_state.checkpoint_dir(self.config.save, self.state.next_rollout_id)
-        try:
-            self._write_checkpoint(directory)
-        except (grpc.RpcError, OSError) as exc:
-            return self._checkpoint_failed(exc, directory)
-        return directory
-
-    def _checkpoint_failed(self, exc: grpc.RpcError | OSError, directory: Path) -> None:
-        """A save that could not write: None when on_checkpoint_error says continue; raises else."""
-        reason = run_state.write_failure(exc, directory)
-        if reason is None:
-            raise exc
-        if self.config.on_checkpoint_error == "continue":
-            log.warning("checkpoint failed, training on", checkpoint=str(directory), error=reason)
-            return None
-        raise run_state.CheckpointWriteError(
-            f"checkpoint {directory} could not be written ({reason}); on_checkpoint_error: fail"
-        ) from None
-
-    def _write_checkpoint(self, directory: Path) -> None:
-        state, cursor = self._checkpoint_state()
-        if self.uses_trainer:
-            self.services.trainer.SaveCheckpoint(self._trainer_save_request(directory, async_save=False))
-        self._complete_checkpoint(directory, state, cursor)
-
-    def _trainer_save_request(self, directory: Path, async_save: bool) -> trainer_pb2.SaveCheckpointRequest:
-        # The rollout it was saved for: a resume checks it against coordinator.json.
-        extra_state = to_struct({"next_rollout_id": self.state.next_rollout_id})
-        return trainer_pb2.SaveCheckpointRequest(
-            path=str(directory / "trainer"), extra_state=extra_state, async_save=async_save
-        )
-
-    def _checkpoint_state(self) -> tuple[RunState, str | None]:
-        """The run state and data cursor a checkpoint taken now stores."""
-        state = dataclasses.replace(self.state)
-        with self._positions_lock:
-            position = self._data_positions.get(self.state.next_rollout_id)
-        cursor = self._data_cursor() if position is None else position[0]
-        if position is not None:
-            _, state.next_batch_id, state.next_group_index, state.partial_groups = position
-        return state, cursor
-
-    def _complete_checkpoint(self, directory: Path, state: RunState, cursor: str | None) -> None:
-        """coordinator.json, manifest and latest pointer (the checkpoint counts from here), then
-        the rotation past save_total_limit."""
-        run_state.write_checkpoint(directory, state, cursor)
-        self.checkpoint_dir = str(directory)
-        log.info("checkpoint saved", path=str(directory))
-        protect = [self.config.load] if self.config.load else []
-        checkpoint_rotation.rotate(self.config.save, self.config.save_total_limit, protect)
-
-    def _checkpoint_async(self, metrics: dict[str, float], last: bool) -> None:
-        """async_save: finish the previous checkpoint, then start this one; only the trainer's
-        staging is on this step's path. The last one is finished at once (the run ends with it)."""
-        self._finish_background_checkpoint(metrics)
-        directory = run_state.checkpoint_dir(self.config.save, self.state.next_rollout_id)
-        state, cursor = self._checkpoint_state()
-        try:
-            reply = self.services.trainer.SaveCheckpoint(
-                self._trainer_save_request(directory, async_save=True)
-            )
-        except grpc.RpcError as exc:
-            self._checkpoint_failed(exc, directory)
-            return
-        complete = functools.partial(self._complete_checkpoint, directory, state, cursor)
-        self.background_checkpoint.start(directory, reply.checkpoint_dir, complete)
-        if last:
-            self._finish_background_checkpoint(metrics)
-
-    def _finish_background_checkpoint(self, metrics: dict[str, float]) -> None:
-        """Wait for the checkpoint in flight; its write time and size go into `metrics`."""
-        try:
-            done = self.background_checkpoint.finish()
-        except (grpc.RpcError, OSError) as exc:
-            self._checkpoint_failed(exc, self.background_checkpoint.directory)
-            return
-        if done is not None:
-            metrics["perf/save_write_time"] = done.write_seconds
-            metrics["checkpoint/bytes"] = float(tree_bytes(done.directory))
-
-    def _mark_data_position(self, step: int) -> None:
-        """Record the data position before step `step`'s data is fetched (for a checkpoint)."""
-        if self.config.save:
-            position = (
-                self._data_cursor(),
-                self.state.next_batch_id,
-                self.state.next_group_index,
-                list(self.state.partial_groups),
-            )
-            with self._positions_lock:
-                self._data_positions[step] = position
-
-    def _data_cursor(self) -> str | None:
-        if self.services.dataloader is None or not self.config.save:
-            return None
-        return self.services.dataloader.GetState(dataloader_pb2.GetStateRequest()).state_json
-
     def _push_weights(self) -> dict[str, float]:
         self.state.weight_version += 1
         return sync_weights(self.services, self.state.weight_version, self.sync_settings)
@@ -265,13 +156,13 @@ class Run:
                 self._sft_loop()
             else:
                 self._rl_loop()
-            self._finish_background_checkpoint(self.final_metrics)  # a run stopped between saves
+            self.checkpoints.finish_background(self.final_metrics)  # a run stopped between saves
             if self.config.save_hf and self.uses_trainer:
                 request = trainer_pb2.ExportHFRequest(path=self.config.save_hf)
                 self.hf_export_dir = self.services.trainer.ExportHF(request).hf_dir
             return self.final_metrics
         finally:
-            self.background_checkpoint.abandon()
+            self.checkpoints.abandon()
             self.sink.close()
             if self.rollout_samples is not None:
                 self.rollout_samples.close()
@@ -285,24 +176,13 @@ class Run:
         self.state.next_rollout_id = rollout_id + 1
         last = rollout_id + 1 == self.total_steps()
         if self.config.save and (self._due(self.config.save_interval, rollout_id) or last):
-            # On the step's path: the whole save, or with async_save the wait for the previous
-            # write and the trainer's staging (the write itself: perf/save_write_time).
-            save_start = time.perf_counter()
-            if self.config.async_save and self.uses_trainer:
-                self._checkpoint_async(metrics, last)
-            else:
-                saved = self._checkpoint()
-                if saved is not None:
-                    metrics["checkpoint/bytes"] = float(tree_bytes(saved))
-            metrics["perf/save_time"] = time.perf_counter() - save_start
+            self.checkpoints.save(self.state, metrics, last)
         record = self.sink.log(rollout_id, metrics)
         self.last_step_metrics = dict(metrics)
         self.final_metrics.update(metrics)
         if self.progress:
             self.progress.update(rollout_id + 1, metrics, at=record["time"])
-        with self._positions_lock:
-            for step in [s for s in self._data_positions if s <= rollout_id + 1]:
-                del self._data_positions[step]
+        self.checkpoints.forget_data_positions(rollout_id + 1)
 
     # --- SFT ---
     def _sft_loop(self) -> None:
@@ -321,7 +201,7 @@ class Run:
                 if not batch.items:
                     break
                 self.state.next_batch_id += 1
-                self._mark_data_position(step + 1)
+                self.checkpoints.mark_data_position(step + 1, self.state)
                 # One trace per step: the next batch's fetch (overlapping training) and TrainStep.
                 with tracer("rollway.coordinator").start_as_current_span(
                     "sft_step", attributes={"step": step}
@@ -365,7 +245,7 @@ class Run:
         """Rollout `rollout_id`; rollouts are generated one at a time, in order (here or on the
         generate worker), so the data position after this one is where the next one starts."""
         rollout = collect_rollout(self.config, self.services, self.state, rollout_id)
-        self._mark_data_position(rollout_id + 1)
+        self.checkpoints.mark_data_position(rollout_id + 1, self.state)
         return rollout
 
     def _rl_loop(self) -> None:
@@ -479,18 +359,6 @@ class Run:
         check_weight_update_equal(self.services, self.state, self.sync_settings)
 
     def _determinism(self, step: int, samples, metrics: dict[str, float]) -> None:
-        if not self.config.debug_determinism:
-            return
-        data = hashlib.sha256()
-        for s in samples:
-            data.update(bytes(str((list(s.prompt_token_ids), list(s.response_token_ids))), "utf8"))
-        record = {
-            "step": step,
-            "data": data.hexdigest(),
-            "loss": metrics.get("train/loss", metrics.get("sft/loss")),
-        }
-        if self.uses_trainer:
-            reply = self.services.trainer.WeightChecksum(trainer_pb2.WeightChecksumRequest(dtype="float32"))
-            record["weights"] = reply.checksum.digest
-        with (self.run_dir / "determinism.jsonl").open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        if self.config.debug_determinism:
+            trainer = self.services.trainer if self.uses_trainer else None
+            determinism_log.record_step(self.run_dir, step, samples, metrics, trainer)
